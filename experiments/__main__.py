@@ -1,0 +1,110 @@
+"""`python -m experiments <command>`: one command per study, the CI-sized version, the report.
+
+    python -m experiments ci                      # CI-sized testbeds 1-2 + report (minutes on 2 cores)
+    python -m experiments tabular                 # testbed 1, full study (then rewrites REPORT.md)
+    python -m experiments tinylm                  # testbed 2, full study
+    python -m experiments trainer --size small    # testbed 3 through the real trainer, here
+    python -m experiments sweep submit|collect    # testbed 3 as a sweep of control-plane jobs
+    python -m experiments report                  # figures + REPORT.md from experiments/results/
+
+Long studies are resumable: finished runs are cached under experiments/.cache/ (or $TGC_EXPERIMENTS_CACHE).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from experiments import paths
+
+NOTES = paths.ROOT / "notes.md"
+
+
+def _report(results_dir: Path, report_path: Path, notes: Path | None = NOTES) -> None:
+    from experiments.report import write_report
+
+    print(f"report: {write_report(results_dir, report_path, notes_path=notes)}")
+
+
+def _study(testbed: str, size: str, out: Path, workers: int, cache: Path) -> Path:
+    from experiments.runner import run_study
+    from experiments.studies import STUDIES
+
+    return run_study(STUDIES[testbed](size), out, workers=workers, cache=cache)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p: argparse.ArgumentParser, out_default: Path) -> None:
+        p.add_argument("--out", type=Path, default=out_default, help=f"results directory (default {out_default})")
+        p.add_argument("--cache", type=Path, default=paths.CACHE, help="per-run cache (resume)")
+        p.add_argument("--workers", type=int, default=1, help="worker processes (one core each)")
+        p.add_argument("--no-report", action="store_true", help="do not rewrite the report afterwards")
+
+    p_ci = sub.add_parser("ci", help="CI-sized testbeds 1-2 and their report (minutes)")
+    common(p_ci, paths.CACHE / "ci")  # not committed: CI output is checked, not kept
+    for name, helptext in (("tabular", "testbed 1: tabular toy on rlcore objectives"),
+                           ("tinylm", "testbed 2: tiny transformer trained from scratch")):
+        p = sub.add_parser(name, help=helptext)
+        common(p, paths.RESULTS)
+        p.add_argument("--size", choices=("full", "ci"), default="full")
+    p_tr = sub.add_parser("trainer", help="testbed 3: SmolLM2-135M through the real trainer, run here")
+    common(p_tr, paths.RESULTS)
+    p_tr.add_argument("--size", choices=("small", "full", "tiny"), default="small")
+    p_sw = sub.add_parser("sweep", help="testbed 3 as control-plane jobs (SDK)")
+    p_sw.add_argument("action", choices=("submit", "collect"))
+    p_sw.add_argument("--size", choices=("small", "full", "tiny"), default="small")
+    p_sw.add_argument("--url", default=None, help="control plane URL (default $TGC_URL)")
+    p_sw.add_argument("--token", default=None, help="bearer token (default $TGC_TOKEN)")
+    p_sw.add_argument("--manifest", type=Path, default=None, help="manifest JSON (job ids)")
+    p_sw.add_argument("--out", type=Path, default=paths.RESULTS)
+    p_sw.add_argument("--no-wait", action="store_true", help="collect only jobs that have finished")
+    p_rep = sub.add_parser("report", help="figures and REPORT.md from a results directory")
+    p_rep.add_argument("--results", type=Path, default=paths.RESULTS)
+    p_rep.add_argument("--report", type=Path, default=None, help="default: experiments/REPORT.md for the "
+                       "committed results, else <results>/REPORT.md")
+    args = parser.parse_args(argv)
+
+    if args.command == "report":
+        target = args.report or (paths.REPORT if args.results.resolve() == paths.RESULTS.resolve()
+                                 else args.results / "REPORT.md")
+        _report(args.results, target, NOTES if target == paths.REPORT else None)
+        return 0
+    if args.command == "sweep":
+        from experiments import sweep
+        from services.sdk import Client
+
+        manifest = args.manifest or sweep.DEFAULT_MANIFEST
+        with Client(args.url, args.token) as client:
+            if args.action == "submit":
+                sweep.submit(client, args.size, manifest)
+            else:
+                sweep.collect(client, manifest, args.out, wait=not args.no_wait)
+                _report(args.out, paths.REPORT if args.out.resolve() == paths.RESULTS.resolve()
+                        else args.out / "REPORT.md")
+        return 0
+    if args.workers < 1:
+        parser.error("--workers must be >= 1")
+    if args.command == "ci":
+        _study("tabular", "ci", args.out, args.workers, args.cache)
+        _study("tinylm", "ci", args.out, args.workers, args.cache)
+        if not args.no_report:
+            _report(args.out, args.out / "REPORT.md", None)
+        return 0
+    if args.command == "trainer":
+        from experiments.trainer_study import run_local
+
+        run_local(args.size, args.out, args.cache)
+    else:
+        _study(args.command, args.size, args.out, args.workers, args.cache)
+    if not args.no_report:
+        main_results = args.out.resolve() == paths.RESULTS.resolve()
+        _report(args.out, paths.REPORT if main_results else args.out / "REPORT.md", NOTES if main_results else None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

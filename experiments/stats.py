@@ -1,0 +1,96 @@
+"""Summary statistics across seeds: mean ± standard error, differences and an exact permutation test.
+
+With 3-8 seeds per condition, distributional assumptions are hard to check, so the test of a difference
+between two conditions is an exact two-sided permutation test of the difference of means (all ways to
+relabel the pooled seeds; random relabelings when there are more than `MAX_EXACT`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+MAX_EXACT = 20_000
+
+
+@dataclass(frozen=True)
+class Summary:
+    mean: float
+    se: float
+    n: int
+
+    def fmt(self, digits: int = 3) -> str:
+        if self.n == 0 or not math.isfinite(self.mean):
+            return "n/a"
+        if self.n == 1 or not math.isfinite(self.se):
+            return f"{self.mean:.{digits}g}"
+        return f"{_num(self.mean, digits)} ± {_num(self.se, 2)}"
+
+
+def _num(x: float, digits: int) -> str:
+    if x == 0:
+        return "0"
+    if abs(x) >= 1e4 or abs(x) < 1e-3:
+        return f"{x:.{max(digits - 1, 1)}e}"
+    return f"{x:.{digits}g}" if abs(x) >= 1 else f"{x:.{digits}f}".rstrip("0").rstrip(".") or "0"
+
+
+def finite(values: Sequence[float]) -> np.ndarray:
+    arr = np.asarray([v for v in values if v is not None], dtype=float)
+    return arr[np.isfinite(arr)]
+
+
+def summarize(values: Sequence[float]) -> Summary:
+    """Mean and standard error (sample std with ddof=1 over sqrt(n)) of the finite values."""
+    arr = finite(values)
+    if arr.size == 0:
+        return Summary(float("nan"), float("nan"), 0)
+    se = float(arr.std(ddof=1) / math.sqrt(arr.size)) if arr.size > 1 else float("nan")
+    return Summary(float(arr.mean()), se, int(arr.size))
+
+
+@dataclass(frozen=True)
+class Comparison:
+    diff: float        # mean(a) - mean(b)
+    se: float          # sqrt(se_a^2 + se_b^2)
+    p_value: float     # two-sided permutation test of the difference of means
+    n_a: int
+    n_b: int
+
+    def fmt(self) -> str:
+        if self.n_a == 0 or self.n_b == 0:
+            return "n/a"
+        return f"{_num(self.diff, 3)} ± {_num(self.se, 2)} (p={self.p_value:.2g})"
+
+
+def permutation_p(a: Sequence[float], b: Sequence[float], seed: int = 0) -> float:
+    """Two-sided p-value of mean(a) - mean(b) under exchangeability of the pooled values."""
+    x, y = finite(a), finite(b)
+    if x.size == 0 or y.size == 0:
+        return float("nan")
+    pooled = np.concatenate([x, y])
+    observed = abs(x.mean() - y.mean())
+    n, k = pooled.size, x.size
+    total = pooled.sum()
+    tol = 1e-12 * max(1.0, abs(observed))
+    if math.comb(n, k) <= MAX_EXACT:
+        splits = itertools.combinations(range(n), k)
+        stats = np.array([abs(pooled[list(s)].sum() / k - (total - pooled[list(s)].sum()) / (n - k)) for s in splits])
+        return float((stats >= observed - tol).mean())
+    rng = np.random.default_rng(seed)
+    hits = 0
+    for _ in range(MAX_EXACT):
+        idx = rng.permutation(n)[:k]
+        s = pooled[idx].sum()
+        hits += abs(s / k - (total - s) / (n - k)) >= observed - tol
+    return (hits + 1) / (MAX_EXACT + 1)
+
+
+def compare(a: Sequence[float], b: Sequence[float]) -> Comparison:
+    sa, sb = summarize(a), summarize(b)
+    se = math.sqrt((sa.se if math.isfinite(sa.se) else 0.0) ** 2 + (sb.se if math.isfinite(sb.se) else 0.0) ** 2)
+    return Comparison(sa.mean - sb.mean, se, permutation_p(a, b), sa.n, sb.n)

@@ -1,0 +1,86 @@
+"""Group-relative advantages: baseline, scale and reward shaping before centring (objectives.md sec. 5, 10)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from rlcore.config import ObjectiveConfig
+from rlcore.groups import GroupIndex
+from rlcore.validation import check_finite, check_group_ids, check_tensor
+
+Shaping = Callable[[Tensor, Tensor], Tensor]
+
+
+def group_advantages(rewards: Tensor, group_ids: Tensor, mask: Tensor, cfg: ObjectiveConfig, *,
+                     bonus: Tensor | None = None, shaping: Shaping | None = None) -> Tensor:
+    """(B,) advantages of the whole step; call it once per step, before any micro-batch split.
+
+    bonus: (B,) added to the rewards as `cfg.bonus_coef * bonus` before centring (IBPO-style, sec. 3).
+    shaping: f(rewards, group_ids) -> rewards, also applied before centring (e.g. DAPO overlong penalty).
+    Every response must have at least one active token, groups must hold >= 2 responses and all the same
+    number: drop or refill incomplete groups first, so each group is centred over the responses that
+    enter the loss (sec. 6.3 item 3).
+    """
+    rewards = _check_rewards(rewards)
+    batch = rewards.shape[0]
+    group_ids = check_group_ids(group_ids, batch)
+    check_tensor("mask", mask, ndim=2, kind="mask")
+    if mask.shape[0] != batch:
+        raise ValueError(f"mask: expected {batch} rows (one per reward), got shape {tuple(mask.shape)}")
+    lengths = mask.sum(1, dtype=rewards.dtype)
+    empty = (lengths <= 0).nonzero().flatten()
+    if empty.numel():
+        raise ValueError(f"mask: response(s) {empty[:5].tolist()} have no active tokens; remove dropped "
+                         "responses from the batch before computing advantages (sec. 6.3)")
+    if bonus is not None:
+        check_tensor("bonus", bonus, (batch,))
+        check_finite("bonus", bonus)
+        rewards = rewards + cfg.bonus_coef * bonus.to(rewards.dtype)
+    if shaping is not None:
+        shaped = shaping(rewards, group_ids)
+        check_tensor("shaping(rewards, group_ids)", shaped, (batch,))
+        check_finite("shaping(rewards, group_ids)", shaped)
+        rewards = shaped.to(rewards.dtype)
+
+    groups = GroupIndex.of(group_ids)
+    _check_group_sizes(groups)
+    size = groups.counts.to(rewards.dtype)[groups.inverse]
+    centred = rewards - groups.mean(rewards)[groups.inverse]
+    if cfg.adv_baseline == "loo":  # R_i - mean_{j!=i} R_j = G/(G-1) (R_i - mean), RLOO arXiv 2402.14740
+        adv = centred * size / (size - 1)
+    else:
+        adv = centred
+    if cfg.adv_scale == "group_std":  # unbiased std as in verl/TRL
+        std = (groups.sum(centred * centred) / (groups.counts.to(rewards.dtype) - 1)).sqrt()
+        adv = adv / (std[groups.inverse] + cfg.adv_eps)
+    elif cfg.adv_scale in ("batch_std", "batch_whiten"):  # token-weighted, verl masked_whiten
+        mean = (lengths * adv).sum() / lengths.sum()
+        var = (lengths * (adv - mean) ** 2).sum() / (lengths.sum() - 1).clamp_min(1)
+        if cfg.adv_scale == "batch_whiten":
+            adv = adv - mean  # breaks cancellation; kept to reproduce verl's REINFORCE++-baseline
+        adv = adv / (var.sqrt() + cfg.adv_eps)
+    return adv
+
+
+def _check_rewards(rewards: object) -> Tensor:
+    check_tensor("rewards", rewards, ndim=1, kind="mask")
+    if not rewards.is_floating_point():  # 0/1 integer or bool rewards are common; use float32 math
+        rewards = rewards.to(torch.float32)
+    if rewards.shape[0] == 0:
+        raise ValueError("rewards: empty batch; pass at least one group of responses")
+    check_finite("rewards", rewards)
+    return rewards
+
+
+def _check_group_sizes(groups: GroupIndex) -> None:
+    small = groups.counts < 2
+    if bool(small.any()):
+        bad = groups.ids[small][:5].tolist()
+        raise ValueError(f"group_ids: group(s) {bad} have a single response; group-relative advantages need "
+                         "at least 2 responses per group")
+    if groups.n > 1 and bool((groups.counts != groups.counts[0]).any()):
+        raise ValueError(f"group_ids: groups must all have the same size, got sizes ({groups.describe_sizes()}); "
+                         "drop or refill incomplete groups before computing advantages")

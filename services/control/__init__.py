@@ -1,0 +1,6 @@
+"""The control plane: a FastAPI service that accepts RL jobs over REST, keeps their records in SQL,
+runs them through the Ray Jobs API and exports Prometheus metrics.
+
+Importing this package is cheap (no FastAPI, torch or Ray): the SDK shares `schemas` and `states`.
+Build the app with `services.control.app.create_app(ControlSettings(...))` or run `tgc serve`.
+"""

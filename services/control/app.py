@@ -1,0 +1,134 @@
+"""The FastAPI application: wiring of store, auth, scheduler, telemetry and routes.
+
+`create_app(settings)` migrates the database, and (unless `settings.scheduler` is off or there is no
+Ray) runs the scheduler thread for the app's lifetime.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from fastapi import FastAPI
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from services.config import JobSpec
+from services.control import api_internal, api_jobs
+from services.control.db import make_engine
+from services.control.errors import install_error_handlers
+from services.control.limits import BodySizeLimit
+from services.control.migrations import migrate
+from services.control.scheduler import Scheduler
+from services.control.settings import ControlSettings
+from services.control.store import JobRow, JobStore
+from services.control.telemetry import RequestMetricsMiddleware, Telemetry
+from services.control.tokens import TokenStore
+
+log = logging.getLogger(__name__)
+
+API_DESCRIPTION = """
+Runs whole RL post-training jobs (GRPO family) on Ray and keeps their records.
+
+Authenticate with `Authorization: Bearer <token>`; an operator creates tokens with
+`tgc token create --tenant NAME`. The job spec (`POST /v1/jobs` body) is the same schema as a YAML
+job file (`tgc schema` prints it).
+"""
+
+
+@dataclass
+class ControlPlane:
+    """Everything a request handler needs (on `app.state.cp`)."""
+
+    settings: ControlSettings
+    store: JobStore
+    token_store: TokenStore
+    telemetry: Telemetry
+    scheduler: Scheduler | None
+
+    def wake_scheduler(self) -> None:
+        if self.scheduler is not None:
+            self.scheduler.wake()
+
+    def driver_log(self, job: JobRow, attempt: int) -> str | None:
+        """The Ray driver's output: live from Ray while it knows the job, else the tail kept at its end."""
+        if self.scheduler is not None and self.scheduler.ray is not None and attempt == job.attempt \
+                and job.ray_submission_id and not job.ray_done:  # fmt: skip
+            try:
+                text = self.scheduler.ray.logs(job.ray_submission_id)
+                if text is not None:
+                    return text
+            except Exception as e:
+                log.warning("job %s: driver log from Ray failed: %s", job.id, e)
+        return self.store.driver_log(job.id, attempt)
+
+
+def create_app(settings: ControlSettings | None = None) -> FastAPI:
+    settings = settings or ControlSettings.from_env()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    engine = make_engine(settings.database_url)
+    applied = migrate(engine)
+    if applied:
+        log.info("database migrated to version %d", applied[-1])
+    store = JobStore(engine)
+    token_store = TokenStore(engine)
+    telemetry = Telemetry(store)
+    scheduler = None
+    if settings.scheduler and settings.ray_address != "none":
+        scheduler = Scheduler(store, token_store, settings, telemetry)
+    cp = ControlPlane(settings, store, token_store, telemetry, scheduler)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if scheduler is not None:
+            scheduler.start()
+        try:
+            yield
+        finally:
+            if scheduler is not None:
+                await run_in_threadpool(scheduler.stop)
+            engine.dispose()
+
+    app = FastAPI(title="tgc-rl control plane", version="1", description=API_DESCRIPTION, lifespan=lifespan)
+    app.state.cp = cp
+    install_error_handlers(app)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestMetricsMiddleware, telemetry=telemetry)
+    app.include_router(api_jobs.router)
+    app.include_router(api_internal.router)
+
+    @app.get("/healthz", tags=["ops"], summary="Liveness: the process answers")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["ops"], summary="Readiness: the database and Ray are reachable",
+             responses={503: {"description": "Not ready; `checks` says what is down."}})  # fmt: skip
+    def readyz() -> JSONResponse:
+        checks: dict[str, str] = {}
+        try:
+            store.ping()
+            checks["db"] = "ok"
+        except Exception as e:
+            checks["db"] = f"down: {e}"
+        if scheduler is None:
+            checks["ray"] = "not used (scheduler off)"
+        elif scheduler.ray_ready():
+            checks["ray"] = "ok"
+        else:
+            checks["ray"] = f"down: {scheduler.ray_error or 'no answer'}"
+        ready = checks["db"] == "ok" and not checks["ray"].startswith("down")
+        return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
+
+    @app.get("/metrics", tags=["ops"], summary="Prometheus metrics",
+             responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})  # fmt: skip
+    def metrics() -> Response:
+        return Response(generate_latest(telemetry.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/schema", tags=["jobs"], summary="The job spec's JSON schema")
+    def schema() -> dict:
+        return JobSpec.model_json_schema(by_alias=True)
+
+    return app

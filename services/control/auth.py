@@ -1,0 +1,41 @@
+"""Who is calling: tenant tokens for the API, per-job tokens for a trainer's reports."""
+
+from __future__ import annotations
+
+import hmac
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from services.control import tokens
+from services.control.errors import ApiError
+from services.control.store import JobRow
+from services.control.tokens import Principal
+
+bearer = HTTPBearer(auto_error=False, description="A tenant token from `tgc token create`.")
+_CHALLENGE = {"WWW-Authenticate": "Bearer"}
+
+
+def current_principal(
+    request: Request, creds: HTTPAuthorizationCredentials | None = Depends(bearer)
+) -> Principal:
+    if creds is None:
+        raise ApiError(401, "missing bearer token: send `Authorization: Bearer <token>` "
+                            "(an operator creates one with `tgc token create --tenant NAME`)", headers=_CHALLENGE)  # fmt: skip
+    principal = request.app.state.cp.token_store.authenticate(creds.credentials)
+    if principal is None:
+        raise ApiError(401, "invalid or revoked token", headers=_CHALLENGE)
+    return principal
+
+
+def reporting_job(
+    request: Request, job_id: str, creds: HTTPAuthorizationCredentials | None = Depends(bearer)
+) -> JobRow:
+    """The job whose current attempt owns the presented job token (constant-time comparison)."""
+    if creds is None or not creds.credentials.startswith(tokens.JOB_PREFIX):
+        raise ApiError(401, "a job token (TGC_JOB_TOKEN) is required", headers=_CHALLENGE)
+    job = request.app.state.cp.store.get(job_id)
+    expected = job.job_token_hash if job is not None else None
+    if not expected or not hmac.compare_digest(expected, tokens.digest(creds.credentials)):
+        raise ApiError(401, "invalid job token for this job (or a previous attempt's)", headers=_CHALLENGE)
+    return job

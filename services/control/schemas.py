@@ -1,0 +1,196 @@
+"""Wire models of the REST API, shared by the control plane and the SDK (pydantic only).
+
+The job spec itself is `services.config.JobSpec`; these models wrap it in records, pages and events.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from services.control.states import JobState
+
+__all__ = [
+    "CancelRequest",
+    "CheckpointInfo",
+    "CheckpointList",
+    "DryRunResult",
+    "ErrorBody",
+    "ErrorDetail",
+    "EventAck",
+    "EventBatch",
+    "JobEvent",
+    "JobList",
+    "JobRecord",
+    "JobState",
+    "LogLine",
+    "LogPage",
+    "MetricPoint",
+    "MetricSeries",
+    "ResumeRequest",
+    "TrainerEvent",
+    "Transition",
+]
+
+
+class Transition(BaseModel):
+    """One state change of a job, as stored."""
+
+    state: JobState
+    previous: JobState | None = Field(None, description="The state before (null for the first record).")
+    reason: str = ""
+    time: datetime
+    attempt: int = Field(1, description="Attempt number; a resume starts a new attempt.")
+
+
+class JobRecord(BaseModel):
+    """A job as the control plane keeps it."""
+
+    id: str
+    name: str
+    tenant: str = Field(description="Owner: the tenant of the token that submitted it.")
+    state: JobState
+    reason: str = Field("", description="Why the job is in its state (the last transition's reason).")
+    spec: dict[str, Any] = Field(description="The validated job spec (JobSpec, with defaults filled in).")
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    attempt: int = 1
+    step: int | None = Field(None, description="Last step the trainer reported.")
+    total_steps: int = Field(description="spec.steps")
+    latest_metrics: dict[str, float | None] = Field(
+        default_factory=dict, description="Metrics of the last reported step (non-finite values are null)."
+    )
+    cancel_requested: bool = False
+    cancel_reason: str | None = None
+    hard_stopped: bool = Field(
+        False, description="True when the trainer missed the cancel grace period and Ray stopped it hard."
+    )
+    ray_submission_id: str | None = None
+    driver_running: bool = Field(
+        False, description="The attempt's Ray job still exists (it may outlive the record's end while it tears down)."
+    )
+    run_dir: str | None = Field(None, description="The current attempt's run directory on the cluster.")
+    resume_from: str | None = Field(None, description="Checkpoint the current attempt resumes from.")
+    transitions: list[Transition] = Field(default_factory=list)
+
+
+class JobList(BaseModel):
+    jobs: list[JobRecord]
+    next_cursor: str | None = Field(None, description="Pass as `cursor` to get the next (older) page.")
+
+
+class DryRunResult(BaseModel):
+    """Answer of `POST /v1/jobs?dry_run=true`: the spec is valid; nothing was stored."""
+
+    valid: Literal[True] = True
+    spec: dict[str, Any]
+
+
+class CancelRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reason: str = Field("cancelled by user", max_length=1000)
+
+
+class ResumeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    checkpoint: str | None = Field(
+        None,
+        max_length=4096,
+        description="A checkpoint path from `GET /v1/jobs/{id}/checkpoints`, or `step_<N>`; "
+        "default: the newest checkpoint of any attempt.",
+    )
+    reason: str = Field("resumed by user", max_length=1000)
+
+
+class MetricPoint(BaseModel):
+    step: int
+    attempt: int
+    time: datetime
+    metrics: dict[str, float | None]
+
+
+class MetricSeries(BaseModel):
+    job_id: str
+    points: list[MetricPoint]
+
+
+class CheckpointInfo(BaseModel):
+    step: int
+    attempt: int
+    path: str
+    time: datetime
+    exists: bool | None = Field(
+        None, description="Whether the path exists where the control plane can see it (null: not visible)."
+    )
+
+
+class CheckpointList(BaseModel):
+    job_id: str
+    checkpoints: list[CheckpointInfo]
+
+
+class LogLine(BaseModel):
+    seq: int
+    attempt: int
+    time: datetime
+    level: str = "info"
+    message: str
+
+
+class LogPage(BaseModel):
+    job_id: str
+    lines: list[LogLine]
+    next: int = Field(description="Pass as `since` to get the lines after these.")
+
+
+class JobEvent(BaseModel):
+    """One entry of a job's event stream (the `data:` of a server-sent event; `id:` is `seq`)."""
+
+    seq: int
+    job_id: str
+    attempt: int
+    type: str = Field(description="`state`, `step`, `log`, `checkpoint`, or `end` (the stream is complete).")
+    time: datetime
+    data: dict[str, Any]
+
+
+# -- trainer -> control plane ---------------------------------------------------------------------
+MAX_EVENTS_PER_BATCH = 1000
+
+
+class TrainerEvent(BaseModel):
+    """An event the trainer reports; extra fields are kept. Known types: state, step, log, checkpoint."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str = Field(min_length=1, max_length=64)
+    time: float
+
+
+class EventBatch(BaseModel):
+    events: list[TrainerEvent] = Field(max_length=MAX_EVENTS_PER_BATCH)
+
+
+class EventAck(BaseModel):
+    """The control plane's answer to a trainer report: whether to stop gracefully now."""
+
+    cancel: bool
+    reason: str | None = None
+
+
+# -- errors ---------------------------------------------------------------------------------------
+class ErrorDetail(BaseModel):
+    field: str = Field(description="Dotted path of the bad field, e.g. `sampling.max_new_tokens`.")
+    msg: str
+    type: str = ""
+
+
+class ErrorBody(BaseModel):
+    """Every error response has this shape."""
+
+    error: str = Field(description="Machine-readable code: invalid, unauthorized, not_found, conflict, ...")
+    message: str
+    detail: list[ErrorDetail] = Field(default_factory=list)

@@ -1,0 +1,23 @@
+"""Run the control plane under uvicorn (`tgc serve`)."""
+
+from __future__ import annotations
+
+import logging
+
+import uvicorn
+
+from services.control.app import create_app
+from services.control.settings import ControlSettings
+
+
+def serve(settings: ControlSettings, log_level: str = "info") -> None:
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per Ray poll otherwise
+    app = create_app(settings)
+    if not app.state.cp.token_store.list():
+        logging.getLogger("services.control").warning(
+            "no API tokens exist yet: create one with `tgc token create --tenant NAME` (same --data-dir/--db-url)"
+        )
+    # Access logs name method, path and status only: tokens travel in headers and are never logged.
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=log_level, proxy_headers=False,
+                timeout_graceful_shutdown=10)  # fmt: skip

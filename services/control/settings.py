@@ -1,0 +1,109 @@
+"""Settings of one control-plane process; every field has a `TGC_<NAME>` environment variable."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from services import config as spec_limits
+
+
+class ControlSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    data_dir: Path = Field(
+        Path("tgc-data"), description="Holds the SQLite database, run directories and the managed Ray head."
+    )
+    db_url: str | None = Field(
+        None, description="SQLAlchemy URL; default: SQLite (WAL) at <data_dir>/tgc.db. PostgreSQL: postgresql://..."
+    )
+    runs_dir: Path | None = Field(
+        None, description="Run directories as the Ray workers see them (shared storage); default <data_dir>/runs."
+    )
+    ray_address: str = Field(
+        "local",
+        description="`local`: start (or reuse) a Ray head managed under data_dir; an http(s) URL: the Ray "
+        "dashboard / Jobs API of an existing cluster (e.g. a KubeRay head service); `none`: no Ray "
+        "(API only: jobs stay queued until a scheduler with Ray picks them up).",
+    )
+    ray_auth_token: str | None = Field(
+        None, description="Ray auth token of an existing cluster run with RAY_AUTH_MODE=token (also: RAY_AUTH_TOKEN)."
+    )
+    ray_num_cpus: int = Field(8, ge=1, description="Logical CPUs of the managed local Ray head.")
+    ray_object_store_bytes: int = Field(512 * 2**20, ge=78 * 2**20, description="Managed head's object store.")
+    scheduler: bool = Field(True, description="Run the scheduler (admission, Ray monitoring, cancel grace).")
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    public_url: str | None = Field(
+        None, description="URL the trainers use to report back; default http://<host>:<port>."
+    )
+    trainer_python: str = Field(
+        sys.executable, description="Python that runs `-m services.trainer` on the cluster."
+    )
+    trainer_env: dict[str, str] = Field(
+        default_factory=dict, description="Extra environment variables for the trainer (runtime_env env_vars)."
+    )
+    default_max_concurrent_jobs: int = Field(
+        2, ge=0, description="Per-tenant limit on starting+running jobs unless the tenant has its own."
+    )
+    cancel_grace_s: float = Field(
+        120.0, gt=0, description="After a cancel, how long the trainer has to stop before Ray stops it hard."
+    )
+    poll_interval_s: float = Field(1.0, gt=0, description="Scheduler period.")
+    sse_poll_s: float = Field(0.3, gt=0, description="How often an event stream looks for new events.")
+    max_body_bytes: int = Field(1 * 2**20, ge=1024, description="Largest accepted request body.")
+    # Server-side spec limits (may be tighter than the schema's MAX_* constants).
+    max_steps: int = Field(spec_limits.MAX_STEPS, ge=1, le=spec_limits.MAX_STEPS)
+    max_replicas: int = Field(
+        64, ge=1, le=spec_limits.MAX_REPLICAS, description="Max learner ranks + rollout replicas of one job."
+    )
+    max_new_tokens: int = Field(spec_limits.MAX_NEW_TOKENS, ge=1, le=spec_limits.MAX_NEW_TOKENS)
+    max_samples_per_step: int = Field(
+        65_536, ge=1, description="Max group_size * prompts_per_step of one job."
+    )
+    max_free_form_bytes: int = Field(
+        64 * 1024, ge=256, description="Max JSON size of each free-form mapping (config_overrides, params, ...)."
+    )
+    allow_custom_code: bool = Field(
+        False,
+        description="Let non-admin tenants name their own code (`module:function` tasks/rewards, local model "
+        "paths). Admin tokens always may.",
+    )
+
+    @model_validator(mode="after")
+    def _defaults(self) -> ControlSettings:
+        if self.runs_dir is None:
+            self.runs_dir = self.data_dir / "runs"
+        if self.ray_auth_token is None:
+            self.ray_auth_token = os.environ.get("RAY_AUTH_TOKEN") or None
+        return self
+
+    @property
+    def database_url(self) -> str:
+        return self.db_url or f"sqlite:///{(self.data_dir / 'tgc.db').resolve()}"
+
+    @property
+    def control_url(self) -> str:
+        if self.public_url:
+            return self.public_url.rstrip("/")
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"http://{host}:{self.port}"
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> ControlSettings:
+        """Fields from `TGC_<FIELD>` variables, then the explicit overrides (None means unset)."""
+        values: dict[str, Any] = {}
+        for name in cls.model_fields:
+            raw = os.environ.get(f"TGC_{name.upper()}")
+            if raw is not None and raw != "":
+                values[name] = raw
+        if "trainer_env" in values:
+            import json
+
+            values["trainer_env"] = json.loads(values["trainer_env"])
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.model_validate(values)

@@ -1,0 +1,88 @@
+"""Learner checkpoints: an HF model directory for serving plus the exact training state for resume.
+
+    path/model/    save_pretrained directory + tokenizer, in the job's dtype: loads in transformers and vLLM
+    path/learner/  torch.distributed.checkpoint of the float32 master weights and AdamW state (sharded, one
+                   file per rank), `state.pt` (schedule, counters) and `rng-rank{r}.pt` (per-rank RNG)
+
+Resume reads only path/learner: the HF directory may be bf16, the master weights are not.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                    "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json")
+
+
+def save_hf_model(state_dict: dict[str, torch.Tensor], model_path: Path, tokenizer_path: Path, out: Path,
+                  dtype: torch.dtype) -> None:
+    """Write `state_dict` (full, HF names) as a save_pretrained directory with the tokenizer (rank 0 only)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_path)
+    with torch.device("meta"):  # the skeleton only supplies config, class and tied-weight rules
+        skeleton = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    out.mkdir(parents=True, exist_ok=True)
+    skeleton.save_pretrained(out, state_dict=dict(state_dict), is_main_process=True)
+    copied = False
+    for name in _TOKENIZER_FILES:
+        if (tokenizer_path / name).exists():
+            shutil.copy2(tokenizer_path / name, out / name)
+            copied = True
+    if not copied:
+        raise FileNotFoundError(f"no tokenizer files in {tokenizer_path}; set model.tokenizer to a tokenizer "
+                                "directory")
+
+
+def save_training_state(out: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                        extra: dict[str, Any]) -> None:
+    """Collective: every rank writes its shards; rank 0 writes `extra` (schedule and counters)."""
+    out.mkdir(parents=True, exist_ok=True)
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(out))
+    rank = dist.get_rank()
+    torch.save(rng_state(), out / f"rng-rank{rank}.pt")
+    if rank == 0:
+        torch.save(extra, out / "state.pt")
+    dist.barrier()
+
+
+def load_training_state(src: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Collective: restore weights, optimizer and this rank's RNG; returns rank 0's `extra`."""
+    if not (src / "state.pt").exists():
+        raise FileNotFoundError(f"{src} is not a learner checkpoint (no state.pt); pass the directory given "
+                                "to save(), whose 'learner' subdirectory holds the training state")
+    rank = dist.get_rank()
+    rng_file = src / f"rng-rank{rank}.pt"
+    if not rng_file.exists():
+        raise FileNotFoundError(f"{rng_file} is missing: the checkpoint was saved with fewer learner ranks; "
+                                "resume with the same resources.learner_ranks")
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=str(src))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_rng_state(torch.load(rng_file, weights_only=False))
+    return torch.load(src / "state.pt", weights_only=False)
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

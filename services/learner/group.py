@@ -1,0 +1,187 @@
+"""The learner group: `resources.learner_ranks` Ray actors, each hosting one `Learner` rank of one
+torch.distributed group (gloo on CPU, NCCL on GPU). The driver talks to the group; the group fans every
+call out to all ranks, because every learner call is a collective.
+
+Batches travel once through the object store (one `ray.put`, every rank reads the same object) and
+published weights are put once, by rank 0. If any rank fails, the others would wait in a collective until
+the timeout, so the group kills all its actors and raises: the step stops cleanly and the job can resume
+from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+
+from services.batch import TrainBatch
+from services.config import JobSpec
+from services.learner.learner import Learner
+from services.learner.plan import validate_batch
+from services.learner.sharding import free_port
+
+log = logging.getLogger(__name__)
+
+
+class LearnerGroupError(RuntimeError):
+    """A learner rank failed; the group has been shut down (resume from the last checkpoint)."""
+
+
+def _check_feasible(spec: JobSpec) -> None:
+    """Refuse a group the cluster can never place (its actors would wait forever), naming the fields."""
+    r = spec.resources
+    total = ray.cluster_resources()
+    for kind, per_rank, name in (("CPU", r.cpus_per_learner, "cpus_per_learner"),
+                                 ("GPU", r.gpus_per_learner, "gpus_per_learner")):
+        need = r.learner_ranks * per_rank
+        if need > total.get(kind, 0.0) + 1e-9:
+            raise ValueError(f"resources: {r.learner_ranks} learner ranks x {name} {per_rank:g} need {need:g} {kind}s "
+                             f"but the Ray cluster has {total.get(kind, 0.0):g}; lower resources.learner_ranks "
+                             f"or resources.{name}")
+
+
+class _LearnerRank:
+    """Ray actor body: one Learner rank. Named and repr'd so the dashboard shows job and rank."""
+
+    def __init__(self, spec: JobSpec, model_path: str, job_name: str, rank: int, world_size: int):
+        self.spec, self.model_path = spec, Path(model_path)
+        self.job_name, self.rank, self.world_size = job_name, rank, world_size
+        self.learner: Learner | None = None
+        threads = spec.resources.threads_per_actor or max(1, int(spec.resources.cpus_per_learner))
+        torch.set_num_threads(threads)
+
+    def __repr__(self) -> str:  # Ray shows this as the actor's name in the dashboard and logs
+        return f"Learner({self.job_name}, rank {self.rank}/{self.world_size})"
+
+    def rendezvous(self) -> tuple[str, int]:
+        """Rank 0's address and a free port for the process group."""
+        ip = ray.util.get_node_ip_address()
+        return ip, free_port(ip)
+
+    def setup(self, master_addr: str, master_port: int) -> None:
+        self.learner = Learner(self.spec, self.model_path, self.rank, self.world_size, master_addr, master_port)
+
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        return self.learner.train_step(batch)
+
+    def logprobs(self, batch: TrainBatch) -> torch.Tensor | None:
+        out = self.learner.logprobs(batch)
+        return out if self.rank == 0 else None
+
+    def gradients(self, batch: TrainBatch) -> dict[str, torch.Tensor] | None:
+        out = self.learner.gradients(batch)
+        return out if self.rank == 0 else None
+
+    def publish(self, pack: Callable[[dict], Any] | None) -> list[ray.ObjectRef] | None:
+        state = self.learner.full_state_dict()
+        if self.rank != 0:
+            return None
+        # Wrapped in a list so that the caller receives the reference itself, not a copy of the weights.
+        return [ray.put(pack(state) if pack is not None else state)]
+
+    def save(self, path: str) -> None:
+        self.learner.save(Path(path))
+
+    def load(self, path: str) -> None:
+        self.learner.load(Path(path))
+
+    def close(self) -> None:
+        if self.learner is not None:
+            self.learner.close()
+            self.learner = None
+
+
+class LearnerGroup:
+    def __init__(self, spec: JobSpec, model_path: Path, job_name: str, *, startup_timeout_s: float = 600.0):
+        if not ray.is_initialized():
+            raise RuntimeError("LearnerGroup needs a running Ray: call ray.init() (or run as a Ray job) first")
+        r = spec.resources
+        self.spec, self.job_name = spec, job_name
+        self.world_size = r.learner_ranks
+        _check_feasible(spec)
+        actor_cls = ray.remote(_LearnerRank)
+        self.actors = [
+            actor_cls.options(
+                name=f"{job_name}-learner-{rank}", num_cpus=r.cpus_per_learner, num_gpus=r.gpus_per_learner,
+                max_restarts=0, max_concurrency=1,
+            ).remote(spec, str(model_path), job_name, rank, self.world_size)
+            for rank in range(self.world_size)
+        ]
+        try:
+            addr, port = self._get([self.actors[0].rendezvous.remote()], startup_timeout_s)[0]
+            self._get([a.setup.remote(addr, port) for a in self.actors], startup_timeout_s)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    # -- collectives ----------------------------------------------------------------------------------
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """One rollout batch (all its groups) -> the learner's optimizer steps; returns rank 0's metrics."""
+        validate_batch(batch)  # here, before any rank enters a collective
+        ref = ray.put(batch)
+        return self._all(lambda a: a.train_step.remote(ref))[0]
+
+    def logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        validate_batch(batch)
+        ref = ray.put(batch)
+        return self._all(lambda a: a.logprobs.remote(ref))[0]
+
+    def gradients(self, batch: TrainBatch) -> dict[str, torch.Tensor]:
+        """Full-batch gradient at the current weights, no update (tests and diagnostics)."""
+        validate_batch(batch)
+        ref = ray.put(batch)
+        return self._all(lambda a: a.gradients.remote(ref))[0]
+
+    def publish_weights(self, pack: Callable[[dict], Any] | None = None) -> ray.ObjectRef:
+        """The full state dict (HF names, model dtype, tied duplicates left out) put into the object store
+        once by rank 0; `pack` optionally converts it first (e.g. services.rollout.weights.FlatWeights.from_state_dict)."""
+        return self._all(lambda a: a.publish.remote(pack))[0][0]
+
+    def save(self, path: Path) -> None:
+        self._all(lambda a: a.save.remote(str(path)))
+
+    def load(self, path: Path) -> None:
+        self._all(lambda a: a.load.remote(str(path)))
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Leave the process group and kill every rank's actor (idempotent)."""
+        actors, self.actors = getattr(self, "actors", []), []
+        if actors:
+            try:
+                ray.wait([a.close.remote() for a in actors], num_returns=len(actors), timeout=30)
+            except Exception as e:  # a dead rank cannot close; killing it below is what matters
+                log.warning("learner close failed: %s", e)
+        for a in actors:
+            ray.kill(a, no_restart=True)
+
+    def __enter__(self) -> LearnerGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # -- internals ------------------------------------------------------------------------------------
+    def _all(self, call: Callable[[Any], ray.ObjectRef]) -> list[Any]:
+        if not self.actors:
+            raise LearnerGroupError("the learner group has been shut down; start a new one")
+        return self._get([call(a) for a in self.actors])
+
+    def _get(self, refs: list[ray.ObjectRef], timeout: float | None = None) -> list[Any]:
+        """Results in order; on the first failing rank, kill the whole group (peers would hang) and raise."""
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1, timeout=timeout)
+            if not done:
+                self.shutdown()
+                raise LearnerGroupError(f"learner ranks did not answer within {timeout} s; group shut down")
+            try:
+                ray.get(done[0])
+            except Exception as e:
+                self.shutdown()
+                raise LearnerGroupError(f"a learner rank failed, group shut down: {e}") from e
+        return ray.get(refs)

@@ -1,0 +1,77 @@
+"""What a reward worker runs per sample: the task's own verifier, or the job's custom reward function.
+
+Built-in (`task.reward: builtin`): `task.score(item, response)`. For `math` items the verdict is
+widened by math-verify: a response that the task's lenient check rejects but that is symbolically
+equal to the gold answer (`\\frac12` vs `0.5`) scores 1. Custom (`task.reward: module:function`):
+`function(item, response)` returning a float or a `Score`, under the same deadline and accounting.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import numbers
+from collections.abc import Callable
+from typing import Any
+
+from services.tasks.base import Score, TaskItem, load_task
+
+RewardFn = Callable[[TaskItem, str], Any]
+
+
+class Verifier:
+    def __init__(self, task: str, params: dict[str, Any], seed: int, reward: str = "builtin"):
+        self.task = load_task(task, params, seed)
+        self.custom = None if reward == "builtin" else import_reward(reward)
+
+    def __call__(self, item: TaskItem, response: str) -> Score:
+        if self.custom is not None:
+            return as_score(self.custom(item, response), "task.reward")
+        score = as_score(self.task.score(item, response), f"{type(self.task).__name__}.score")
+        if item.kind == "math" and item.answer is not None and score.status == "ok" and score.reward < 1.0:
+            from services.reward.math_verifier import verify_math
+
+            widened = verify_math(item.answer, response)
+            if widened.reward > score.reward:
+                return widened
+        return score
+
+    def warm_up(self) -> None:
+        """Pay one-time costs (sympy, the sandbox check) before the first deadline starts."""
+        if self.custom is not None:
+            return
+        if hasattr(self.task, "warm_up"):
+            self.task.warm_up()
+        if self.task.item(0).kind == "math":
+            from services.reward import math_verifier
+
+            math_verifier.warm_up()
+
+
+def import_reward(spec: str) -> RewardFn:
+    module, sep, attr = spec.partition(":")
+    if not sep or not module or not attr:
+        raise ValueError(f"task.reward {spec!r}: use 'builtin' or 'module:function', "
+                         "e.g. 'my_rewards:exact_match'")
+    try:
+        fn = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"task.reward {spec!r}: cannot import {attr} from {module} ({e}); make the module "
+                         "importable on the reward workers (PYTHONPATH or an installed package)") from None
+    if not callable(fn):
+        raise ValueError(f"task.reward {spec!r}: {attr} is not callable; it must take (item, response)")
+    return fn
+
+
+def as_score(value: Any, source: str) -> Score:
+    """A reward function's return value as a Score; anything else is an error, never a silent 0."""
+    if isinstance(value, Score):
+        reward = value.reward
+    elif isinstance(value, numbers.Real):  # float, int, bool, numpy scalars
+        reward = float(value)
+        value = Score(reward)
+    else:
+        raise TypeError(f"{source} returned {type(value).__name__}; return a float or a services.tasks.Score")
+    if not math.isfinite(reward):
+        raise ValueError(f"{source} returned a non-finite reward {reward!r}")
+    return value

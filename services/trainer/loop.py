@@ -1,0 +1,279 @@
+"""One RL job, step by step: prompts -> rollout actors -> reward pool -> advantages (rlcore) -> learner
+group (FSDP2) -> weights published once to the object store -> rollout actors load them."""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import rlcore
+from services.batch import Completion, TrainBatch, collate
+from services.config import JobSpec
+from services.tasks import Score
+from services.trainer.checkpoints import Checkpoints, read_state
+from services.trainer.data import Prompt, PromptSource
+from services.trainer.metrics import MetricsSink
+from services.trainer.reporting import Reporter
+
+log = logging.getLogger("tgc.trainer")
+
+MAX_REFILL_ROUNDS = 4  # dynamic sampling: refill attempts before training on a smaller batch
+
+
+@dataclass
+class Group:
+    prompt: Prompt
+    completions: list[Completion]
+    scores: list[Score]
+
+    @property
+    def informative(self) -> bool:
+        return len({s.reward for s in self.scores}) > 1
+
+
+@dataclass
+class Rollout:
+    groups: list[Group]
+    end_position: int  # data position after this rollout's prompts: what a checkpoint resumes from
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class RemoteRewards:
+    """The job's reward pool actor (verifier worker processes, sandboxed code), seen as a plain scorer."""
+
+    def __init__(self, spec: JobSpec, job_name: str):
+        from services.reward import start_reward_pool_actor
+
+        self.actor = start_reward_pool_actor(spec.task, spec.seed, name=f"{job_name}-reward")
+
+    def score(self, items: list, responses: list[str]) -> list[Score]:
+        import ray
+
+        return ray.get(self.actor.score.remote(items, responses))
+
+    def stats(self) -> dict[str, float]:
+        import ray
+
+        return ray.get(self.actor.stats.remote())
+
+    def shutdown(self) -> None:
+        import ray
+
+        try:
+            ray.get(self.actor.close.remote(), timeout=30)  # stops the worker processes it owns
+        finally:
+            ray.kill(self.actor)
+
+
+class Trainer:
+    """Owns the actors of one job and drives them; `run()` returns the final state."""
+
+    def __init__(self, spec: JobSpec, run_dir: Path, reporter: Reporter, resume: Path | None = None,
+                 progress: bool | None = None):
+        from services.models import load_tokenizer, model_dir
+
+        self.spec, self.run_dir, self.reporter = spec, run_dir, reporter
+        self.objective = rlcore.get_objective(spec.objective.name, **spec.objective.overrides)
+        self.tokenizer = load_tokenizer(spec.model)
+        self.checkpoints = Checkpoints(run_dir / "checkpoints", spec.checkpoint.keep_last)
+        self.metrics = MetricsSink(run_dir, spec.name, spec.steps, progress)
+        self.stop_reason: str | None = None
+        self.step = 0
+        self.version = 0
+        position = 0
+        model_path = model_dir(spec.model, spec.seed)
+        state: dict[str, Any] = {}
+        if resume is not None:
+            state = read_state(resume)
+            self.step, self.version, position = state["step"], state["version"], state["data_position"]
+            model_path = resume / "model"
+            self.metrics.truncate_after(self.step)
+        self.data = PromptSource(spec, self.tokenizer, position)
+        self.trained_position = position
+        self._start_actors(model_path, resume)
+
+    # -- actors --------------------------------------------------------------------------------------
+    def _start_actors(self, model_path: Path, resume: Path | None) -> None:
+        from services.learner import LearnerGroup
+        from services.rollout import RolloutPool
+
+        name = self.spec.name
+        self.rewards = RemoteRewards(self.spec, name)
+        self.learner = LearnerGroup(self.spec, model_path, name)
+        if resume is not None:
+            self.learner.load(resume)
+        self.rollout = RolloutPool(self.spec, model_path, name)
+        if resume is not None:  # the replicas hold the checkpoint's weights; stamp them with its version
+            self._sync_weights()
+
+    def _sync_weights(self) -> dict[str, float]:
+        from services.rollout import FlatWeights
+
+        # one flat buffer in the object store: replicas map it without a copy
+        return self.rollout.update_weights(self.learner.publish_weights(FlatWeights.from_state_dict), self.version)
+
+    def shutdown(self) -> None:
+        for part in ("rollout", "learner", "rewards"):
+            obj = getattr(self, part, None)
+            if obj is None:
+                continue
+            try:
+                obj.shutdown()
+            except Exception as e:  # teardown keeps going: leaving other actors behind is worse
+                log.warning("shutdown of %s failed: %s", part, e)
+        self.metrics.close()
+
+    # -- rollout ------------------------------------------------------------------------------------
+    def _seeds(self, prompts: list[Prompt], attempt: int) -> list[int]:
+        return [(self.spec.seed * 1_000_003 + p.index * 7_919 + attempt) % (2**31 - 1) for p in prompts]
+
+    def _generate_groups(self, prompts: list[Prompt], attempt: int = 0) -> tuple[list[Group], dict[str, float]]:
+        t0 = time.perf_counter()
+        outs = self.rollout.generate([p.token_ids for p in prompts], self.spec.group_size,
+                                     self._seeds(prompts, attempt))
+        t1 = time.perf_counter()
+        items = [p.item for p in prompts for _ in range(self.spec.group_size)]
+        texts = [self.tokenizer.decode(c.token_ids, skip_special_tokens=True) for cs in outs for c in cs]
+        scores = self.rewards.score(items, texts)
+        t2 = time.perf_counter()
+        G = self.spec.group_size
+        groups = [Group(p, cs, scores[i * G:(i + 1) * G]) for i, (p, cs) in enumerate(zip(prompts, outs, strict=True))]
+        return groups, {"timing/generate_s": t1 - t0, "timing/reward_s": t2 - t1}
+
+    def _rollout(self) -> Rollout:
+        """Sample a step's groups; with dynamic sampling, replace all-equal-reward groups (DAPO)."""
+        want = self.spec.prompts_per_step
+        groups, timing = self._generate_groups(self.data.take(want))
+        dropped = 0
+        if self.spec.dynamic_sampling:
+            for attempt in range(1, MAX_REFILL_ROUNDS + 1):
+                kept = [g for g in groups if g.informative]
+                dropped += len(groups) - len(kept)
+                groups = kept
+                if len(groups) >= want:
+                    break
+                more, t = self._generate_groups(self.data.take(want - len(groups)), attempt)
+                groups += more
+                timing = {k: timing[k] + t[k] for k in timing}
+            groups = [g for g in groups if g.informative][:want] or groups[:want]
+        return Rollout(groups, self.data.position, {**timing, "rollout/groups_dropped": float(dropped)})
+
+    # -- one step -----------------------------------------------------------------------------------
+    def build_batch(self, groups: list[Group]) -> TrainBatch:
+        prompts, comps, gids, rewards = [], [], [], []
+        for g_id, g in enumerate(groups):
+            for c, s in zip(g.completions, g.scores, strict=True):
+                prompts.append(g.prompt.token_ids)
+                comps.append(c)
+                gids.append(g_id)
+                rewards.append(s.reward)
+        reward_t = torch.tensor(rewards, dtype=torch.float32)
+        batch = collate(prompts, comps, gids, torch.zeros(len(rewards)), reward_t, self.tokenizer.pad_token_id)
+        batch.advantages = self.objective.advantages(reward_t, batch.group_ids, batch.response_mask)
+        return batch
+
+    def train_step(self, rollout: Rollout) -> dict[str, float]:
+        t0 = time.perf_counter()
+        batch = self.build_batch(rollout.groups)
+        staleness = (self.version - batch.versions).float()
+        t1 = time.perf_counter()
+        learner_metrics = self.learner.train_step(batch)
+        t2 = time.perf_counter()
+        self.version += 1
+        self.trained_position = rollout.end_position
+        sync = self._sync_weights()
+        t3 = time.perf_counter()
+        m = {**rollout.metrics, **learner_metrics, **_rollout_metrics(rollout, batch),
+             **_prefixed("rollout/", self.rollout.stats()), **_prefixed("reward/", self.rewards.stats())}
+        m.update({
+            "timing/train_s": t2 - t1, "timing/sync_s": t3 - t2, "timing/prepare_s": t1 - t0,
+            "policy/version": float(self.version), "policy/staleness_mean": staleness.mean().item(),
+            "policy/staleness_max": staleness.max().item(), "sync/bytes": float(sync.get("bytes", 0.0)),
+        })
+        return m
+
+    # -- the job ------------------------------------------------------------------------------------
+    def run(self) -> str:
+        spec = self.spec
+        asynchronous = spec.async_.mode == "one_step_off"
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout") if asynchronous else None
+        pending: Future | None = None
+        self.reporter.state("running", "resumed" if self.step else "started", self.step)
+        try:
+            while self.step < spec.steps and not self._should_stop():
+                t0 = time.perf_counter()
+                rollout = pending.result() if pending is not None else self._rollout()
+                lag = self.version - min(c.version for g in rollout.groups for c in g.completions)
+                if lag > spec.async_.max_staleness:  # too old for the bound: drop and sample afresh
+                    rollout = self._rollout()
+                pending = pool.submit(self._rollout) if pool and self.step + 1 < spec.steps else None
+                metrics = self.train_step(rollout)
+                self.step += 1
+                metrics["timing/step_s"] = time.perf_counter() - t0
+                metrics["throughput/tokens_per_s"] = metrics["response/tokens"] / metrics["timing/step_s"]
+                self.metrics.log(self.step, metrics)
+                self.reporter.emit("step", step=self.step, metrics=metrics)
+                every = spec.checkpoint.every_steps
+                if every and self.step % every == 0 and self.step < spec.steps:
+                    self.save()
+            if pending is not None:
+                pending.cancel()
+            self.save()
+            if self.stop_reason:
+                self.reporter.state("cancelled", self.stop_reason, self.step)
+                return "cancelled"
+            self.reporter.state("succeeded", "completed all steps", self.step)
+            return "succeeded"
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+
+    def _should_stop(self) -> bool:
+        if self.reporter.cancel_requested and not self.stop_reason:
+            self.stop_reason = self.reporter.cancel_requested
+        if (self.run_dir / "CANCEL").exists() and not self.stop_reason:
+            self.stop_reason = (self.run_dir / "CANCEL").read_text().strip() or "cancel file found"
+        return self.stop_reason is not None
+
+    def save(self) -> Path:
+        if (latest := self.checkpoints.latest()) is not None and latest.name == f"step_{self.step}":
+            return latest
+        tmp = self.checkpoints.staging(self.step)
+        self.learner.save(tmp)
+        self.tokenizer.save_pretrained(tmp / "model")
+        path = self.checkpoints.commit(tmp, self.step, {
+            "step": self.step, "version": self.version, "data_position": self.trained_position,
+            "spec": self.spec.to_dict(),
+        })
+        self.reporter.emit("checkpoint", step=self.step, path=str(path))
+        return path
+
+
+def _prefixed(prefix: str, stats: dict[str, float]) -> dict[str, float]:
+    return {(k if k.startswith(prefix) else prefix + k): float(v) for k, v in stats.items()}
+
+
+def _rollout_metrics(rollout: Rollout, batch: TrainBatch) -> dict[str, float]:
+    scores = [s for g in rollout.groups for s in g.scores]
+    comps = [c for g in rollout.groups for c in g.completions]
+    lengths = batch.response_mask.sum(1)
+    rewards = batch.rewards
+    n = max(len(scores), 1)
+    return {
+        "reward/mean": rewards.mean().item(),
+        "reward/std": rewards.std().item() if len(rewards) > 1 else 0.0,
+        "reward/accuracy": sum(s.reward >= 1.0 for s in scores) / n,
+        "reward/timeouts": float(sum(s.status == "timeout" for s in scores)),
+        "reward/errors": float(sum(s.status == "error" for s in scores)),
+        "rollout/informative_groups": sum(g.informative for g in rollout.groups) / max(len(rollout.groups), 1),
+        "response/length_mean": lengths.mean().item(),
+        "response/length_max": lengths.max().item(),
+        "response/truncated_frac": sum(c.finish_reason == "length" for c in comps) / n,
+        "response/tokens": lengths.sum().item(),
+    }

@@ -1,0 +1,172 @@
+"""Trainer entrypoint: `python -m services.trainer --spec job.yaml --run-dir DIR [--resume [CKPT]]`.
+
+Runs as a Ray job driver (under the control plane) or locally (`tgc train`). Starts a local Ray cluster
+when none is given, checks that the spec's resources can be placed before any actor starts, turns SIGTERM
+into a graceful stop at the next step boundary, and always tears its actors down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+from services.config import JobSpec, SpecError
+from services.trainer.reporting import Reporter
+
+log = logging.getLogger("tgc.trainer")
+
+LOCAL_OVERSUBSCRIPTION = 4  # a local cluster may promise this many logical CPUs per core, no more
+
+
+class ResourceError(ValueError):
+    """The spec asks for resources the cluster cannot provide."""
+
+
+def required_resources(spec: JobSpec) -> dict[str, float]:
+    r = spec.resources
+    return {
+        "CPU": r.learner_ranks * r.cpus_per_learner + r.rollout_replicas * r.cpus_per_rollout
+        + spec.task.reward_workers,  # the reward actor reserves one CPU per verifier worker process
+        "GPU": r.learner_ranks * r.gpus_per_learner + r.rollout_replicas * r.gpus_per_rollout,
+    }
+
+
+def check_resources(spec: JobSpec, available: dict[str, float]) -> None:
+    need = required_resources(spec)
+    for kind, field_names in (("CPU", "cpus_per_learner / cpus_per_rollout"),
+                              ("GPU", "gpus_per_learner / gpus_per_rollout")):
+        if need[kind] > available.get(kind, 0.0) + 1e-9:
+            raise ResourceError(
+                f"resources: the job needs {need[kind]:g} {kind}s (learner_ranks x {field_names.split(' / ')[0]} "
+                f"+ rollout_replicas x {field_names.split(' / ')[1]}) but the cluster has "
+                f"{available.get(kind, 0.0):g}; lower resources.{field_names} or the counts, or use a bigger cluster"
+            )
+
+
+def local_capacity() -> dict[str, float]:
+    gpus = 0
+    try:
+        import torch
+
+        gpus = torch.cuda.device_count()
+    except ImportError:
+        pass
+    return {"CPU": float((os.cpu_count() or 1) * LOCAL_OVERSUBSCRIPTION), "GPU": float(gpus)}
+
+
+def init_ray(spec: JobSpec) -> bool:
+    """Connect to the cluster this driver runs in, or start a local one. Returns True if we started it."""
+    import ray
+
+    if ray.is_initialized():
+        check_resources(spec, ray.cluster_resources())
+        return False
+    env = {"RAY_DEDUP_LOGS": "0"}
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address="auto", runtime_env={"env_vars": env}, log_to_driver=True)
+        check_resources(spec, ray.cluster_resources())
+        return False
+    cap = local_capacity()
+    check_resources(spec, cap)
+    need = required_resources(spec)
+    ray.init(num_cpus=int(max(need["CPU"] + 1, os.cpu_count() or 1)), num_gpus=int(cap["GPU"]),
+             include_dashboard=False, runtime_env={"env_vars": env}, log_to_driver=True)
+    return True
+
+
+def run(spec: JobSpec, run_dir: Path, resume: str | Path | None = None, progress: bool | None = None) -> str:
+    """Run a whole job; returns its final state: succeeded, cancelled or failed."""
+    from services.trainer.checkpoints import Checkpoints
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "spec.yaml").write_text(spec.to_yaml())
+    reporter = Reporter.from_env(run_dir)
+    checkpoint: Path | None = None
+    if resume is not None:
+        checkpoint = Path(resume) if str(resume) not in ("", "latest") else \
+            Checkpoints(run_dir / "checkpoints", spec.checkpoint.keep_last).latest()
+        if checkpoint is None:
+            reporter.emit("log", message="resume requested but no checkpoint exists; starting fresh")
+
+    trainer = None
+    started_ray = False
+    previous = _install_stop_handlers(lambda reason: setattr(trainer, "stop_reason", reason) if trainer else None)
+    try:
+        started_ray = init_ray(spec)
+        from services.trainer.loop import Trainer
+
+        trainer = Trainer(spec, run_dir, reporter, checkpoint, progress)
+        return trainer.run()
+    except ResourceError as e:
+        reporter.state("failed", str(e), 0)
+        raise
+    except BaseException as e:
+        step = trainer.step if trainer else 0
+        reason = f"{type(e).__name__}: {e}"
+        reporter.emit("log", message=traceback.format_exc())
+        reporter.state("failed", reason, step)
+        if isinstance(e, KeyboardInterrupt | SystemExit):
+            raise
+        log.error("job failed at step %d: %s", step, reason)
+        return "failed"
+    finally:
+        if trainer is not None:
+            trainer.shutdown()
+        reporter.flush()
+        _restore_handlers(previous)
+        if started_ray:
+            import ray
+
+            ray.shutdown()
+
+
+def _install_stop_handlers(stop) -> dict:
+    previous: dict = {}
+    if threading.current_thread() is not threading.main_thread():  # signals only reach the main thread
+        return previous
+
+    def on_signal(signum, frame):
+        name = signal.Signals(signum).name
+        log.warning("%s received: stopping at the next step boundary (checkpoint, then exit)", name)
+        stop(f"{name} received")
+        signal.signal(signum, previous.get(signum, signal.SIG_DFL))  # a second signal acts at once
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        previous[sig] = signal.signal(sig, on_signal)
+    return previous
+
+
+def _restore_handlers(previous: dict) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
+def cli(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m services.trainer", description=__doc__.split("\n")[0])
+    parser.add_argument("--spec", required=True, help="job spec YAML")
+    parser.add_argument("--run-dir", default=None, help="run directory (default runs/<name>-<time>)")
+    parser.add_argument("--resume", nargs="?", const="latest", default=None,
+                        help="resume from a checkpoint directory (default: the run dir's latest)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        spec = JobSpec.from_yaml(args.spec)
+    except SpecError as e:
+        print(e, file=sys.stderr)
+        return 2
+    run_dir = Path(args.run_dir or f"runs/{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    try:
+        state = run(spec, run_dir, args.resume)
+    except ResourceError as e:
+        print(e, file=sys.stderr)
+        return 2
+    print(f"{spec.name}: {state} (run dir {run_dir})")
+    return {"succeeded": 0, "cancelled": 0}.get(state, 1)

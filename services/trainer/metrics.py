@@ -1,0 +1,89 @@
+"""Per-step metrics: JSONL and TensorBoard in the run directory, Prometheus through Ray's metrics API,
+and a progress line in a terminal."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+# The figures the progress line shows, in order (name in the metrics dict, label).
+_PROGRESS = [("reward/mean", "reward"), ("reward/accuracy", "acc"), ("diag/d1_gcpr", "D1"),
+             ("response/length_mean", "len"), ("timing/step_s", "s/step")]
+
+
+class MetricsSink:
+    def __init__(self, run_dir: Path, job_name: str, total_steps: int, progress: bool | None = None):
+        self.path = run_dir / "metrics.jsonl"
+        self.job_name, self.total_steps = job_name, total_steps
+        self._tb = None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(run_dir / "tensorboard"))
+        except ImportError:  # tensorboard is optional for library users; the JSONL is the record
+            pass
+        self._gauges = _ray_gauges()
+        self._progress = _Progress(total_steps) if (progress if progress is not None else sys.stdout.isatty()) \
+            else None
+
+    def truncate_after(self, step: int) -> None:
+        """On resume: forget steps the checkpoint does not contain, so no step is counted twice."""
+        if not self.path.exists():
+            return
+        kept = [ln for ln in self.path.read_text().splitlines() if ln and json.loads(ln)["step"] <= step]
+        self.path.write_text("".join(ln + "\n" for ln in kept))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        clean = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and math.isfinite(v)}
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps({"step": step, **clean}) + "\n")
+        if self._tb is not None:
+            for k, v in clean.items():
+                self._tb.add_scalar(k, v, step)
+            self._tb.flush()
+        if self._gauges is not None:
+            step_gauge, metric_gauge = self._gauges
+            step_gauge.set(step, tags={"job": self.job_name})
+            for k, v in clean.items():
+                metric_gauge.set(v, tags={"job": self.job_name, "metric": k})
+        if self._progress is not None:
+            self._progress.update(step, clean)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+        if self._progress is not None:
+            self._progress.close()
+
+
+def _ray_gauges():
+    try:
+        import ray
+        from ray.util.metrics import Gauge
+
+        if not ray.is_initialized():
+            return None
+        return (Gauge("tgc_train_step", "Last completed optimizer step of the job (steps).", tag_keys=("job",)),
+                Gauge("tgc_train_metric", "Per-step training metric of the job; unit as in its name.",
+                      tag_keys=("job", "metric")))
+    except Exception:  # metrics export must never stop training
+        return None
+
+
+class _Progress:
+    def __init__(self, total: int):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self._bar = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                             TimeRemainingColumn(), TextColumn("{task.description}"))
+        self._task = self._bar.add_task("", total=total)
+        self._bar.start()
+
+    def update(self, step: int, m: dict[str, float]) -> None:
+        text = "  ".join(f"{label} {m[key]:.3g}" for key, label in _PROGRESS if key in m)
+        self._bar.update(self._task, completed=step, description=text)
+
+    def close(self) -> None:
+        self._bar.stop()

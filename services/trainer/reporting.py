@@ -1,0 +1,74 @@
+"""Where a job's progress goes: its run directory (events.jsonl) and, when it runs under the control plane,
+the control plane's internal events endpoint, which answers whether the job should stop."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("tgc.trainer")
+
+
+class Reporter:
+    """Appends events to `events.jsonl` and forwards them to the control plane when configured.
+
+    Reporting never stops training: a failed POST keeps the events buffered for the next attempt.
+    """
+
+    def __init__(self, run_dir: Path, url: str | None = None, job_id: str | None = None,
+                 token: str | None = None, timeout_s: float = 5.0):
+        self.path = run_dir / "events.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.url = f"{url.rstrip('/')}/v1/internal/jobs/{job_id}/events" if url and job_id else None
+        self.token, self.timeout_s = token, timeout_s
+        self._pending: list[dict[str, Any]] = []
+        self.cancel_requested: str | None = None  # reason, once the control plane asked to stop
+
+    @classmethod
+    def from_env(cls, run_dir: Path) -> Reporter:
+        return cls(run_dir, os.environ.get("TGC_CONTROL_URL"), os.environ.get("TGC_JOB_ID"),
+                   os.environ.get("TGC_JOB_TOKEN"))
+
+    def emit(self, type_: str, **fields: Any) -> None:
+        event = _json_safe({"type": type_, "time": time.time(), **fields})
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps(event) + "\n")
+        if self.url:
+            self._pending.append(event)
+            self.flush()
+
+    def state(self, state: str, reason: str = "", step: int = 0) -> None:
+        self.emit("state", state=state, reason=reason, step=step)
+
+    def flush(self) -> None:
+        if not self.url or not self._pending:
+            return
+        import httpx
+
+        try:
+            r = httpx.post(self.url, json={"events": self._pending}, timeout=self.timeout_s,
+                           headers={"Authorization": f"Bearer {self.token}"})
+            r.raise_for_status()
+        except httpx.HTTPError as e:
+            log.warning("could not report %d events to the control plane (%s); will retry", len(self._pending), e)
+            return
+        self._pending.clear()
+        reply = r.json() if r.content else {}
+        if reply.get("cancel"):
+            self.cancel_requested = reply.get("reason") or "cancel requested by the control plane"
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN/inf become null: strict JSON for HTTP, and a diverged loss must not crash reporting."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value

@@ -1,0 +1,181 @@
+"""The `tgc` command against a real control plane (uvicorn child process; no Ray unless marked slow)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+import yaml
+
+from services.cli import main
+from services.control.db import make_engine
+from services.control.local import LocalControlPlane, free_port
+from services.control.tokens import TokenStore
+
+TINY = {
+    "name": "cli-tiny",
+    "model": {"source": "random", "dtype": "float32", "config_overrides": {
+        "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 1,
+        "num_key_value_heads": 1}},
+    "resources": {"rollout_engine": "hf"}, "task": {"reward_workers": 1},
+    "group_size": 2, "prompts_per_step": 2, "sampling": {"max_new_tokens": 8}, "steps": 2,
+    "checkpoint": {"every_steps": 1},
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    cp = LocalControlPlane(tmp_path_factory.mktemp("cp"), ray_address="none")
+    token = cp.create_token("acme")
+    with cp:
+        yield cp, token
+
+
+@pytest.fixture
+def api(server, monkeypatch):
+    cp, token = server
+    monkeypatch.setenv("TGC_URL", cp.url)
+    monkeypatch.setenv("TGC_TOKEN", token)
+    return cp
+
+
+@pytest.fixture
+def spec_file(tmp_path) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(TINY))
+    return path
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_schema_prints_the_job_spec_json_schema(capsys):
+    code, out, _ = run(capsys, "schema")
+    schema = json.loads(out)
+    assert code == 0 and schema["title"] == "JobSpec" and "steps" in schema["properties"]
+
+
+def test_tgc_console_script_is_installed():
+    tgc = Path(sys.executable).with_name("tgc")
+    out = subprocess.run([str(tgc), "--help"], capture_output=True, text=True, check=True).stdout
+    assert "submit" in out and "serve" in out
+
+
+def test_token_create_prints_the_secret_once_and_stores_only_its_hash(capsys, tmp_path):
+    code, out, err = run(capsys, "token", "create", "--tenant", "acme", "--data-dir", str(tmp_path), "--max-concurrent", "3")
+    secret = out.strip()
+    assert code == 0 and secret.startswith("tgc_") and secret not in err
+    engine = make_engine(f"sqlite:///{tmp_path / 'tgc.db'}")
+    store = TokenStore(engine)
+    assert store.authenticate(secret).tenant == "acme" and store.quota("acme") == 3
+    with engine.connect() as conn:
+        assert secret not in str(conn.execute(sa.text("SELECT * FROM tokens")).all())
+
+
+def test_token_create_refuses_a_bad_tenant_name(capsys, tmp_path):
+    code, _, err = run(capsys, "token", "create", "--tenant", "Not OK", "--data-dir", str(tmp_path))
+    assert code == 2 and "tenant" in err
+
+
+def test_token_list_and_revoke(capsys, tmp_path):
+    run(capsys, "token", "create", "--tenant", "acme", "--data-dir", str(tmp_path))
+    _, listing, _ = run(capsys, "token", "list", "--data-dir", str(tmp_path))
+    token_id = listing.split()[0]
+    assert "acme" in listing and "active" in listing
+    assert run(capsys, "token", "revoke", token_id, "--data-dir", str(tmp_path))[0] == 0
+    assert "revoked" in run(capsys, "token", "list", "--data-dir", str(tmp_path))[1]
+
+
+def test_submit_dry_run_validates_on_the_server(capsys, api, spec_file):
+    code, out, _ = run(capsys, "submit", str(spec_file), "--dry-run")
+    assert code == 0 and "valid" in out
+
+
+def test_submit_of_an_invalid_spec_exits_2_naming_the_field(capsys, api, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({**TINY, "steps": 0, "colour": "red"}))
+    code, _, err = run(capsys, "submit", str(bad))
+    assert code == 2 and "steps" in err and "colour: unknown field" in err
+
+
+def test_submit_then_jobs_status_cancel(capsys, api, spec_file):
+    code, out, _ = run(capsys, "submit", str(spec_file), "-q")
+    job_id = out.strip().splitlines()[-1]
+    assert code == 0 and job_id.startswith("job-")
+    assert job_id in run(capsys, "jobs")[1]
+    code, out, _ = run(capsys, "status", job_id)
+    assert code == 0 and "queued" in out and "accepted" in out
+    code, out, _ = run(capsys, "cancel", job_id, "--reason", "cli test")
+    assert code == 0 and "cancelled" in out
+    record = json.loads(run(capsys, "status", job_id, "--json")[1])
+    assert record["state"] == "cancelled" and "cli test" in record["reason"]
+    assert run(capsys, "cancel", job_id)[0] == 1  # already ended: the API's 409
+
+
+def test_jobs_json_filters_by_state(capsys, api, spec_file):
+    job_id = run(capsys, "submit", str(spec_file), "-q")[1].strip()
+    run(capsys, "cancel", job_id)
+    listed = json.loads(run(capsys, "jobs", "--state", "cancelled", "--json")[1])
+    assert job_id in {j["id"] for j in listed} and all(j["state"] == "cancelled" for j in listed)
+
+
+def test_status_of_an_unknown_job_exits_1(capsys, api):
+    code, _, err = run(capsys, "status", "job-doesnotexist")
+    assert code == 1 and "no job" in err
+
+
+def test_unreachable_server_exits_3(capsys, monkeypatch, spec_file):
+    monkeypatch.setenv("TGC_URL", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("TGC_TOKEN", "tgc_x")
+    from services.sdk import client as sdk_client
+
+    monkeypatch.setattr(sdk_client.Client, "_sleep_before_retry", lambda *a, **k: None)  # no waiting between tries
+    assert run(capsys, "jobs")[0] == 3
+
+
+def test_logs_of_a_job_without_lines_prints_nothing(capsys, api, spec_file):
+    job_id = run(capsys, "submit", str(spec_file), "-q")[1].strip()
+    run(capsys, "cancel", job_id)
+    assert run(capsys, "logs", job_id, "-f") == (0, "", "")
+
+
+@pytest.mark.slow
+def test_train_runs_a_job_locally_without_the_control_plane(tmp_path, spec_file):
+    run_dir = tmp_path / "run"
+    tgc = Path(sys.executable).with_name("tgc")
+    proc = subprocess.run([str(tgc), "train", str(spec_file), "--run-dir", str(run_dir)], capture_output=True,
+                          text=True, timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "cli-tiny: succeeded" in proc.stdout
+    assert (run_dir / "checkpoints" / "step_2").is_dir()
+    steps = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in steps if e["type"] == "step"] == [1, 2]
+
+
+@pytest.mark.slow
+def test_submit_follow_shows_progress_until_success(tmp_path, spec_file):
+    from services.control.ray_cluster import LocalRayCluster
+
+    cp = LocalControlPlane(tmp_path / "cp", ray_address="local", args=("--poll-interval", "0.5"))
+    token = cp.create_token("acme")
+    try:
+        cp.start()
+        cp.wait_ready()
+        tgc = Path(sys.executable).with_name("tgc")
+        env = {**os.environ, "TGC_URL": cp.url, "TGC_TOKEN": token}
+        proc = subprocess.run([str(tgc), "submit", str(spec_file), "--follow"], capture_output=True, text=True,
+                              env=env, timeout=900)  # fmt: skip
+    finally:
+        cp.stop()
+        LocalRayCluster(tmp_path / "cp").stop()
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    assert "state running" in out and "step 2/2" in out and "succeeded" in out.splitlines()[-1]

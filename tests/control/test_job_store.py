@@ -1,0 +1,118 @@
+import threading
+
+import pytest
+
+from services.control.db import make_engine
+from services.control.migrations import migrate
+from services.control.states import JobState
+from services.control.store import IdempotencyConflict, InvalidTransition, JobStore
+
+
+@pytest.fixture
+def store(tmp_path) -> JobStore:
+    engine = make_engine(f"sqlite:///{tmp_path}/jobs.db")
+    migrate(engine)
+    return JobStore(engine)
+
+
+SPEC = {"name": "a", "steps": 3}
+
+
+def test_new_job_is_queued_with_its_first_transition(store):
+    job, created = store.create("acme", SPEC)
+    assert created and job.state == JobState.QUEUED
+    assert [(t.from_state, t.to_state, t.reason) for t in job.transitions] == [(None, JobState.QUEUED, "accepted")]
+
+
+def test_same_idempotency_key_returns_the_same_job(store):
+    first, created1 = store.create("acme", SPEC, "key-1")
+    again, created2 = store.create("acme", SPEC, "key-1")
+    assert created1 and not created2 and again.id == first.id
+
+
+def test_idempotency_keys_are_per_tenant(store):
+    a, _ = store.create("acme", SPEC, "key-1")
+    b, created = store.create("globex", SPEC, "key-1")
+    assert created and a.id != b.id
+
+
+def test_reusing_an_idempotency_key_with_another_spec_is_a_conflict(store):
+    store.create("acme", SPEC, "key-1")
+    with pytest.raises(IdempotencyConflict, match="different spec"):
+        store.create("acme", {**SPEC, "steps": 4}, "key-1")
+
+
+def test_racing_requests_with_one_key_create_one_job(store):
+    ids: list[str] = []
+
+    def submit() -> None:
+        ids.append(store.create("acme", SPEC, "race")[0].id)
+
+    threads = [threading.Thread(target=submit) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(ids) == 8 and len(set(ids)) == 1
+    assert len(store.list("acme")) == 1
+
+
+def test_transition_records_time_reason_and_previous_state(store):
+    job, _ = store.create("acme", SPEC)
+    job = store.start_attempt(job, "tgc-x-1", "/tmp/run")
+    job = store.transition(job.id, JobState.RUNNING, "trainer started")
+    last = job.transitions[-1]
+    assert (last.from_state, last.to_state, last.reason) == (JobState.STARTING, JobState.RUNNING, "trainer started")
+    assert last.time >= job.transitions[0].time
+
+
+def test_transition_not_allowed_by_the_lifecycle_is_refused(store):
+    job, _ = store.create("acme", SPEC)
+    with pytest.raises(InvalidTransition):
+        store.transition(job.id, JobState.RUNNING, "skipping starting")
+
+
+def test_transition_from_an_unexpected_state_is_refused(store):
+    job, _ = store.create("acme", SPEC)
+    store.start_attempt(job, "tgc-x-1", "/tmp/run")
+    with pytest.raises(InvalidTransition):
+        store.transition(job.id, JobState.FAILED, "x", expect=frozenset({JobState.QUEUED}))
+
+
+def test_cancel_of_a_queued_job_ends_it_at_once(store):
+    job, _ = store.create("acme", SPEC)
+    job = store.request_cancel(job.id, "not needed")
+    assert job.state == JobState.CANCELLED and "not needed" in job.reason
+
+
+def test_cancel_of_a_running_job_only_flags_it(store):
+    job, _ = store.create("acme", SPEC)
+    job = store.start_attempt(job, "tgc-x-1", "/tmp/run")
+    job = store.request_cancel(job.id, "enough")
+    assert job.state == JobState.STARTING and job.cancel_requested_at is not None and job.cancel_reason == "enough"
+
+
+def test_resume_starts_a_new_attempt_from_the_checkpoint(store):
+    job, _ = store.create("acme", SPEC)
+    job = store.start_attempt(job, "tgc-x-1", "/tmp/run")
+    store.transition(job.id, JobState.FAILED, "boom")
+    store.update(job.id, ray_done=True)
+    job = store.resume(job.id, "/tmp/run/checkpoints/step_2", "again")
+    assert job.state == JobState.QUEUED and job.attempt == 2 and job.resume_from.endswith("step_2")
+    assert job.ray_submission_id is None and job.cancel_requested_at is None
+
+
+def test_list_pages_newest_first_without_gaps(store):
+    ids = [store.create("acme", {**SPEC, "name": f"j{i}"})[0].id for i in range(7)]
+    page1 = store.list("acme", limit=3)
+    page2 = store.list("acme", limit=3, before_seq=page1[-1].seq)
+    page3 = store.list("acme", limit=3, before_seq=page2[-1].seq)
+    assert [j.id for j in page1 + page2 + page3] == ids[::-1]
+
+
+def test_list_filters_by_tenant_and_state(store):
+    a, _ = store.create("acme", SPEC)
+    store.create("globex", SPEC)
+    store.request_cancel(a.id, "x")
+    assert [j.id for j in store.list("acme", [JobState.CANCELLED])] == [a.id]
+    assert store.list("acme", [JobState.QUEUED]) == []

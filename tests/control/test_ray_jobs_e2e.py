@@ -1,0 +1,244 @@
+"""End to end: the control plane (uvicorn child process) runs the real trainer on a real local Ray head.
+
+One managed Ray head (`ray_address: local`) serves the whole module; each job is the tiny random-init
+Llama with the transformers rollout engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from services.control.db import make_engine
+from services.control.local import LocalControlPlane
+from services.control.migrations import migrate
+from services.control.ray_cluster import LocalRayCluster
+from services.control.ray_jobs import RayJobs
+from services.sdk import Client
+
+pytestmark = pytest.mark.slow
+JOB_TIMEOUT = 600
+
+
+def tiny_spec(name: str, steps: int, every: int = 1) -> dict:
+    return {
+        "name": name,
+        "model": {"source": "random", "dtype": "float32", "config_overrides": {
+            "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 1,
+            "num_key_value_heads": 1}},
+        "resources": {"rollout_engine": "hf"},
+        "group_size": 2, "prompts_per_step": 2, "sampling": {"max_new_tokens": 8},
+        "steps": steps, "checkpoint": {"every_steps": every, "keep_last": 2}, "task": {"reward_workers": 1},
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("e2e")
+
+
+@pytest.fixture(scope="module")
+def plane(data_dir):
+    cp = LocalControlPlane(data_dir, ray_address="local", args=("--poll-interval", "0.5", "--cancel-grace", "120"))
+    cp.start()
+    try:
+        cp.wait_ready()
+        yield cp
+    finally:
+        cp.stop()
+        LocalRayCluster(data_dir).stop()
+
+
+@pytest.fixture(scope="module")
+def ray(plane, data_dir) -> RayJobs:
+    """The managed head's Jobs API, as the tests see Ray."""
+    head = LocalRayCluster(data_dir)
+    assert head.dashboard_url
+    return RayJobs(head.dashboard_url, head.token)
+
+
+@pytest.fixture(scope="module")
+def client(plane):
+    with Client(plane.url, plane.create_token("acme")) as c:
+        yield c
+
+
+def wait_for(predicate, timeout: float = JOB_TIMEOUT, every: float = 0.5, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise TimeoutError(f"{what} not reached within {timeout}s")
+
+
+def control_states(job) -> list[str]:
+    return [t.state.value for t in job.record.transitions]
+
+
+def test_job_runs_to_success_and_serves_its_events_metrics_and_checkpoints(client, ray):
+    job = client.submit(tiny_spec("ok", steps=2))
+    events = list(job.stream())
+    assert job.state.value == "succeeded", job.reason
+    assert control_states(job) == ["queued", "starting", "running", "succeeded"]
+    assert [e.data["step"] for e in events if e.type == "step"] == [1, 2]
+    assert [e.data["state"] for e in events if e.type == "state" and e.data["source"] == "control"] == \
+        ["queued", "starting", "running", "succeeded"]  # fmt: skip
+    points = job.metrics()
+    assert [p.step for p in points] == [1, 2] and "loss" in points[0].metrics
+    ckpts = job.checkpoints()
+    assert ckpts and ckpts[-1].step == 2 and all(c.exists for c in ckpts if c.step == 2)
+    assert "succeeded" in job.driver_log()  # the driver's stdout is kept (it prints its final state)
+    sub_id = job.record.ray_submission_id
+    wait_for(lambda: ray.info(sub_id).finished, 120, what="driver exit")
+    assert ray.info(sub_id).status == "SUCCEEDED"
+    wait_for(lambda: not job.refresh().record.driver_running, 30, what="the record noting the driver's exit")
+
+
+@pytest.fixture(scope="module")
+def cancelled_job(client, ray):
+    """A long job cancelled after its first step, and its live actors seen just before the cancel."""
+    job = client.submit(tiny_spec("long", steps=500, every=0))
+    for event in job.stream():
+        if event.type == "step":
+            actors = ray.alive_actors(job.refresh().record.ray_submission_id)
+            job.cancel("enough for today")
+            break
+    return job.wait(JOB_TIMEOUT), actors
+
+
+def test_cancel_checkpoints_ends_cancelled_and_leaves_nothing_on_ray(cancelled_job, ray):
+    job, actors_before = cancelled_job
+    assert len(actors_before) >= 2  # learner and rollout actors were there (the check below can fail)
+    assert job.state.value == "cancelled" and not job.record.hard_stopped
+    assert "enough for today" in job.reason and f"last step {job.step}" in job.reason
+    ckpts = job.checkpoints()
+    assert [c.step for c in ckpts] == [job.step] and ckpts[0].exists
+    sub_id = job.record.ray_submission_id
+    wait_for(lambda: ray.info(sub_id).finished, 120, what="Ray job end")
+    wait_for(lambda: not ray.alive_actors(sub_id), 120, what="actors gone")
+
+
+def test_resume_runs_a_new_attempt_from_the_checkpoint(cancelled_job):
+    job, _ = cancelled_job
+    checkpoint = job.checkpoints()[-1]
+    wait_for(lambda: _resumable(job), 120, what="the cancelled attempt's Ray job to end")
+    assert job.record.attempt == 2 and job.record.resume_from == checkpoint.path
+    for event in job.stream():
+        if event.type == "step" and event.attempt == 2:
+            assert event.data["step"] > checkpoint.step  # continues from the checkpoint, not from step 1
+            job.cancel("resumed enough")
+            break
+    job.wait(JOB_TIMEOUT)
+    assert job.state.value == "cancelled" and job.record.attempt == 2
+    assert {p.attempt for p in job.metrics()} == {1, 2}
+
+
+def _resumable(job) -> bool:
+    from services.sdk import Conflict
+
+    try:
+        job.resume()
+        return True
+    except Conflict as e:  # the previous attempt's Ray job is still shutting down
+        assert "still shutting down" in e.message
+        return False
+
+
+def test_restart_of_the_control_plane_loses_nothing_and_reconciles_with_ray(plane, client, ray):
+    job = client.submit(tiny_spec("restart", steps=6, every=3))
+    for event in job.stream():
+        if event.type == "step":
+            break
+    before = [p.step for p in job.metrics()]
+    sub_id = job.refresh().record.ray_submission_id
+    assert before and sub_id
+    plane.stop(kill=True)  # a crash, mid-run
+    try:
+        wait_for(lambda: ray.info(sub_id).finished, what="the trainer finishing while we are down")
+    finally:
+        plane.start()
+        plane.wait_ready()
+    job.wait(120)
+    assert job.state.value == "succeeded", job.reason
+    steps = [p.step for p in job.metrics()]
+    assert steps == list(range(1, 7)) and set(before) <= set(steps)
+    assert [c.step for c in job.checkpoints()] == [3, 6]
+
+
+def test_quota_queues_the_extra_job_until_the_first_ends(plane, ray):
+    with Client(plane.url, plane.create_token("small", max_concurrent=1)) as small:
+        first = small.submit(tiny_spec("first", steps=500, every=0))
+        second = small.submit(tiny_spec("second", steps=500, every=0))
+        wait_for(lambda: first.refresh().state.value == "running", what="first job running")
+        time.sleep(2)  # several scheduler periods: the second must stay queued
+        assert second.refresh().state.value == "queued"
+        first.cancel("make room")
+        wait_for(lambda: second.refresh().state.value != "queued", what="second job admitted")
+        second.cancel("seen it start")
+        first.wait(JOB_TIMEOUT)
+        second.wait(JOB_TIMEOUT)
+    assert first.state.value == "cancelled" and second.record.started_at >= first.record.finished_at
+    # Admitted only once the first one's Ray job was gone, not merely once its record ended.
+    first_driver_end = ray.details(first.record.ray_submission_id).end_time / 1000
+    assert second.record.started_at.timestamp() >= first_driver_end
+
+
+def test_job_whose_ray_job_vanished_is_failed_on_start(tmp_path, ray):
+    engine = make_engine(f"sqlite:///{tmp_path / 'tgc.db'}")
+    migrate(engine)
+    now = time.time()
+    with engine.begin() as conn:
+        conn.execute(sa.text(
+            "INSERT INTO jobs (id, tenant, name, state, reason, spec, created_at, updated_at, attempt, hard_stopped, "
+            "ray_submission_id, ray_done, run_dir) VALUES ('job-gone', 'acme', 'gone', 'running', 'started', :spec, "
+            ":t, :t, 1, 0, 'tgc-job-gone-1', 0, :run)"), {"spec": json.dumps({"steps": 3}), "t": now,
+                                                          "run": str(tmp_path / "nowhere")})  # fmt: skip
+    engine.dispose()
+    with LocalControlPlane(tmp_path, ray_address=ray.address, args=("--poll-interval", "0.5"),
+                           env={"TGC_RAY_AUTH_TOKEN": ray.headers["Authorization"][7:]}) as cp:
+        with Client(cp.url, cp.create_token("acme")) as c:
+            job = c.job("job-gone").wait(60)
+    assert job.state.value == "failed" and "Ray has no job tgc-job-gone-1" in job.reason
+
+
+def test_trainer_that_misses_the_grace_period_is_stopped_hard(tmp_path, ray):
+    args = ("--poll-interval", "0.5", "--cancel-grace", "3")
+    with LocalControlPlane(tmp_path, ray_address=ray.address, args=args,
+                           env={"TGC_RAY_AUTH_TOKEN": ray.headers["Authorization"][7:]}) as cp:
+        with Client(cp.url, cp.create_token("acme")) as c:
+            job = c.submit(tiny_spec("hung", steps=500, every=0))
+            for event in job.stream():
+                if event.type == "step":
+                    break
+            # Freeze the driver, as a trainer stuck in a collective would be: it can no longer react.
+            sub_id = job.refresh().record.ray_submission_id
+            pid = ray.details(sub_id).driver_info.pid
+            os.kill(int(pid), signal.SIGSTOP)
+            job.cancel("stuck")
+            job.wait(120)
+    assert job.state.value == "cancelled" and job.record.hard_stopped
+    assert "stopped hard" in job.reason
+    wait_for(lambda: ray.info(sub_id).finished, 60, what="Ray job stopped")
+    wait_for(lambda: not ray.alive_actors(sub_id), 120, what="actors gone")
+
+
+def test_a_managed_ray_head_that_dies_is_started_again(tmp_path):
+    with LocalControlPlane(tmp_path, ray_address="local", args=("--poll-interval", "0.5")) as cp:
+        try:
+            cp.wait_ready()
+            head = LocalRayCluster(tmp_path)
+            first = head.dashboard_url
+            head.stop()  # as if the node lost it: every head process gone
+            wait_for(lambda: LocalRayCluster(tmp_path).dashboard_url not in (None, first), 300, what="a new head")
+            cp.wait_ready()
+        finally:
+            cp.stop()
+            LocalRayCluster(tmp_path).stop()

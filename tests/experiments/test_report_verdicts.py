@@ -1,0 +1,41 @@
+"""The report's verdicts follow their printed rules (constructed results in the compact format)."""
+
+from experiments.report import CLAIMS, View, check_drift, check_residual, render
+
+
+def _results(grpo_pv, cp_pv, grpo_d1=(0.3, 0.31, 0.32, 0.3, 0.29), cp_d1=(0.0,) * 5):
+    def cond(obj, pv, d1):
+        return {"key": f"main/{obj}", "group": "main", "objective": obj, "label": "main", "setting": {},
+                "preset": obj, "overrides": {}, "seeds": [0, 1, 2, 3, 4], "curves": {}, "seconds": [1.0] * 5,
+                "final": {"p_verbose": list(pv), "cancel_resid": list(d1)}}
+
+    return {"study": "t", "testbed": "tabular", "size": "ci", "seeds": [0, 1, 2, 3, 4], "created": "now",
+            "command": "python -m experiments ci", "base": {"group_size": 8, "epochs": 4},
+            "conditions": [cond("grpo", grpo_pv, grpo_d1), cond("cp_grpo", cp_pv, cp_d1)]}
+
+
+def test_clear_drift_gap_is_reproduced():
+    f = check_drift(View(_results([0.01, 0.02, 0.01, 0.03, 0.02], [0.4, 0.6, 0.5, 0.45, 0.55])))
+    assert f.verdict == "reproduced"
+
+
+def test_reversed_gap_is_reported_as_opposite():
+    f = check_drift(View(_results([0.4, 0.6, 0.5, 0.45, 0.55], [0.01, 0.02, 0.01, 0.03, 0.02])))
+    assert f.verdict == "opposite"
+
+
+def test_overlapping_seeds_are_not_significant():
+    f = check_drift(View(_results([0.3, 0.7, 0.2, 0.8, 0.5], [0.35, 0.65, 0.3, 0.6, 0.5])))
+    assert f.verdict in ("same direction, n.s.", "not reproduced")
+
+
+def test_residual_rule_flags_an_exchangeable_objective_with_a_residual():
+    f = check_residual(View(_results([0.0] * 5, [0.5] * 5, cp_d1=(0.2,) * 5)))
+    assert f.verdict == "partly" and "cp_grpo" in f.text
+
+
+def test_render_lists_every_claim_and_marks_unmeasured_ones():
+    text = render({"tabular": _results([0.01] * 5, [0.5] * 5)}, {}, report_dir=__import__("pathlib").Path("."))
+    for claim in CLAIMS:
+        assert f"### {claim.ident}." in text
+    assert "Not measured by the studies in this report." in text

@@ -1,0 +1,29 @@
+"""Across-seed statistics of the report."""
+
+import math
+
+import pytest
+
+from experiments.stats import compare, permutation_p, summarize
+
+
+def test_summary_is_mean_and_standard_error():
+    s = summarize([1.0, 2.0, 3.0, float("nan")])
+    assert s.n == 3 and s.mean == 2.0
+    assert s.se == pytest.approx(1.0 / math.sqrt(3))
+
+
+def test_exact_permutation_p_of_fully_separated_samples():
+    # 5 vs 5, fully separated: only the observed split and its mirror are as extreme: 2 / C(10, 5)
+    assert permutation_p([10, 11, 12, 13, 14], [0, 1, 2, 3, 4]) == pytest.approx(2 / 252)
+
+
+def test_permutation_p_is_one_for_identical_samples():
+    assert permutation_p([1.0, 2.0, 3.0], [1.0, 2.0, 3.0]) == 1.0
+
+
+def test_comparison_reports_difference_and_combined_error():
+    c = compare([2.0, 4.0], [1.0, 1.0])
+    assert c.diff == 2.0
+    assert c.se == pytest.approx(1.0)
+    assert "p=" in c.fmt()

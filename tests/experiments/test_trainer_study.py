@@ -1,0 +1,51 @@
+"""Testbed 3's job specs and metric reduction (the runs themselves are in test_trainer_runs)."""
+
+import pytest
+
+from experiments.trainer_study import TASKS, plan_runs, study_plan, summarise_metrics
+from services.config import JobSpec
+from services.tasks import load_task
+
+
+@pytest.mark.parametrize("size", ["tiny", "small", "full"])
+def test_every_planned_run_is_a_valid_job_spec(size):
+    runs = plan_runs(size)
+    plan = study_plan(size)
+    assert len(runs) == len(plan["objectives"]) * len(plan["tasks"]) * len(plan["seeds"])
+    names = set()
+    for _, seed, spec in runs:
+        parsed = JobSpec.parse(spec)
+        assert parsed.seed == seed
+        names.add(parsed.name)
+    assert len(names) == len(runs)
+
+
+def test_full_plan_compares_the_issue_objectives_on_two_tasks_with_three_seeds():
+    plan = study_plan("full")
+    assert set(plan["objectives"]) >= {"grpo", "dr_grpo", "dapo", "gspo", "cispo", "dfpo_min", "dfpo_orth", "cp_grpo",
+                                       "grpo_ar", "grpo_lopti"}
+    assert len(plan["seeds"]) == 3 and len(plan["tasks"]) == 2
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_study_tasks_load_and_score_their_own_answer(task):
+    spec = TASKS[task]
+    t = load_task(spec["name"], spec["params"], seed=0)
+    item = t.item(0)
+    assert t.score(item, str(item.answer)).reward == 1.0
+
+
+def test_metrics_reduce_to_curves_final_tail_means_and_threshold_step():
+    points = [{"step": s, "reward/accuracy": a, "diag/d1_gcpr": 0.1 * s}
+              for s, a in zip(range(1, 9), [0.1, 0.2, 0.5, 0.8, 0.7, 0.9, 0.9, 1.0], strict=True)]
+    out = summarise_metrics(reversed(points))
+    assert out["steps"] == list(range(1, 9))
+    assert out["curves"]["reward/accuracy"][3] == 0.8
+    assert out["final"]["reward/accuracy"] == pytest.approx(0.95)  # mean of the last quarter (2 steps)
+    assert out["final"]["steps_to_threshold"] == 4.0
+    assert out["final"]["diag/d7_entropy_mean"] != out["final"]["diag/d7_entropy_mean"]  # absent -> NaN
+
+
+def test_metrics_of_a_run_without_steps_are_refused():
+    with pytest.raises(ValueError, match="no step"):
+        summarise_metrics([])

@@ -1,0 +1,161 @@
+"""One FSDP2 rank (gloo, world size 1) on the tiny random Llama: log-probs, updates, checkpoints, options."""
+
+import pytest
+import torch
+
+from services.learner import Learner
+from services.learner.logprobs import PolicyLogprobs
+from services.learner.sharding import bf16_supported
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the CI machine has 2 cores shared by everything
+    yield
+    torch.set_num_threads(threads)
+
+
+def _unsharded_logprobs(model_dir, batch, chunk=1_000_000):
+    from transformers import AutoModelForCausalLM
+
+    lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        lp, _ = PolicyLogprobs(lm, chunk).eval()(batch.input_ids, batch.attention_mask, batch.prompt_len,
+                                                 batch.response_mask)
+    return lp
+
+
+def test_logprobs_equal_whole_logits_of_the_unsharded_model(tiny_spec, tiny_model_path, make_batch):
+    batch = make_batch(n_groups=3)
+    learner = Learner(tiny_spec(**{"optim.logprob_chunk_tokens": 16, "optim.micro_batch_size": 4}), tiny_model_path)
+    torch.testing.assert_close(learner.logprobs(batch), _unsharded_logprobs(tiny_model_path, batch),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_train_steps_lower_the_loss_on_a_fixed_batch(tiny_spec, tiny_model_path, make_batch):
+    batch = make_batch()
+    learner = Learner(tiny_spec(), tiny_model_path)
+    losses = [learner.train_step(batch)["loss"] for _ in range(4)]
+    assert losses[-1] < losses[0] - 0.05, losses
+
+
+def test_update_moves_logprobs_in_the_direction_of_the_advantage(tiny_spec, tiny_model_path, make_batch):
+    batch = make_batch(n_groups=4, seed=3)
+    learner = Learner(tiny_spec(**{"optim.lr": 3e-4}), tiny_model_path)
+    before = learner.logprobs(batch)
+    learner.train_step(batch)
+    delta = ((learner.logprobs(batch) - before) * batch.response_mask).sum(1)
+    adv = batch.advantages
+    assert float((adv * delta).sum()) > 0
+    assert delta[adv > 0].mean() > 0 > delta[adv < 0].mean()
+
+
+def test_step_reports_its_metrics(tiny_spec, tiny_model_path, make_batch):
+    batch = make_batch()
+    m = Learner(tiny_spec(), tiny_model_path).train_step(batch)
+    for key in ("loss", "grad_norm", "lr", "entropy", "tokens", "tokens_per_s", "timing/fwd_bwd_s",
+                "timing/optim_s", "mismatch/logprob_abs_diff", "mismatch/k3_kl", "objective/clip/frac",
+                "diag/d1_gcpr", "diag/d3_kappa_cv", "diag/d4_groups_complete_frac", "diag/d7_entropy_common",
+                "diag/d9_absw_share_p00_10", "diag/d10_clipfrac_pos", "diag/d11_corr_len_adv"):
+        assert key in m, key
+    assert m["tokens"] == float(batch.response_mask.sum())
+    assert m["diag/d4_groups_complete_frac"] == 1.0
+    assert m["diag/d1_gcpr"] < 1e-5  # cp_grpo cancels on the groups' shared first tokens
+    # The synthetic rollout log-probs are not the model's: the mismatch metric must see it.
+    assert m["mismatch/logprob_abs_diff"] > 1.0
+
+
+@pytest.mark.parametrize("objective", ["dapo", "grpo"])
+def test_micro_batches_sum_to_the_full_batch_gradient(tiny_spec, tiny_model_path, make_batch, objective):
+    """Token-mean (dapo) and per-sequence (grpo) normalisers are the whole step's, not the micro-batch's."""
+    batch = make_batch(n_groups=4, objective=objective)
+    whole = Learner(tiny_spec(**{"objective.name": objective, "optim.micro_batch_size": 64}), tiny_model_path)
+    split = Learner(tiny_spec(**{"objective.name": objective, "optim.micro_batch_size": 4}), tiny_model_path)
+    g_whole, g_split = whole.gradients(batch), split.gradients(batch)
+    assert g_whole.keys() == g_split.keys()
+    for name in g_whole:
+        torch.testing.assert_close(g_split[name], g_whole[name], rtol=1e-4, atol=1e-7)
+
+
+def test_save_then_load_continues_identically(tiny_spec, tiny_model_path, make_batch, tmp_path):
+    spec = tiny_spec(**{"optim.ppo_epochs": 2, "optim.mini_batches": 2, "optim.schedule": "cosine",
+                        "optim.warmup_steps": 2, "steps": 4})
+    batches = [make_batch(seed=s) for s in range(3)]
+    first = Learner(spec, tiny_model_path)
+    first.train_step(batches[0])
+    first.save(tmp_path / "ck")
+    expected = [first.train_step(b) for b in batches[1:]]
+    resumed = Learner(spec, tiny_model_path)
+    resumed.load(tmp_path / "ck")
+    got = [resumed.train_step(b) for b in batches[1:]]
+    for e, g in zip(expected, got, strict=True):
+        assert (g["loss"], g["grad_norm"], g["lr"], g["optimizer_steps"]) == pytest.approx(
+            (e["loss"], e["grad_norm"], e["lr"], e["optimizer_steps"]), rel=1e-6, abs=1e-9)
+    torch.testing.assert_close(resumed.logprobs(batches[0]), first.logprobs(batches[0]), rtol=0, atol=1e-6)
+
+
+def test_saved_model_directory_loads_in_transformers_with_the_same_logprobs(tiny_spec, tiny_model_path,
+                                                                          make_batch, tmp_path):
+    from transformers import AutoTokenizer
+
+    batch = make_batch()
+    learner = Learner(tiny_spec(), tiny_model_path)
+    learner.train_step(batch)
+    learner.save(tmp_path / "ck")
+    torch.testing.assert_close(_unsharded_logprobs(tmp_path / "ck" / "model", batch), learner.logprobs(batch),
+                               rtol=1e-5, atol=1e-5)
+    assert AutoTokenizer.from_pretrained(tmp_path / "ck" / "model").vocab_size == 49152
+
+
+def test_bf16_compute_keeps_float32_master_weights(tiny_spec, tiny_model_path, make_batch):
+    batch = make_batch()
+    learner = Learner(tiny_spec(**{"model.dtype": "bfloat16"}), tiny_model_path)
+    expected = torch.bfloat16 if bf16_supported(torch.device("cpu")) else torch.float32
+    assert learner.compute_dtype == expected
+    before = learner.logprobs(batch)
+    torch.testing.assert_close(before, _unsharded_logprobs(tiny_model_path, batch), rtol=0, atol=0.1)
+    m = learner.train_step(batch)
+    assert torch.isfinite(torch.tensor(m["grad_norm"])) and m["grad_norm"] > 0
+    assert {p.to_local().dtype for p in learner.policy.parameters()} == {torch.float32}
+    assert {v.dtype for v in learner.full_state_dict().values()} == {torch.bfloat16}  # the job's dtype
+
+
+def test_activation_checkpointing_gives_the_same_gradients(tiny_spec, tiny_model_path, make_batch):
+    batch = make_batch()
+    plain = Learner(tiny_spec(), tiny_model_path).gradients(batch)
+    recomputed = Learner(tiny_spec(**{"optim.activation_checkpointing": True}), tiny_model_path).gradients(batch)
+    for name in plain:
+        torch.testing.assert_close(recomputed[name], plain[name], rtol=1e-5, atol=1e-7)
+
+
+def test_epochs_and_mini_batches_update_off_policy(tiny_spec, tiny_model_path, make_batch):
+    learner = Learner(tiny_spec(**{"optim.ppo_epochs": 2, "optim.mini_batches": 2}), tiny_model_path)
+    m = learner.train_step(make_batch())
+    assert m["optimizer_steps"] == 4
+    assert "timing/old_logprobs_s" in m  # pi_old from a no-grad pass before the first update
+    assert m["objective/ratio/mean"] != pytest.approx(1.0, abs=1e-7)  # later updates see moved weights
+
+
+def test_lopti_objective_runs_one_update_per_stage(tiny_spec, tiny_model_path, make_batch):
+    learner = Learner(tiny_spec(**{"objective.name": "cp_grpo_lopti"}), tiny_model_path)
+    assert learner.train_step(make_batch())["optimizer_steps"] == 2
+
+
+def test_reference_model_is_loaded_only_for_a_kl_term(tiny_spec, tiny_model_path, make_batch):
+    assert Learner(tiny_spec(), tiny_model_path).reference is None
+    learner = Learner(tiny_spec(**{"objective.overrides": {"kl_coef": 0.1}}), tiny_model_path)
+    assert learner.reference is not None
+    batch = make_batch()
+    first = learner.train_step(batch)
+    assert first["objective/loss/kl"] == pytest.approx(0.0, abs=1e-6)  # policy == reference before any update
+    assert learner.train_step(batch)["objective/loss/kl"] > 1e-6
+
+
+def test_train_step_refuses_a_split_group(tiny_spec, tiny_model_path, make_batch):
+    batch = make_batch(n_groups=2, group_size=2)
+    batch.group_ids = torch.tensor([0, 1, 0, 1])
+    with pytest.raises(ValueError, match="not contiguous"):
+        Learner(tiny_spec(), tiny_model_path).train_step(batch)

@@ -1,0 +1,77 @@
+"""The step plan: whole groups per optimizer step, rank and micro-batch; aligned collectives; bad batches."""
+
+import pytest
+import torch
+
+from services.learner.plan import group_spans, plan_minibatches, trim_padding, validate_batch
+
+
+def _groups_of(rows: torch.Tensor, batch) -> set[int]:
+    return set(batch.group_ids[rows].tolist())
+
+
+@pytest.mark.parametrize("mini_batches,world_size,micro", [(1, 1, 4), (2, 2, 4), (1, 3, 8), (3, 2, 5)])
+def test_every_split_keeps_groups_whole_and_rows_once(make_batch, mini_batches, world_size, micro):
+    batch = make_batch(n_groups=6, group_size=4)
+    groups = group_spans(batch)
+    plans = plan_minibatches(groups, mini_batches, world_size, micro)
+    assert len(plans) == mini_batches
+    seen = []
+    for mb in plans:
+        step_rows = set(mb.rows.tolist())
+        for rank_micro in mb.micro:
+            for rows in rank_micro:
+                assert set(rows.tolist()) <= step_rows
+                for g in _groups_of(rows, batch):  # a group's rows are all in this micro-batch
+                    assert set((batch.group_ids == g).nonzero().flatten().tolist()) <= set(rows.tolist())
+                seen.extend(rows.tolist())
+    assert sorted(seen) == list(range(len(batch)))  # every row exactly once over the optimizer steps
+
+
+def test_ranks_run_the_same_number_of_passes(make_batch):
+    batch = make_batch(n_groups=5, group_size=4)
+    mb = plan_minibatches(group_spans(batch), 1, 2, 4)[0]
+    passes = [mb.for_rank(r) for r in range(2)]
+    assert len(passes[0]) == len(passes[1]) == 3  # 5 groups of 4 over 2 ranks with 4 rows per micro-batch
+    assert sum(p is None for p in passes[0] + passes[1]) == 1  # one padding pass on the lighter rank
+
+
+def test_micro_batch_smaller_than_a_group_keeps_the_group_whole(make_batch):
+    batch = make_batch(n_groups=2, group_size=4)
+    mb = plan_minibatches(group_spans(batch), 1, 1, 3)[0]
+    assert [len(r) for r in mb.for_rank(0)] == [4, 4]
+
+
+def test_more_mini_batches_than_groups_is_refused(make_batch):
+    batch = make_batch(n_groups=2)
+    with pytest.raises(ValueError, match="mini_batches"):
+        plan_minibatches(group_spans(batch), 3, 1, 8)
+
+
+def test_split_group_is_refused(make_batch):
+    batch = make_batch(n_groups=2, group_size=2)
+    batch.group_ids = torch.tensor([0, 1, 0, 1])
+    with pytest.raises(ValueError, match="group_ids: group 0 is not contiguous"):
+        validate_batch(batch)
+
+
+def test_misshapen_batch_names_the_field(make_batch):
+    batch = make_batch(n_groups=2)
+    batch.rollout_logprobs = batch.rollout_logprobs[:, :-1]
+    with pytest.raises(ValueError, match="rollout_logprobs"):
+        validate_batch(batch)
+    batch = make_batch(n_groups=2)
+    batch.advantages[0] = float("nan")
+    with pytest.raises(ValueError, match="advantages contains NaN"):
+        validate_batch(batch)
+
+
+def test_trim_padding_drops_only_padding(make_batch):
+    batch = make_batch(n_groups=3, max_prompt=12)
+    rows = torch.tensor([0, 1, 2, 3])
+    sub = batch.select(rows)
+    trimmed = trim_padding(sub)
+    assert trimmed.input_ids.shape[1] < sub.input_ids.shape[1]
+    assert trimmed.attention_mask.sum() == sub.attention_mask.sum()
+    assert torch.equal(trimmed.response_ids * trimmed.response_mask.long(),
+                       (sub.response_ids * sub.response_mask.long())[:, :trimmed.response_ids.shape[1]])

@@ -1,0 +1,15 @@
+import os
+
+import pytest
+
+from tests.reward.proc_helpers import descendants, wait_until
+
+
+@pytest.fixture
+def no_new_children():
+    """Asserts that a test leaves no process of its own behind."""
+    before = descendants(os.getpid())
+    yield
+    assert wait_until(lambda: not (descendants(os.getpid()) - before), timeout=10), (
+        f"stray processes: {descendants(os.getpid()) - before}"
+    )

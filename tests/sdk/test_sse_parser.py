@@ -1,0 +1,15 @@
+from services.sdk.job import _parse_sse
+
+
+def test_events_are_split_on_blank_lines_with_type_id_and_data():
+    lines = ["id: 3", "event: step", 'data: {"a": 1}', "", "id: 4", "event: log", "data: x", ""]
+    assert list(_parse_sse(iter(lines))) == [("step", '{"a": 1}', 3), ("log", "x", 4)]
+
+
+def test_comments_are_skipped_and_multiline_data_joined():
+    lines = [": keep-alive", "", "event: end", "data: line1", "data: line2", ""]
+    assert list(_parse_sse(iter(lines))) == [("end", "line1\nline2", None)]
+
+
+def test_an_event_without_the_final_blank_line_is_still_delivered():
+    assert list(_parse_sse(iter(["data: tail"]))) == [("message", "tail", None)]

@@ -1,0 +1,55 @@
+import json
+from pathlib import Path
+
+import pytest
+
+TINY_MODEL = {
+    "source": "random",
+    "dtype": "float32",
+    "config_overrides": {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
+                         "num_attention_heads": 1, "num_key_value_heads": 1, "max_position_embeddings": 512},
+}
+
+
+def tiny_spec(**changes):
+    from services.config import JobSpec
+
+    data = {
+        "name": "tiny",
+        "model": TINY_MODEL,
+        "task": {"name": "arithmetic", "reward_workers": 1, "reward": "tests.trainer.rewards:text_parity"},
+        "objective": {"name": "cp_grpo"},
+        "group_size": 4,
+        "prompts_per_step": 2,
+        "steps": 3,
+        "seed": 0,
+        "sampling": {"max_new_tokens": 8, "max_prompt_tokens": 128},
+        "optim": {"lr": 1e-3, "micro_batch_size": 4},
+        "resources": {"rollout_engine": "hf", "cpus_per_learner": 0.5, "cpus_per_rollout": 0.5},
+        "checkpoint": {"every_steps": 1, "keep_last": 5},
+    }
+    for key, value in changes.items():
+        node = data
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return JobSpec.parse(data)
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln]
+
+
+def read_events(run_dir: Path) -> list[dict]:
+    return [json.loads(ln) for ln in (run_dir / "events.jsonl").read_text().splitlines() if ln]
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray cluster for the trainer tests (the trainer reuses an initialised Ray)."""
+    import ray
+
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()

@@ -1,0 +1,140 @@
+"""The whole job on a real local Ray cluster: rollout actors, reward pool, FSDP2 learner ranks, weight sync,
+checkpoints, resume, cancel and a rollout replica killed mid-run."""
+
+import threading
+import time
+
+import pytest
+import torch
+
+from services.trainer.checkpoints import read_state
+from services.trainer.main import ResourceError, run
+
+from .conftest import read_events, read_metrics, tiny_spec
+
+pytestmark = pytest.mark.slow
+
+
+def test_tiny_job_runs_with_vllm_and_two_fsdp_ranks(ray_cluster, tmp_path):
+    spec = tiny_spec(**{"resources.rollout_engine": "vllm", "resources.learner_ranks": 2, "steps": 3})
+    assert run(spec, tmp_path) == "succeeded"
+    rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for r in rows:
+        assert r.get("diag/d1_gcpr", 0.0) <= 1e-5  # cp_grpo cancels on group-common prefixes, every step
+        assert r["policy/version"] == r["step"] and r["timing/sync_s"] > 0
+    assert any(r["grad_norm"] > 0 for r in rows)  # mixed rewards reached the learner
+    states = [e["state"] for e in read_events(tmp_path) if e["type"] == "state"]
+    assert states == ["running", "succeeded"]
+    from transformers import AutoModelForCausalLM
+
+    ckpt = tmp_path / "checkpoints" / "step_3"
+    assert read_state(ckpt)["version"] == 3
+    AutoModelForCausalLM.from_pretrained(ckpt / "model")  # HF format
+
+
+def test_resume_continues_exactly(ray_cluster, tmp_path):
+    full, part = tmp_path / "full", tmp_path / "part"
+    assert run(tiny_spec(steps=4), full) == "succeeded"
+    assert run(tiny_spec(steps=2), part) == "succeeded"
+    assert run(tiny_spec(steps=4), part, resume="latest") == "succeeded"
+    a, b = read_metrics(full), read_metrics(part)
+    assert [r["step"] for r in b] == [1, 2, 3, 4]  # no lost or duplicated step
+    for ra, rb in zip(a, b, strict=True):
+        assert ra["reward/mean"] == rb["reward/mean"]  # same data order and samples
+        assert rb["policy/staleness_max"] == 0  # resumed replicas carry the checkpoint's policy version
+        assert ra["loss"] == pytest.approx(rb["loss"], rel=1e-4, abs=1e-6)
+
+
+def test_resume_after_a_kill_mid_run_drops_the_unsaved_step(ray_cluster, tmp_path):
+    assert run(tiny_spec(steps=2, **{"checkpoint.every_steps": 1}), tmp_path) == "succeeded"
+    # a run killed after logging step 3 but before checkpointing it
+    with open(tmp_path / "metrics.jsonl", "a") as fh:
+        fh.write('{"step": 3, "loss": 123.0}\n')
+    assert run(tiny_spec(steps=3), tmp_path, resume="latest") == "succeeded"
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]
+    assert read_metrics(tmp_path)[-1]["loss"] != 123.0
+
+
+def test_cancel_file_stops_at_a_step_boundary_with_a_checkpoint(ray_cluster, tmp_path):
+    spec = tiny_spec(steps=200, **{"checkpoint.every_steps": 0})
+    result = {}
+    thread = threading.Thread(target=lambda: result.setdefault("state", run(spec, tmp_path)))
+    thread.start()
+    _wait_for_step(tmp_path, 1)
+    (tmp_path / "CANCEL").write_text("test asked to stop")
+    thread.join(timeout=300)
+    assert result["state"] == "cancelled"
+    last = read_metrics(tmp_path)[-1]["step"]
+    assert last < 200 and read_state(tmp_path / "checkpoints" / f"step_{last}")["step"] == last
+    final = [e for e in read_events(tmp_path) if e["type"] == "state"][-1]
+    assert final["reason"] == "test asked to stop" and final["step"] == last
+    _assert_no_job_actors(ray_cluster, "tiny")
+
+
+def test_killed_rollout_replica_is_restarted_and_the_run_finishes(ray_cluster, tmp_path):
+    spec = tiny_spec(steps=6, name="faulty", **{"resources.rollout_replicas": 2})
+    result = {}
+    thread = threading.Thread(target=lambda: result.setdefault("state", run(spec, tmp_path)))
+    thread.start()
+    _wait_for_step(tmp_path, 2)
+    ray_cluster.kill(ray_cluster.get_actor("faulty-rollout-0"))
+    thread.join(timeout=600)
+    assert result["state"] == "succeeded"
+    rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert rows[-1]["rollout/restarts"] >= 1
+
+
+def test_impossible_resources_fail_before_any_actor_starts(ray_cluster, tmp_path):
+    spec = tiny_spec(name="toobig", **{"resources.gpus_per_learner": 1})
+    with pytest.raises(ResourceError, match="GPU"):
+        run(spec, tmp_path)
+    _assert_no_job_actors(ray_cluster, "toobig")
+
+
+def test_weights_reach_the_engine_and_match_the_learner(ray_cluster, tmp_path):
+    """After one update and sync, the engine's log-probs of a fixed sequence change and equal the learner's."""
+    from services.learner import LearnerGroup
+    from services.models import model_dir
+    from services.rollout import RolloutPool
+
+    spec = tiny_spec(name="sync", **{"resources.rollout_engine": "vllm", "resources.learner_ranks": 2})
+    path = model_dir(spec.model, spec.seed)
+    learner = LearnerGroup(spec, path, "sync")
+    pool = RolloutPool(spec, path, "sync")
+    try:
+        prompt = [1, 540, 314, 3203, 28, 216, 33]
+        outs = pool.generate([prompt], spec.group_size, [0])[0]
+        from services.batch import collate
+
+        rewards = torch.tensor([1.0, 0.0, 1.0, 0.0])
+        batch = collate([prompt] * 4, outs, [0] * 4, rewards - 0.5, rewards, 2)
+        seqs = [prompt + c.token_ids for c in outs]
+        before = pool.score(seqs, len(prompt))
+        learner.train_step(batch)
+        pool.update_weights(learner.publish_weights(), 1)
+        after = pool.score(seqs, len(prompt))
+        trained = learner.logprobs(batch)
+        for i, c in enumerate(outs):
+            n = len(c.token_ids)
+            assert max(abs(x - y) for x, y in zip(before[i], after[i], strict=True)) > 1e-3
+            assert after[i] == pytest.approx(trained[i, :n].tolist(), abs=2e-2)
+    finally:
+        pool.shutdown()
+        learner.shutdown()
+
+
+def _wait_for_step(run_dir, step, timeout=600):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if (run_dir / "metrics.jsonl").exists() and any(r["step"] >= step for r in read_metrics(run_dir)):
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"step {step} not reached")
+
+
+def _assert_no_job_actors(ray, job_name):
+    # named actors that are still alive, in every namespace (needs no dashboard, unlike ray.util.state)
+    alive = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(job_name)]
+    assert not alive, alive

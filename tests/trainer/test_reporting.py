@@ -1,0 +1,82 @@
+"""The trainer's reporter: events land in events.jsonl and reach the control plane over real HTTP,
+whose answer can ask the job to stop; a dead control plane never loses events."""
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+
+from services.trainer.reporting import Reporter
+
+
+class _ControlPlane(BaseHTTPRequestHandler):
+    received: list = []
+    cancel = False
+
+    def do_POST(self):  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).received.append((self.path, self.headers["Authorization"], body))
+        reply = json.dumps({"cancel": type(self).cancel, "reason": "user asked"}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def control_plane():
+    _ControlPlane.received, _ControlPlane.cancel = [], False
+    server = HTTPServer(("127.0.0.1", 0), _ControlPlane)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+
+
+def test_events_are_written_locally(tmp_path):
+    r = Reporter(tmp_path)
+    r.state("running", "started", 0)
+    r.emit("step", step=1, metrics={"reward/mean": 0.5})
+    lines = [json.loads(ln) for ln in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [e["type"] for e in lines] == ["state", "step"] and lines[1]["metrics"]["reward/mean"] == 0.5
+
+
+def test_events_reach_the_control_plane_with_the_job_token(tmp_path, control_plane):
+    url = f"http://127.0.0.1:{control_plane.server_port}"
+    r = Reporter(tmp_path, url, "job-7", "secret")
+    r.emit("step", step=1, metrics={})
+    path, auth, body = _ControlPlane.received[0]
+    assert path == "/v1/internal/jobs/job-7/events" and auth == "Bearer secret"
+    assert body["events"][0]["step"] == 1 and r.cancel_requested is None
+
+
+def test_control_plane_reply_requests_cancel(tmp_path, control_plane):
+    _ControlPlane.cancel = True
+    r = Reporter(tmp_path, f"http://127.0.0.1:{control_plane.server_port}", "j", "t")
+    r.emit("step", step=2, metrics={})
+    assert r.cancel_requested == "user asked"
+
+
+def test_unreachable_control_plane_buffers_then_delivers(tmp_path, control_plane):
+    port = control_plane.server_port
+    r = Reporter(tmp_path, "http://127.0.0.1:9", "j", "t", timeout_s=0.5)  # nothing listens on port 9
+    r.emit("step", step=1, metrics={})
+    r.emit("step", step=2, metrics={})
+    assert len(r._pending) == 2
+    r.url = f"http://127.0.0.1:{port}/v1/internal/jobs/j/events"
+    r.flush()
+    assert [e["step"] for e in _ControlPlane.received[0][2]["events"]] == [1, 2] and not r._pending
+
+
+def test_non_finite_metrics_are_reported_as_null(tmp_path, control_plane):
+    r = Reporter(tmp_path, f"http://127.0.0.1:{control_plane.server_port}", "j", "t")
+    r.emit("step", step=1, metrics={"loss": float("nan"), "grad_norm": float("inf"), "lr": 1e-5})
+    sent = _ControlPlane.received[0][2]["events"][0]["metrics"]
+    assert sent == {"loss": None, "grad_norm": None, "lr": 1e-5} and not r._pending
+    local = json.loads((tmp_path / "events.jsonl").read_text())
+    assert local["metrics"]["loss"] is None

@@ -1,0 +1,23 @@
+"""Impossible resource requests fail with a clear message before any actor starts."""
+
+import pytest
+
+from services.config import JobSpec
+from services.trainer.main import ResourceError, check_resources, local_capacity
+
+
+def test_gpus_on_a_cpu_cluster_are_refused():
+    spec = JobSpec.parse({"resources": {"gpus_per_learner": 1}})
+    with pytest.raises(ResourceError, match="GPU") as e:
+        check_resources(spec, {"CPU": 8, "GPU": 0})
+    assert "gpus_per_learner" in str(e.value)
+
+
+def test_too_many_ranks_for_the_cluster_are_refused():
+    spec = JobSpec.parse({"resources": {"learner_ranks": 64}})
+    with pytest.raises(ResourceError, match=r"needs \d+ CPUs"):
+        check_resources(spec, local_capacity() | {"CPU": 8})
+
+
+def test_default_spec_fits_this_machine():
+    check_resources(JobSpec(), local_capacity())

@@ -1,0 +1,52 @@
+"""The job spec: YAML round trip and field-level errors for bad input."""
+
+import pytest
+
+from services.config import JobSpec, SpecError
+
+
+def test_example_specs_load_and_round_trip(tmp_path):
+    for name in ("examples/default.yaml", "examples/tiny.yaml"):
+        spec = JobSpec.from_yaml(name)
+        path = tmp_path / "again.yaml"
+        path.write_text(spec.to_yaml())
+        assert JobSpec.from_yaml(path) == spec
+
+
+def test_unknown_objective_names_the_valid_choices():
+    with pytest.raises(SpecError) as e:
+        JobSpec.parse({"objective": {"name": "grpoo"}})
+    assert "objective.name" in str(e.value) and "cp_grpo" in str(e.value)
+
+
+def test_group_size_below_two_is_refused():
+    with pytest.raises(SpecError, match="group_size"):
+        JobSpec.parse({"group_size": 1})
+
+
+def test_unknown_field_is_named_with_a_fix():
+    with pytest.raises(SpecError) as e:
+        JobSpec.parse({"optim": {"learning_rate": 1e-5}})
+    assert "optim.learning_rate" in str(e.value) and "unknown field" in str(e.value)
+
+
+def test_groups_must_divide_into_mini_batches():
+    with pytest.raises(SpecError, match="never split"):
+        JobSpec.parse({"prompts_per_step": 3, "optim": {"mini_batches": 2}})
+
+
+def test_async_needs_staleness_of_at_least_one():
+    with pytest.raises(SpecError, match="max_staleness"):
+        JobSpec.parse({"async": {"mode": "one_step_off", "max_staleness": 0}})
+
+
+def test_random_model_needs_a_config():
+    with pytest.raises(SpecError, match="config_overrides"):
+        JobSpec.parse({"model": {"source": "random"}})
+
+
+def test_top_level_must_be_a_mapping(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("- just\n- a list\n")
+    with pytest.raises(SpecError, match="mapping"):
+        JobSpec.from_yaml(path)
