@@ -7,11 +7,20 @@ This module imports neither torch nor Ray, so the control plane and the SDK can 
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 # Hard limits a submitted spec must respect (the control plane enforces them; the trainer too).
 MAX_STEPS = 1_000_000
@@ -84,6 +93,25 @@ class TaskSpec(_Strict):
     reward_timeout_s: float = Field(10.0, gt=0, le=600, description="Hard deadline per verification.")
     reward_workers: int = Field(2, ge=1, le=256, description="Worker processes of the reward pool.")
 
+    @field_validator("name")
+    @classmethod
+    def _known_task(cls, v: str) -> str:
+        if v in BUILTIN_TASKS or _is_entry_point(v) or re.fullmatch(r"reasoning_gym:[\w.-]+", v):
+            return v
+        if v.startswith("reasoning_gym:"):
+            raise ValueError(f"{v!r}: name the reasoning-gym dataset after the colon, e.g. "
+                             "'reasoning_gym:chain_sum'")
+        raise ValueError(f"unknown task {v!r}; use one of {', '.join(BUILTIN_TASKS)}, "
+                         "'reasoning_gym:<dataset>' or a custom factory 'package.module:function'")
+
+    @field_validator("reward")
+    @classmethod
+    def _reward_function(cls, v: str) -> str:
+        if v == "builtin" or _is_entry_point(v):
+            return v
+        raise ValueError(f"{v!r}: use 'builtin' (the task's own verifier) or a custom reward "
+                         "'package.module:function' taking (item, response)")
+
 
 class ObjectiveSpec(_Strict):
     """The policy-gradient objective (an rlcore preset) and knob overrides."""
@@ -99,6 +127,17 @@ class ObjectiveSpec(_Strict):
         names = _objective_names()
         if names is not None and v not in names:
             raise ValueError(f"unknown objective {v!r}; choose one of: {', '.join(names)}")
+        return v
+
+    @field_validator("overrides")
+    @classmethod
+    def _valid_overrides(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        # rlcore's knob ranges and combinations, checked where the spec is parsed (torch-free)
+        if "name" not in info.data or _objective_names() is None:  # bad name (reported) or no rlcore here
+            return v
+        from rlcore import resolve
+
+        resolve(info.data["name"], v)
         return v
 
 
@@ -239,6 +278,15 @@ def format_validation_error(e: ValidationError, source: str = "spec") -> str:
             msg = "unknown field; remove it or check its spelling (see `tgc schema`)"
         lines.append(f"  {loc}: {msg}")
     return "\n".join(lines)
+
+
+BUILTIN_TASKS = ("arithmetic", "code", "humaneval")
+_ENTRY_POINT = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
+
+
+def _is_entry_point(value: str) -> bool:
+    """`package.module:function` syntax (the module is imported where the job runs, not here)."""
+    return bool(_ENTRY_POINT.match(value)) and not value.startswith("reasoning_gym:")
 
 
 def _objective_names() -> list[str] | None:

@@ -108,6 +108,13 @@ def test_unknown_objective_is_422_listing_the_choices(http, api_server):
     assert r.status_code == 422 and "cp_grpo" in r.json()["detail"][0]["msg"]
 
 
+def test_bad_objective_override_is_422_before_anything_runs(http, api_server):
+    r = submit(http, api_server.acme, {"objective": {"name": "cp_grpo", "overrides": {"clip_hgih": 0.3}}})
+    assert r.status_code == 422
+    detail = r.json()["detail"][0]
+    assert detail["field"] == "objective.overrides" and "clip_high" in detail["msg"]
+
+
 def test_spec_value_over_the_server_limit_is_422_with_the_field(http, api_server):
     r = submit(http, api_server.acme, {"resources": {"learner_ranks": 40, "rollout_replicas": 40}})
     assert r.status_code == 422 and r.json()["detail"][0]["field"] == "resources"

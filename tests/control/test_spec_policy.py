@@ -35,7 +35,7 @@ def test_deeply_nested_free_form_mapping_is_refused():
     for _ in range(12):
         node["a"] = {}
         node = node["a"]
-    assert fields({"objective": {"overrides": deep}}) == {"objective.overrides"}
+    assert fields({"task": {"params": deep}}) == {"task.params"}
 
 
 @pytest.mark.parametrize("spec, field", [

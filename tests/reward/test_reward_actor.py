@@ -60,6 +60,20 @@ def test_timeouts_are_reported_through_the_actor(ray_cluster, actor):
     assert ray_cluster.get(actor.stats.remote())["reward/timeouts"] == 1.0
 
 
+def _call_once_admitted(handle, items, responses, timeout_s: float = 10.0):
+    """Ray's caller-side pending-call count can lag `ray.get` of the previous call by a moment: retry."""
+    from ray.exceptions import PendingCallsLimitExceeded
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return handle.score.remote(items, responses)
+        except PendingCallsLimitExceeded:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def test_calls_beyond_max_pending_are_refused(ray_cluster):
     from ray.exceptions import PendingCallsLimitExceeded
 
@@ -69,20 +83,11 @@ def test_calls_beyond_max_pending_are_refused(ray_cluster):
     handle = start_reward_pool_actor(spec, num_cpus=0.5, max_concurrency=1, max_pending_calls=1)
     item = TaskItem(id="x", prompt="?", answer="1", kind="math")
     try:
-        # ray.get(ready) can return a moment before the caller's pending count drops: retry the first call
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                first = handle.score.remote([item], ["slow"])
-                break
-            except PendingCallsLimitExceeded:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+        first = _call_once_admitted(handle, [item], ["slow"])
         with pytest.raises(PendingCallsLimitExceeded):
             handle.score.remote([item], ["1"])
         assert ray_cluster.get(first)[0].reward == 1.0
-        assert ray_cluster.get(handle.score.remote([item], ["1"]))[0].reward == 1.0
+        assert ray_cluster.get(_call_once_admitted(handle, [item], ["1"]))[0].reward == 1.0
     finally:
         ray_cluster.kill(handle)
 

@@ -19,6 +19,41 @@ def test_unknown_objective_names_the_valid_choices():
     assert "objective.name" in str(e.value) and "cp_grpo" in str(e.value)
 
 
+
+@pytest.mark.parametrize("overrides,needle", [
+    ({"bogus": 1}, "unknown knob(s) 'bogus'"), ({"kl_coef": -1}, "kl_coef': must be >= 0"),
+    ({"gate": "sometimes"}, "not one of ppo, dual"),
+])
+def test_bad_objective_overrides_are_refused_at_parse_time(overrides, needle):
+    with pytest.raises(SpecError) as e:
+        JobSpec.parse({"objective": {"name": "cp_grpo", "overrides": overrides}})
+    assert "objective.overrides" in str(e.value) and needle in str(e.value)
+
+
+def test_valid_objective_overrides_are_kept():
+    spec = JobSpec.parse({"objective": {"name": "dapo", "overrides": {"clip_high": 0.3, "kl_coef": 0.01}}})
+    assert spec.objective.overrides == {"clip_high": 0.3, "kl_coef": 0.01}
+
+
+@pytest.mark.parametrize("task,field,needle", [
+    ({"name": "arithmetics"}, "task.name", "unknown task 'arithmetics'"),
+    ({"name": "reasoning_gym:"}, "task.name", "name the reasoning-gym dataset"),
+    ({"name": "my module:make"}, "task.name", "package.module:function"),
+    ({"reward": "judge"}, "task.reward", "use 'builtin'"),
+])
+def test_bad_task_names_and_rewards_are_refused_at_parse_time(task, field, needle):
+    with pytest.raises(SpecError) as e:
+        JobSpec.parse({"task": task})
+    assert field in str(e.value) and needle in str(e.value)
+
+
+@pytest.mark.parametrize("task", [
+    {"name": "humaneval"}, {"name": "reasoning_gym:chain_sum"}, {"name": "pkg.tasks:make", "reward": "pkg.r:judge"},
+])
+def test_task_names_of_every_kind_are_accepted(task):
+    assert JobSpec.parse({"task": task}).task.name == task["name"]
+
+
 def test_group_size_below_two_is_refused():
     with pytest.raises(SpecError, match="group_size"):
         JobSpec.parse({"group_size": 1})
