@@ -5,12 +5,34 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 
+can_apt() { command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; }
+
+# Quiet, never fatal; a temporary policy-rc.d keeps apt from starting system services.
+apt_install() {
+  local policy=/usr/sbin/policy-rc.d added=
+  if [ ! -e "$policy" ]; then printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && added=1; fi
+  [ -n "${APT_UPDATED:-}" ] || { apt-get update -qq && APT_UPDATED=1; }
+  local rc=0
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null || rc=$?
+  [ -z "$added" ] || rm -f "$policy"
+  return "$rc"
+}
+
 if ! command -v bwrap >/dev/null 2>&1; then
   # The code sandbox needs bubblewrap; install it where we can (CI runs as root).
-  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-    (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null) || echo "setup: could not install bubblewrap" >&2
+  if can_apt; then
+    apt_install bubblewrap || echo "setup: could not install bubblewrap" >&2
   else
     echo "setup: bubblewrap (bwrap) not found; install it for the code sandbox (apt-get install bubblewrap)" >&2
+  fi
+fi
+
+if ! compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null; then
+  # tests/control/test_postgres_store.py starts its own throwaway server from these binaries.
+  if can_apt; then
+    apt_install postgresql || echo "setup: could not install postgresql" >&2
+  else
+    echo "setup: PostgreSQL server not found; its store tests will skip (apt-get install postgresql)" >&2
   fi
 fi
 

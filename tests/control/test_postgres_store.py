@@ -52,14 +52,24 @@ def pg_url() -> str:
     subprocess.run(_as_postgres([f"{bin_dir}/initdb", "-D", str(data), "-A", "trust", "-U", "tgc"]),
                    check=True, capture_output=True)  # fmt: skip
     port = free_port()
-    subprocess.run(_as_postgres([f"{bin_dir}/pg_ctl", "-D", str(data), "-w", "-l", str(root / "log"), "-o",
-                                 f"-p {port} -k {sock} -c listen_addresses=127.0.0.1 -c max_connections=200",
-                                 "start"]), check=True, capture_output=True)  # fmt: skip
     try:
+        # Inside the try: a start that times out may still leave a server running.
+        subprocess.run(_as_postgres([f"{bin_dir}/pg_ctl", "-D", str(data), "-w", "-l", str(root / "log"), "-o",
+                                     f"-p {port} -k {sock} -c listen_addresses=127.0.0.1 -c max_connections=200",
+                                     "start"]), check=True, capture_output=True)  # fmt: skip
         yield f"postgresql+psycopg://tgc@127.0.0.1:{port}/postgres"
     finally:
-        subprocess.run(_as_postgres([f"{bin_dir}/pg_ctl", "-D", str(data), "-m", "fast", "stop"]), capture_output=True)
+        _stop(bin_dir, data)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _stop(bin_dir: str, data: Path) -> None:
+    """Stop the server and wait for it; `immediate` where a fast shutdown does not finish."""
+    for mode in ("fast", "immediate"):
+        stop = [f"{bin_dir}/pg_ctl", "-D", str(data), "-m", mode, "-w", "-t", "30", "stop"]
+        subprocess.run(_as_postgres(stop), capture_output=True)
+        if not (data / "postmaster.pid").exists():  # removed by the server as it exits
+            return
 
 
 @pytest.fixture
