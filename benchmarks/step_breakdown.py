@@ -2,7 +2,7 @@
 (the driver's own overhead: collation, advantages, bookkeeping). Target: overhead under 5% of the step.
 
 Runs a real job (local Ray, the spec's engines and learner) and reads its metrics.jsonl.
-    .venv/bin/python benchmarks/step_breakdown.py [examples/default.yaml] [--steps 6]
+    .venv/bin/python benchmarks/step_breakdown.py [examples/default.yaml] [--steps 6] [--threads N]
 """
 
 from __future__ import annotations
@@ -24,15 +24,19 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("spec", nargs="?", default="examples/default.yaml")
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--threads", type=int, default=None, help="resources.threads_per_actor (default: the spec's)")
     args = ap.parse_args()
     spec = JobSpec.from_yaml(args.spec)
     spec.steps = args.steps
     spec.checkpoint.every_steps = 0
+    if args.threads:
+        spec.resources.threads_per_actor = args.threads
     with tempfile.TemporaryDirectory() as d:
         state = run(spec, Path(d), progress=False)
         rows = [json.loads(ln) for ln in (Path(d) / "metrics.jsonl").read_text().splitlines()]
     rows = rows[1:] or rows  # the first step pays one-off warm-up costs
-    print(f"job {spec.name}: {state}; {len(rows)} steps measured; load average {os.getloadavg()[0]:.2f}")
+    print(f"job {spec.name}: {state}; {len(rows)} steps measured; threads per actor "
+          f"{spec.resources.threads_per_actor or 'default'}; load average {os.getloadavg()[0]:.2f}")
     step = statistics.median(r["timing/step_s"] for r in rows)
     print(f"{'phase':<22}{'median s':>10}{'share':>9}")
     accounted = 0.0

@@ -250,25 +250,29 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _print_log_page(job, since: int) -> tuple[int, bool]:
+    """Print the log lines after cursor `since`; returns the next cursor and whether there were any."""
+    page = job.logs(since)
+    for line in page.lines:
+        print(f"{_ts(line.time)} [{line.level}] {line.message}", flush=True)
+    return page.next, bool(page.lines)
+
+
 def cmd_logs(args: argparse.Namespace) -> int:
     with _client(args) as client:
         job = client.job(args.job_id)
         if args.driver:
             print(job.driver_log(), end="")
             return EXIT_OK
-        since = 0
+        since, ended = 0, False
         while True:
-            page = job.logs(since)
-            for line in page.lines:
-                print(f"{_ts(line.time)} [{line.level}] {line.message}", flush=True)
-            since = page.next
-            if not args.follow:
+            since, more = _print_log_page(job, since)
+            if more:
+                continue  # read on at once: a page holds at most 1000 lines
+            if ended or not args.follow:
                 return EXIT_OK
-            if not page.lines:
-                if job.refresh().done:
-                    for line in job.logs(since).lines:  # lines stored just before the end
-                        print(f"{_ts(line.time)} [{line.level}] {line.message}", flush=True)
-                    return EXIT_OK
+            ended = job.refresh().done  # once ended, one more read: lines stored just before the end
+            if not ended:
                 time.sleep(1.0)
 
 

@@ -179,13 +179,29 @@ class ResourceSpec(_Strict):
     vllm_memory_fraction: float = Field(
         0.08, gt=0, le=0.95, description="vLLM gpu_memory_utilization; on CPU the share of host RAM for KV cache."
     )
-    threads_per_actor: int | None = Field(None, ge=1, description="torch threads per actor (default: its CPUs).")
+    threads_per_actor: int | None = Field(
+        None, ge=1, description="torch threads per learner rank / rollout replica. Default: in sync mode, where "
+        "generation and learning take turns, each phase may use the job's whole CPU reservation (split over "
+        "its actors); in one_step_off mode each actor uses its own CPUs. Capped by the host's cores.",
+    )
+
+    def threads(self, role: Literal["learner", "rollout"], asynchronous: bool) -> int:
+        """torch threads of one `role` actor (see `threads_per_actor`); the actor caps it by its host's cores."""
+        if self.threads_per_actor:
+            return self.threads_per_actor
+        own = self.cpus_per_learner if role == "learner" else self.cpus_per_rollout
+        if asynchronous:
+            return max(1, int(own))
+        job = self.learner_ranks * self.cpus_per_learner + self.rollout_replicas * self.cpus_per_rollout
+        return max(1, int(job / (self.learner_ranks if role == "learner" else self.rollout_replicas)))
 
 
 class CheckpointSpec(_Strict):
     every_steps: int = Field(10, ge=0, description="Save every N steps (0: only at the end/on cancel).")
     keep_last: int = Field(2, ge=1, description="Keep the newest N checkpoints.")
-    save_optimizer: bool = Field(True, description="Also save optimizer/RNG/data state for exact resume.")
+    save_optimizer: bool = Field(
+        True, description="Save the AdamW moments (2x the weights in float32) for exact resume; without them "
+        "a resumed run restarts AdamW from zero moments (weights, schedule, RNG and data position still resume).")
 
 
 class AsyncSpec(_Strict):
@@ -241,6 +257,10 @@ class JobSpec(_Strict):
         if self.model.source == "random" and not self.model.config_overrides:
             raise ValueError("model.config_overrides is required when model.source is 'random'")
         return self
+
+    def actor_threads(self, role: Literal["learner", "rollout"]) -> int:
+        """torch threads of one learner rank / rollout replica (`resources.threads_per_actor`)."""
+        return self.resources.threads(role, asynchronous=self.async_.mode == "one_step_off")
 
     # -- I/O --------------------------------------------------------------------------------------
     @classmethod

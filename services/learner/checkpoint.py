@@ -2,13 +2,14 @@
 
     path/model/    save_pretrained directory + tokenizer, in the job's dtype: loads in transformers and vLLM
     path/learner/  torch.distributed.checkpoint of the float32 master weights and AdamW state (sharded, one
-                   file per rank), `state.pt` (schedule, counters) and `rng-rank{r}.pt` (per-rank RNG)
+                   file per rank; AdamW left out with checkpoint.save_optimizer=false), `state.pt` (schedule, counters) and `rng-rank{r}.pt` (per-rank RNG)
 
 Resume reads only path/learner: the HF directory may be bf16, the master weights are not.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import shutil
 from pathlib import Path
@@ -17,7 +18,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_state_dict, set_state_dict
+
+log = logging.getLogger(__name__)
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                     "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json")
@@ -44,20 +47,23 @@ def save_hf_model(state_dict: dict[str, torch.Tensor], model_path: Path, tokeniz
 
 
 def save_training_state(out: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                        extra: dict[str, Any]) -> None:
-    """Collective: every rank writes its shards; rank 0 writes `extra` (schedule and counters)."""
+                        extra: dict[str, Any], with_optimizer: bool = True) -> None:
+    """Collective: every rank writes its shards; rank 0 writes `extra` (schedule and counters).
+    `with_optimizer=False` leaves out the AdamW moments (2x the weights in float32)."""
     out.mkdir(parents=True, exist_ok=True)
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(out))
+    dcp.save({"model": model_sd, "optim": optim_sd} if with_optimizer else {"model": model_sd},
+             checkpoint_id=str(out))
     rank = dist.get_rank()
     torch.save(rng_state(), out / f"rng-rank{rank}.pt")
     if rank == 0:
-        torch.save(extra, out / "state.pt")
+        torch.save({**extra, "optimizer_saved": with_optimizer}, out / "state.pt")
     dist.barrier()
 
 
 def load_training_state(src: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Collective: restore weights, optimizer and this rank's RNG; returns rank 0's `extra`."""
+    """Collective: restore weights, optimizer (where it was saved) and this rank's RNG; returns rank 0's
+    `extra`."""
     if not (src / "state.pt").exists():
         raise FileNotFoundError(f"{src} is not a learner checkpoint (no state.pt); pass the directory given "
                                 "to save(), whose 'learner' subdirectory holds the training state")
@@ -66,12 +72,21 @@ def load_training_state(src: Path, model: torch.nn.Module, optimizer: torch.opti
     if not rng_file.exists():
         raise FileNotFoundError(f"{rng_file} is missing: the checkpoint was saved with fewer learner ranks; "
                                 "resume with the same resources.learner_ranks")
+    extra = torch.load(src / "state.pt", weights_only=False)
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=str(src))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    if extra.get("optimizer_saved", True):
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=str(src))
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    else:
+        log.warning("%s holds no optimizer state (checkpoint.save_optimizer was off): AdamW restarts from "
+                    "zero moments, so the resumed run is not identical to an uninterrupted one", src)
+        state = {"model": model_sd}
+        dcp.load(state, checkpoint_id=str(src))
+        set_model_state_dict(model, state["model"])
+        optimizer.state.clear()  # get_state_dict() above initialised it with a zero-gradient step
     set_rng_state(torch.load(rng_file, weights_only=False))
-    return torch.load(src / "state.pt", weights_only=False)
+    return extra
 
 
 def rng_state() -> dict[str, Any]:

@@ -11,6 +11,7 @@ from its last checkpoint.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -51,8 +52,8 @@ class _LearnerRank:
         self.spec, self.model_path = spec, Path(model_path)
         self.job_name, self.rank, self.world_size = job_name, rank, world_size
         self.learner: Learner | None = None
-        threads = spec.resources.threads_per_actor or max(1, int(spec.resources.cpus_per_learner))
-        torch.set_num_threads(threads)
+        threads = spec.actor_threads("learner")
+        torch.set_num_threads(min(threads, os.cpu_count() or threads))
 
     def __repr__(self) -> str:  # Ray shows this as the actor's name in the dashboard and logs
         return f"Learner({self.job_name}, rank {self.rank}/{self.world_size})"

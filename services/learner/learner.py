@@ -177,7 +177,7 @@ class Learner:
         checkpoint.save_training_state(path / "learner", self.policy, self.optimizer, {
             "scheduler": self.scheduler.state_dict(), "train_steps": self.train_steps,
             "optimizer_steps": self.optimizer_steps, "world_size": self.world_size,
-        })
+        }, with_optimizer=self.spec.checkpoint.save_optimizer)
 
     def load(self, path: Path) -> None:
         """Restore what save(path) wrote; continues exactly where that learner was. Collective."""

@@ -18,7 +18,7 @@ class RolloutActor:
 
         from services.rollout.engine import engine_kind, make_engine
 
-        torch.set_num_threads(threads)
+        torch.set_num_threads(min(threads, os.cpu_count() or threads))
         self.name = f"{job_name}-rollout-{replica}"
         self.kind = engine_kind(spec)
         self.engine = make_engine(spec, Path(model_path))

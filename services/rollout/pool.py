@@ -46,7 +46,7 @@ class RolloutPool:
         self.kind = engine_kind(spec)  # fails here, before any actor starts, if vLLM is asked for but missing
         r = spec.resources
         self.replicas = r.rollout_replicas
-        self.threads = r.threads_per_actor or max(1, int(r.cpus_per_rollout))
+        self.threads = spec.actor_threads("rollout")
         self.version = 0
         self.restarts = 0
         self._weights: ray.ObjectRef | None = None  # the latest published weights, loaded into every restart

@@ -97,6 +97,23 @@ def test_save_then_load_continues_identically(tiny_spec, tiny_model_path, make_b
     torch.testing.assert_close(resumed.logprobs(batches[0]), first.logprobs(batches[0]), rtol=0, atol=1e-6)
 
 
+def test_checkpoint_without_optimizer_is_smaller_and_resumes_weights_with_fresh_moments(
+        tiny_spec, tiny_model_path, make_batch, tmp_path):
+    batch = make_batch()
+    sizes = {}
+    for keep in (True, False):
+        learner = Learner(tiny_spec(**{"checkpoint.save_optimizer": keep}), tiny_model_path)
+        learner.train_step(batch)
+        learner.save(tmp_path / str(keep))
+        sizes[keep] = sum(f.stat().st_size for f in (tmp_path / str(keep) / "learner").rglob("*"))
+    assert sizes[False] < 0.6 * sizes[True]  # AdamW keeps two float32 moments per weight
+    resumed = Learner(tiny_spec(), tiny_model_path)
+    resumed.load(tmp_path / "False")
+    torch.testing.assert_close(resumed.logprobs(batch), learner.logprobs(batch), rtol=0, atol=0)
+    assert resumed.optimizer.state_dict()["state"] == {}  # moments start afresh
+    assert resumed.optimizer_steps == learner.optimizer_steps
+
+
 def test_saved_model_directory_loads_in_transformers_with_the_same_logprobs(tiny_spec, tiny_model_path,
                                                                           make_batch, tmp_path):
     from transformers import AutoTokenizer

@@ -89,12 +89,14 @@ def test_stats_report_since_last_call_and_cumulative_counts(arith_pool):
     assert arith_pool.stats()["reward/ok"] == 0.0
 
 
-def test_a_burst_of_requests_loses_none(arith_pool):
-    items = [math_item(str(i % 50), i) for i in range(400)]
-    responses = [str(i % 50) if i % 2 else "wrong" for i in range(400)]
+def test_a_burst_of_a_thousand_requests_loses_none(arith_pool):
+    before = arith_pool.stats()["reward/ok_total"]
+    items = [math_item(str(i % 50), i) for i in range(1000)]
+    responses = [str(i % 50) if i % 2 else "wrong" for i in range(1000)]
     scores = arith_pool.score(items, responses)
-    assert len(scores) == 400
-    assert [s.reward for s in scores] == [float(i % 2) for i in range(400)]
+    assert len(scores) == 1000 and {s.status for s in scores} == {"ok"}
+    assert [s.reward for s in scores] == [float(i % 2) for i in range(1000)]
+    assert arith_pool.stats()["reward/ok_total"] == before + 1000  # each one counted once
 
 
 def test_mismatched_items_and_responses_are_refused(arith_pool):

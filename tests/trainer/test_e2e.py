@@ -1,6 +1,10 @@
 """The whole job on a real local Ray cluster: rollout actors, reward pool, FSDP2 learner ranks, weight sync,
 checkpoints, resume, cancel and a rollout replica killed mid-run."""
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -46,7 +50,64 @@ def test_resume_continues_exactly(ray_cluster, tmp_path):
         assert ra["loss"] == pytest.approx(rb["loss"], rel=1e-4, abs=1e-6)
 
 
-def test_resume_after_a_kill_mid_run_drops_the_unsaved_step(ray_cluster, tmp_path):
+def test_dynamic_sampling_replaces_groups_without_signal(ray_cluster, tmp_path):
+    reward = {"task.reward": "tests.trainer.rewards:parity_on_odd_items", "checkpoint.every_steps": 0}
+    plain, dynamic = tmp_path / "plain", tmp_path / "dynamic"
+    assert run(tiny_spec(steps=2, **reward), plain) == "succeeded"
+    assert run(tiny_spec(steps=2, dynamic_sampling=True, **reward), dynamic) == "succeeded"
+    # without it half of every step's groups (the even-indexed prompts) carry no signal
+    assert all(r["rollout/informative_groups"] <= 0.5 for r in read_metrics(plain))
+    for r in read_metrics(dynamic):
+        assert r["rollout/groups_dropped"] >= 1 and r["rollout/informative_groups"] == 1.0
+        assert r["response/tokens"] > 0 and r["grad_norm"] > 0
+
+
+def test_one_step_off_async_trains_on_samples_one_version_old(ray_cluster, tmp_path):
+    spec = tiny_spec(steps=4, **{"async.mode": "one_step_off", "async.max_staleness": 1,
+                                 "checkpoint.every_steps": 0})
+    assert run(spec, tmp_path) == "succeeded"
+    rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert rows[0]["policy/staleness_max"] == 0  # the first rollout is generated before any update
+    # later rollouts were generated while the learner trained the previous step: one version behind
+    assert [r["policy/staleness_max"] for r in rows[1:]] == [1, 1, 1]
+    assert [r["policy/version"] for r in rows] == [1, 2, 3, 4]
+
+
+def test_a_trainer_killed_mid_step_resumes_with_no_lost_or_duplicated_step(ray_cluster, tmp_path):
+    import psutil
+
+    spec = tiny_spec(steps=4, **{"checkpoint.every_steps": 1})
+    (tmp_path / "job.yaml").write_text(spec.to_yaml())
+    run_dir = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own local Ray, as `tgc train`
+    proc = subprocess.Popen([sys.executable, "-m", "services.trainer", "--spec", str(tmp_path / "job.yaml"),
+                             "--run-dir", str(run_dir)], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while not (run_dir / "checkpoints" / "step_2").exists():  # step 3 is under way once step 2 is saved
+            assert proc.poll() is None and time.monotonic() < deadline, "the trainer ended before step 2"
+            time.sleep(0.1)
+        family = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+        os.killpg(proc.pid, signal.SIGKILL)  # no handler, no final checkpoint: a hard kill mid-step
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    gone = time.monotonic() + 30
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in family):
+        assert time.monotonic() < gone, "processes of the killed trainer outlived it"
+        time.sleep(0.2)
+    assert max(r["step"] for r in read_metrics(run_dir)) in (2, 3)
+    assert run(spec, run_dir, resume="latest") == "succeeded"
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]  # step 3 redone once, none lost or duplicated
+    assert [r["policy/version"] for r in rows] == [1, 2, 3, 4]
+    assert read_state(run_dir / "checkpoints" / "step_4")["data_position"] == 4 * spec.prompts_per_step
+
+
+def test_resume_drops_metrics_logged_after_the_last_checkpoint(ray_cluster, tmp_path):
     assert run(tiny_spec(steps=2, **{"checkpoint.every_steps": 1}), tmp_path) == "succeeded"
     # a run killed after logging step 3 but before checkpointing it
     with open(tmp_path / "metrics.jsonl", "a") as fh:
