@@ -302,7 +302,9 @@ class Learner:
         # Diagnostics read the policy-gradient weights alone: KL/entropy terms are not meant to cancel.
         w_pg = -torch.autograd.grad(out.pg_loss, lp_leaf)[0] if regularised else -grads[0]
         metrics.add_means({k: v for k, v in out.metrics.items() if k != "tokens"}, n_tok, prefix="objective/")
+        t0 = time.perf_counter()
         self._diagnostics(w_pg, micro, old_mb, ent, mask, out, metrics)
+        metrics.add_time("timing/diagnostics_s", time.perf_counter() - t0)  # vs timing/learner_step_s
         return float(out.loss.detach())
 
     def _diagnostics(self, w: Tensor, micro: TrainBatch, old: Tensor, ent: Tensor, mask: Tensor, out,

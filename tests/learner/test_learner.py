@@ -62,6 +62,7 @@ def test_step_reports_its_metrics(tiny_spec, tiny_model_path, make_batch):
                 "diag/d9_absw_share_p00_10", "diag/d10_clipfrac_pos", "diag/d11_corr_len_adv"):
         assert key in m, key
     assert m["tokens"] == float(batch.response_mask.sum())
+    assert 0 < m["timing/diagnostics_s"] < m["timing/learner_step_s"]  # their cost, reported every step
     assert m["diag/d4_groups_complete_frac"] == 1.0
     assert m["diag/d1_gcpr"] < 1e-5  # cp_grpo cancels on the groups' shared first tokens
     # The synthetic rollout log-probs are not the model's: the mismatch metric must see it.
