@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -145,6 +147,64 @@ def test_logs_of_a_job_without_lines_prints_nothing(capsys, api, spec_file):
     job_id = run(capsys, "submit", str(spec_file), "-q")[1].strip()
     run(capsys, "cancel", job_id)
     assert run(capsys, "logs", job_id, "-f") == (0, "", "")
+
+
+class _LineReader:
+    """A process's stdout lines, collected in a thread as they arrive."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.lines: list[str] = []
+        self.thread = threading.Thread(target=lambda: self.lines.extend(proc.stdout), daemon=True)
+        self.thread.start()
+
+    def wait_for(self, text: str, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not any(text in line for line in self.lines):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
+        return True
+
+
+@pytest.mark.slow
+def test_logs_follow_prints_a_running_jobs_lines_until_it_ends(tmp_path):
+    from services.control.ray_cluster import LocalRayCluster
+    from services.control.store import JobStore
+    from services.sdk import Client
+
+    data = tmp_path / "cp"
+    cp = LocalControlPlane(data, ray_address="local", args=("--poll-interval", "0.5"))
+    token = cp.create_token("acme")
+    store = JobStore(make_engine(f"sqlite:///{data / 'tgc.db'}"))  # the server's own DB, to add a log line
+    env = {**os.environ, "TGC_URL": cp.url, "TGC_TOKEN": token}
+    proc = None
+    try:
+        cp.start()
+        cp.wait_ready()
+        with Client(cp.url, token) as client:
+            job = client.submit({**TINY, "name": "cli-logs", "steps": 500})
+            next(e for e in job.stream() if e.type == "step")  # running: its first step is done
+            store.log_event(store.get(job.id), "logged before tgc started")
+            proc = subprocess.Popen([str(Path(sys.executable).with_name("tgc")), "logs", job.id, "-f"],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+            out = _LineReader(proc)
+            assert out.wait_for("logged before tgc started", 60), out.lines  # its first read is done
+            store.log_event(store.get(job.id), "logged while tgc follows")
+            assert out.wait_for("logged while tgc follows", 30), out.lines
+            assert proc.poll() is None and job.refresh().state.value == "running"
+            job.cancel("enough logs")  # logs the request; the trainer then stops at a step boundary
+            code = proc.wait(timeout=600)
+            ended_at = time.time()
+            out.thread.join(10)
+            job.refresh()
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        cp.stop()
+        LocalRayCluster(data).stop()
+    assert code == 0, proc.stderr.read()[-3000:]
+    assert job.state.value == "cancelled" and job.record.finished_at.timestamp() <= ended_at
+    assert any("cancel requested: enough logs" in line for line in out.lines), out.lines
 
 
 @pytest.mark.slow
