@@ -137,13 +137,19 @@ class LocalRayCluster:
             env.pop(var, None)
         log.info("starting a local Ray head: %s", " ".join(cmd))
         # Own session: a Ctrl-C of `tgc serve` must not take the cluster (and its running jobs) down.
-        proc = subprocess.run(
-            cmd, env=env, capture_output=True, text=True, timeout=timeout_s, start_new_session=True
-        )
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        try:
+            _, stderr = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, stderr = proc.communicate()
         if proc.returncode != 0:
-            raise RuntimeError(f"`ray start` exited with {proc.returncode}: {proc.stderr[-2000:]}")
+            raise RuntimeError(f"`ray start` exited with {proc.returncode}: {stderr[-2000:]}")
         url = f"http://127.0.0.1:{ports['--dashboard-port']}"
-        state = {"dashboard_url": url, "gcs_address": f"127.0.0.1:{ports['--port']}", "temp_dir": str(self.temp_dir)}
+        # every daemon of the head lives in the session `ray start` led: stop() finds them all by it
+        state = {"dashboard_url": url, "gcs_address": f"127.0.0.1:{ports['--port']}", "temp_dir": str(self.temp_dir),
+                 "session": proc.pid}
         self.state_file.write_text(json.dumps(state))
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -153,17 +159,28 @@ class LocalRayCluster:
         raise RuntimeError(f"the Ray dashboard at {url} did not answer within {timeout_s:.0f}s")
 
     def processes(self) -> list:
-        """This head's processes: those whose command line names its own temp dir."""
+        """This head's processes: those whose command line names its own temp dir, and every other process
+        of their session (`ray start` ran in a session of its own; its client-server proxy names no temp dir)."""
         import psutil
 
         marker = str(self.temp_dir)
-        found = []
+        found, sessions = [], {(self._saved() or {}).get("session")} - {None}
         for p in psutil.process_iter(["pid", "cmdline"]):
             try:
                 if any(marker in part for part in (p.info["cmdline"] or [])):
                     found.append(p)
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    sessions.add(os.getsid(p.pid))
+            except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
                 continue
+        sessions.discard(os.getsid(0))  # never our own session
+        if sessions:
+            seen = {p.pid for p in found}
+            for p in psutil.process_iter(["pid"]):
+                try:
+                    if p.pid not in seen and os.getsid(p.pid) in sessions:
+                        found.append(p)
+                except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
+                    continue
         return found
 
     def stop(self, timeout_s: float = 5.0) -> None:
