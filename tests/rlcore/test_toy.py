@@ -1,9 +1,9 @@
 """The tabular cancellation toy (objectives.md sec. 9) run on rlcore's own objectives.
 
-On-policy (1 epoch per batch), 400 steps, 2 seeds: the reward-irrelevant "verbose" style (init 0.5)
+On-policy (1 epoch per batch), 400 steps, 8 seeds: the reward-irrelevant "verbose" style (init 0.5)
 is driven to the floor by GRPO's 1/|o_i| coefficient and keeps its probability under the
 constant-coefficient objectives (sec. 9.2 one-epoch row: GRPO .025, Dr. GRPO .49, const-coef .52;
-sec. 9.4: 1/l-type < .05, constant-coefficient .4-.6 over 8 seeds; with 2 seeds we allow .3-.7).
+sec. 9.4: 1/l-type < .05, constant-coefficient .4-.6 over 8 seeds; measured here .487 and .482).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import rlcore
 from rlcore.toy import ToyConfig, run_toy
 
-SEEDS = (0, 1)
+SEEDS = tuple(range(8))
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def test_grpo_drives_the_reward_irrelevant_verbose_style_to_the_floor(results):
 
 @pytest.mark.parametrize("name", ["dr_grpo", "cp_grpo"])
 def test_constant_coefficient_objectives_keep_the_verbose_style(name, results):
-    assert 0.3 <= mean([r.p_verbose for r in results[name]]) <= 0.7
+    assert 0.4 <= mean([r.p_verbose for r in results[name]]) <= 0.6
 
 
 def test_d1_is_the_length_ratio_for_grpo_and_zero_for_exchangeable_objectives(results):
