@@ -85,3 +85,15 @@ def test_top_level_must_be_a_mapping(tmp_path):
     path.write_text("- just\n- a list\n")
     with pytest.raises(SpecError, match="mapping"):
         JobSpec.from_yaml(path)
+
+
+@pytest.mark.parametrize("resources,mode,learner,rollout", [
+    ({}, "sync", 2, 2),  # generation and learning take turns: each uses the job's 2 CPUs
+    ({"learner_ranks": 2}, "sync", 1, 3),
+    ({"cpus_per_learner": 0.5, "cpus_per_rollout": 0.5}, "sync", 1, 1),
+    ({}, "one_step_off", 1, 1),  # both phases at once: each actor keeps its own CPUs
+    ({"threads_per_actor": 3}, "one_step_off", 3, 3),
+])
+def test_actor_threads_follow_the_mode_and_the_reservation(resources, mode, learner, rollout):
+    spec = JobSpec.parse({"resources": resources, "async": {"mode": mode}})
+    assert (spec.actor_threads("learner"), spec.actor_threads("rollout")) == (learner, rollout)
