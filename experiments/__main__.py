@@ -3,6 +3,7 @@
     python -m experiments ci                      # CI-sized testbeds 1-2 + report (minutes on 2 cores)
     python -m experiments tabular                 # testbed 1, full study (then rewrites REPORT.md)
     python -m experiments tinylm                  # testbed 2, full study
+    python -m experiments tinylm --groups main --objectives grpo,cp_grpo --seeds 0,1,2   # a part of it
     python -m experiments trainer --size small    # testbed 3 through the real trainer, here
     python -m experiments sweep submit|collect    # testbed 3 as a sweep of control-plane jobs
     python -m experiments report                  # figures + REPORT.md from experiments/results/
@@ -27,11 +28,29 @@ def _report(results_dir: Path, report_path: Path, notes: Path | None = NOTES) ->
     print(f"report: {write_report(results_dir, report_path, notes_path=notes)}")
 
 
-def _study(testbed: str, size: str, out: Path, workers: int, cache: Path) -> Path:
+def _study(testbed: str, size: str, out: Path, workers: int, cache: Path, args: argparse.Namespace | None = None) -> Path:
     from experiments.runner import run_study
     from experiments.studies import STUDIES
 
-    return run_study(STUDIES[testbed](size), out, workers=workers, cache=cache)
+    study = STUDIES[testbed](size)
+    runs = None
+    if args is not None and (args.objectives or args.groups or args.seeds):
+        try:
+            runs = study.select(args.objectives, args.groups, args.seeds)
+        except ValueError as exc:
+            raise SystemExit(f"python -m experiments {testbed}: {exc}") from None
+    return run_study(study, out, workers=workers, cache=cache, runs=runs)
+
+
+def _names(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in _names(text)]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from exc
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name, help=helptext)
         common(p, paths.RESULTS)
         p.add_argument("--size", choices=("full", "ci"), default="full")
+        # A part of the study (the cache keeps it; the results file and report cover every cached run).
+        p.add_argument("--objectives", type=_names, default=None, help="run only these objectives (comma-separated)")
+        p.add_argument("--groups", type=_names, default=None, help="run only these groups (main, epochs, split, ...)")
+        p.add_argument("--seeds", type=_ints, default=None, help="run only these seeds (comma-separated)")
     p_tr = sub.add_parser("trainer", help="testbed 3: SmolLM2-135M through the real trainer, run here")
     common(p_tr, paths.RESULTS)
     p_tr.add_argument("--size", choices=("small", "full", "tiny"), default="small")
@@ -99,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
 
         run_local(args.size, args.out, args.cache)
     else:
-        _study(args.command, args.size, args.out, args.workers, args.cache)
+        _study(args.command, args.size, args.out, args.workers, args.cache, args)
     if not args.no_report:
         main_results = args.out.resolve() == paths.RESULTS.resolve()
         _report(args.out, paths.REPORT if main_results else args.out / "REPORT.md", NOTES if main_results else None)

@@ -46,6 +46,13 @@ def objective_order(results: dict[str, Any]) -> list[str]:
     return seen
 
 
+def _name(cond: dict[str, Any], results: dict[str, Any]) -> str:
+    """The objective, with its number of seeds when the study has not run all of them for every condition."""
+    full = len(results.get("seeds", []))
+    partial = any(len(c["seeds"]) < full for c in results["conditions"])
+    return f"{cond['objective']} (n={len(cond['seeds'])})" if partial else cond["objective"]
+
+
 def bar_figure(results: dict[str, Any], panels: Sequence[tuple[str, str, float | None]], path: Path,
                group: str = "main", title: str = "", cols: int = 4) -> Path:
     """One bar panel per (metric, title, reference line) over the objectives of `group`."""
@@ -63,7 +70,7 @@ def bar_figure(results: dict[str, Any], panels: Sequence[tuple[str, str, float |
                 bar.set_hatch("///")
         if ref is not None:
             ax.axhline(ref, color="black", linestyle="--", linewidth=0.8)
-        ax.set_xticks(list(xs), [c["objective"] for c in conds], rotation=60, ha="right", fontsize=7)
+        ax.set_xticks(list(xs), [_name(c, results) for c in conds], rotation=60, ha="right", fontsize=7)
         ax.set_title(label, fontsize=9)
         ax.tick_params(axis="y", labelsize=7)
     for ax in list(axes.flat)[len(panels):]:
@@ -94,7 +101,7 @@ def curve_figure(results: dict[str, Any], panels: Sequence[tuple[str, str, float
             se = [0.0 if v is None else v for v in curve["se"]]
             col = colour(c["objective"], order)
             style = "-" if _preserves(c) else "--"
-            ax.plot(x, m, style, color=col, linewidth=1.1, label=c["objective"])
+            ax.plot(x, m, style, color=col, linewidth=1.1, label=_name(c, results))
             ax.fill_between(x, [a - b for a, b in zip(m, se, strict=True)], [a + b for a, b in zip(m, se, strict=True)],
                             color=col, alpha=0.15, linewidth=0)
         if ref is not None:

@@ -19,6 +19,7 @@ from experiments import plots
 from experiments.stats import Summary, compare, summarize
 
 ALPHA = 0.05
+EXACT = 1e-4  # a D1 residual at or below this is cancellation up to floating-point rounding (float32 in testbed 2)
 TESTBEDS = {"tabular": "Testbed 1 (tabular toy)", "tinylm": "Testbed 2 (tiny LM)",
             "trainer": "Testbed 3 (real trainer)"}
 
@@ -30,8 +31,12 @@ class View:
     def __init__(self, results: dict[str, Any]):
         self.results = results
         self.testbed = results["testbed"]
+        # What the claim checks asked for, (objective or None, group, label or None): lets the report say
+        # which runs a finding rests on and which of the conditions it needs have not run yet.
+        self.requests: list[tuple[str | None, str, str | None]] = []
 
     def cond(self, objective: str, group: str = "main", label: str | None = None) -> dict[str, Any] | None:
+        self.requests.append((objective, group, label))
         for c in self.results["conditions"]:
             if c["objective"] == objective and c["group"] == group and (label is None or c["label"] == label):
                 return c
@@ -47,9 +52,11 @@ class View:
         return summarize(self.values(objective, key, group, label))
 
     def objectives(self, group: str = "main") -> list[str]:
+        self.requests.append((None, group, None))
         return list(dict.fromkeys(c["objective"] for c in self.results["conditions"] if c["group"] == group))
 
     def labels(self, group: str) -> list[str]:
+        self.requests.append((None, group, None))
         out: list[str] = []
         for c in self.results["conditions"]:
             if c["group"] == group and c["label"] not in out:
@@ -58,6 +65,26 @@ class View:
 
     def n_seeds(self) -> int:
         return len(self.results.get("seeds", []))
+
+    def planned(self) -> list[dict[str, Any]]:
+        """The study's conditions as planned (results files from before "planned" existed: those that ran)."""
+        return self.results.get("planned") or self.results["conditions"]
+
+    def missing_runs(self) -> int:
+        """Planned (condition, seed) runs that are not in the results."""
+        done = sum(len(c["seeds"]) for c in self.results["conditions"])
+        return len(self.planned()) * self.n_seeds() - done
+
+    def provenance(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """(conditions that ran, planned conditions that have not) among those requested since the last call."""
+        def asked(c: dict[str, Any]) -> bool:
+            return any(c["group"] == g and o in (None, c["objective"]) and lab in (None, c["label"])
+                       for o, g, lab in self.requests)
+        ran = [c for c in self.results["conditions"] if asked(c)]
+        keys = {c["key"] for c in ran}
+        missing = [c for c in self.planned() if asked(c) and c["key"] not in keys]
+        self.requests = []
+        return ran, missing
 
 
 def load_results(results_dir: Path) -> dict[str, dict[str, Any]]:
@@ -83,6 +110,8 @@ class Finding:
     verdict: str          # "reproduced" | "not reproduced" | "partly" | "not measured"
     text: str             # one or two sentences with the numbers
     table: list[list[str]] | None = None
+    data: str = ""        # part-run studies only: the runs the finding rests on, what has not run yet
+    note: str = ""        # part-run studies only: the summary table's " (N runs, partial)"
 
 
 @dataclass
@@ -128,7 +157,8 @@ def _keys(view: View) -> dict[str, str]:
         return {"d1": "diag/d1_gcpr", "verbose": "eval/p_verbose", "acc": "eval/accuracy",
                 "t": "eval/steps_to_threshold", "equiv": "eval/equiv_drift", "tmpl": "eval/template_drift",
                 "ent_common": "diag/d7_entropy_common", "ent": "diag/d7_entropy_mean", "probe": "probe/kl",
-                "len_ok": "rollout/length_correct", "len_bad": "rollout/length_wrong"}
+                "len_ok": "rollout/length_correct", "len_bad": "rollout/length_wrong",
+                "clip_pos": "diag/d10_clipfrac_common_pos", "clip_neg": "diag/d10_clipfrac_common_neg"}
     return {"d1": "diag/d1_gcpr", "acc": "reward/accuracy", "ent": "diag/d7_entropy_mean",
             "ent_common": "diag/d7_entropy_common", "len": "response/length_mean", "t": "steps_to_threshold"}
 
@@ -147,9 +177,8 @@ def coefficient_class(preset: str, overrides: dict[str, Any]) -> str:
 def check_residual(view: View) -> Finding | None:
     k = _keys(view)["d1"]
     rows, bad = [], []
-    for c in view.results["conditions"]:
-        if c["group"] != "main":
-            continue
+    for o in view.objectives("main"):
+        c = view.cond(o)
         cls = coefficient_class(c["preset"], c.get("overrides") or {})
         s = summarize([v for v in c["final"].get(k, []) if v is not None])
         if s.n == 0:
@@ -244,6 +273,9 @@ def check_clip(view: View) -> Finding | None:
         if not dr or not ref:
             continue
         verdict, diff = _direction(dr, ref)
+        if max(summarize(dr).mean, summarize(ref).mean) <= EXACT:
+            # Both cancel to rounding (C1's threshold): a "difference" there is float noise, not a residual.
+            verdict, diff = "not reproduced", f"{diff}, both at numerical zero (<= {EXACT:g}: rounding, no residual)"
         bite = view.summary("dr_grpo", k["clip_pos"], group, label).mean if "clip_pos" in k else float("nan")
         bite_neg = view.summary("dr_grpo", k["clip_neg"], group, label).mean if "clip_neg" in k else float("nan")
         where = f"the '{label}' setting" if label else "the main setting"
@@ -309,6 +341,9 @@ def check_efficiency(view: View) -> Finding | None:
     g = view.summary("grpo", t) if t else Summary(float("nan"), float("nan"), 0)
     if g.n == 0:
         return None
+    fixes = [o for o in ("cp_grpo", "dfpo_min") if view.summary(o, t).n]
+    if not fixes:
+        return None  # nothing to compare grpo with
     rows = [["objective", "steps to threshold", "ratio to grpo", f"final {k['acc']}"]]
     slow = []
     for o in view.objectives():
@@ -321,8 +356,8 @@ def check_efficiency(view: View) -> Finding | None:
             slow.append(o)
     gs, dm = view.summary("gspo", t), view.summary("dfpo_min", t)
     extra = f" dfpo_min / gspo = {dm.mean / gs.mean:.2f} (paper: 0.91)." if gs.n and dm.n and gs.mean else ""
-    text = ("The cancellation-preserving fixes (cp_grpo, dfpo_min) reach the threshold within 10% of grpo's steps or "
-            "faster." if not slow else f"Slower than grpo by more than 10%: {', '.join(slow)}.") + extra
+    text = (f"The cancellation-preserving fixes ({', '.join(fixes)}) reach the threshold within 10% of grpo's steps "
+            "or faster." if not slow else f"Slower than grpo by more than 10%: {', '.join(slow)}.") + extra
     return Finding(view.testbed, "reproduced" if not slow else "not reproduced", text, rows)
 
 
@@ -430,7 +465,8 @@ CLAIMS = [
     Claim("C4", "The sign-dependent PPO clip alone breaks cancellation once it bites",
           "paper sec. 2.3 mechanism 2; objectives.md sec. 5.8",
           f"in the high-lr / 8-epoch setting where the gate bites (else the main setting), D1 of dr_grpo (PPO clip) > "
-          f"D1 of dr_grpo_symgate (same objective, sign-independent gate; else cp_grpo), p < {ALPHA}.",
+          f"D1 of dr_grpo_symgate (same objective, sign-independent gate; else cp_grpo), p < {ALPHA}; two D1 values "
+          f"both <= {EXACT:g} (rounding) count as no difference.",
           check_clip),
     Claim("C5", "Learning tax: non-cancelling updates spill over to unrelated contexts (probe drift)",
           "paper abstract ('learning tax'); objectives.md sec. 8 D5, sec. 9.4",
@@ -456,6 +492,47 @@ CLAIMS = [
     Claim("C12", "On a real model through the real trainer, grpo leaves a residual and cp_grpo cancels",
           "project claim (README)", "cp_grpo D1 <= 1e-4 < grpo D1.", check_trainer),
 ]
+
+
+def _checked(claim: Claim, view: View) -> Finding | None:
+    """The claim's finding on one testbed; for a part-run study, with the runs it rests on and what has not run."""
+    view.requests = []
+    finding = claim.check(view)
+    ran, missing = view.provenance()
+    if view.missing_runs() <= 0 or not (ran or missing):
+        return finding
+    if finding is None:
+        if not missing:
+            return None
+        finding = Finding(view.testbed, "not run yet", "None of the conditions this claim needs has run yet.")
+    runs = sum(len(c["seeds"]) for c in ran)
+    by_seeds: dict[str, list[str]] = {}
+    for c in ran:
+        by_seeds.setdefault(_seed_list(c["seeds"]), []).append(_cond_name(c))
+    parts = "; ".join(", ".join(names) + f": seeds {seeds}" for seeds, names in by_seeds.items())
+    text = f"*Data: {runs} runs* ({parts})" if ran else "*Data: none*"
+    short = [f"{_cond_name(c)}: {_seed_list(sorted(set(view.results['seeds']) - set(c['seeds'])))}"
+             for c in ran if len(c["seeds"]) < view.n_seeds()]
+    if short:
+        text += f". *Seeds not run yet:* {'; '.join(short)}"
+    if missing:
+        text += (f". *Not run yet* (no results, not shown): {', '.join(_cond_name(c) for c in missing)}, "
+                 f"{view.n_seeds()} seeds each")
+    finding.data = text + "."
+    if ran:
+        finding.note = f" ({runs} run{'s' * (runs != 1)}{', partial' if missing or short else ''})"
+    return finding
+
+
+def _cond_name(c: dict[str, Any]) -> str:
+    return c["objective"] if c["group"] == "main" else f"{c['objective']} ({c['label']})"
+
+
+def _seed_list(seeds: list[int]) -> str:
+    seeds = sorted(s for s in seeds if s is not None)
+    if len(seeds) > 2 and seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"{seeds[0]}-{seeds[-1]}"
+    return ",".join(map(str, seeds))
 
 
 # -- figures --------------------------------------------------------------------------------------------
@@ -512,8 +589,12 @@ def figures(results: dict[str, dict[str, Any]], out_dir: Path) -> dict[str, list
                                             ("probe/kl", "probe KL", None))
                       if any(c["group"] == g for c in res["conditions"])]
             if panels:
+                view = View(res)
+                part = (f" (part-run study: {len(view.planned()) * view.n_seeds() - view.missing_runs()} of "
+                        f"{len(view.planned()) * view.n_seeds()} runs; seeds per condition in REPORT.md)"
+                        if view.missing_runs() > 0 else "")
                 paths.append(plots.ablation_figure(res, panels, out_dir / f"{name}_ablations.png",
-                                                   title="Testbed 2: ablations", cols=3))
+                                                   title="Testbed 2: ablations" + part, cols=3))
         elif testbed == "trainer":
             paths.append(plots.curve_figure(res, [
                 ("reward/accuracy", "accuracy", None), ("diag/d1_gcpr", "D1 residual", None),
@@ -541,6 +622,20 @@ def _setup(results: dict[str, dict[str, Any]]) -> list[str]:
                    f"{res['created']}): {len(res['conditions'])} conditions, {n_runs} runs, seeds {seeds}, "
                    f"{secs / 60:.0f} min of run time in total. Main setting: "
                    + ", ".join(f"{k}={v}" for k, v in res["base"].items()) + f". Rerun: `{res['command']}`.")
+        view = View(res)
+        if view.missing_runs() > 0:
+            ran = {c["key"]: c for c in res["conditions"]}
+            partial = [f"{_cond_name(c)} ({_seed_list(c['seeds'])})" for c in res["conditions"]
+                       if len(c["seeds"]) < view.n_seeds()]
+            absent = [_cond_name(c) for c in view.planned() if c["key"] not in ran]
+            out.append(f"  **Part-run study:** {n_runs} of {len(view.planned()) * view.n_seeds()} planned runs "
+                       f"({len(view.planned())} conditions x {view.n_seeds()} seeds) have run."
+                       + (f" Conditions with fewer than {view.n_seeds()} seeds (seeds that ran): "
+                          f"{', '.join(partial)}." if partial else "")
+                       + (f" Not run yet, so absent from every table and figure: {', '.join(absent)}."
+                          if absent else "")
+                       + f" The cache resumes the study: `{res['command']}` runs only what is missing, and "
+                       f"`--objectives`, `--groups`, `--seeds` run a part of it.")
     return [*out, ""]
 
 
@@ -557,7 +652,7 @@ def render(results: dict[str, dict[str, Any]], fig_paths: dict[str, list[Path]],
         lines += [preamble.strip(), ""]
     findings: dict[str, list[Finding]] = {}
     for claim in CLAIMS:
-        findings[claim.ident] = [f for v in views.values() if (f := claim.check(v)) is not None]
+        findings[claim.ident] = [f for v in views.values() if (f := _checked(claim, v)) is not None]
     # Summary table
     lines += ["## Summary", "", "| claim | " + " | ".join(TESTBEDS[t].split(" (")[0] for t in views) + " |",
               "|---|" + "---|" * len(views)]
@@ -565,9 +660,16 @@ def render(results: dict[str, dict[str, Any]], fig_paths: dict[str, list[Path]],
         cells = []
         for t in views:
             f = next((f for f in findings[claim.ident] if f.testbed == t), None)
-            cells.append(f.verdict if f else "—")
+            cells.append("—" if f is None else f"{f.verdict}{f.note}")
         lines.append(f"| {claim.ident}: {claim.title} | " + " | ".join(cells) + " |")
-    lines += ["", "— : not measured on that testbed (no such metric or condition there).", ""]
+    lines += ["", "— : not measured on that testbed (no such metric or condition there)."]
+    for t, v in views.items():
+        if v.missing_runs() > 0:
+            lines += [f"{TESTBEDS[t]} is a part-run study: {v.missing_runs()} of its {len(v.planned()) * v.n_seeds()} "
+                      f"planned runs have not run yet. Its verdicts give the number of runs they rest on (\"partial\": "
+                      f"some runs the claim needs have not run; \"not run yet\": none has), and each finding "
+                      f"below lists its runs and the conditions that have not run."]
+    lines += [""]
     lines += _setup(results)
     if notes:
         lines += ["## Reading the results", "", notes.strip(), ""]
@@ -577,9 +679,11 @@ def render(results: dict[str, dict[str, Any]], fig_paths: dict[str, list[Path]],
         if not findings[claim.ident]:
             lines += ["Not measured by the studies in this report.", ""]
         for f in findings[claim.ident]:
-            lines += [f"**{TESTBEDS[f.testbed]}: {f.verdict}.** {f.text}", ""]
+            lines += [f"**{TESTBEDS[f.testbed]}: {f.verdict.rstrip('.')}.** {f.text}", ""]
             if f.table:
                 lines += [_table(f.table), ""]
+            if f.data:
+                lines += [f.data, ""]
     lines += ["## Figures", ""]
     for testbed, paths in fig_paths.items():
         for p in paths:

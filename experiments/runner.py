@@ -39,7 +39,8 @@ FINAL_KEYS = {
                "diag/d1_gcpr", "diag/d1_groups_with_prefix_frac", "diag/d3_kappa_cv", "diag/d3_corr_kappa_len",
                "diag/d4_groups_complete_frac", "diag/d7_entropy_mean", "diag/d7_entropy_common",
                "diag/d7_entropy_divergent", "rollout/entropy_forking", "rollout/length", "rollout/length_correct",
-               "rollout/length_wrong", "rollout/verbose_frac", "diag/d11_corr_len_adv", "clip/frac"),
+               "rollout/length_wrong", "rollout/verbose_frac", "diag/d11_corr_len_adv", "clip/frac",
+               "diag/d10_clipfrac_common_pos", "diag/d10_clipfrac_common_neg"),
 }
 CURVE_KEYS = {
     "tabular": ("success", "p_verbose", "template_drift", "filler_entropy", "diag/d1_gcpr"),
@@ -96,19 +97,22 @@ def _jsonable(config: Any) -> Any:
 
 # -- a study ------------------------------------------------------------------------------------------
 def run_study(study: Study, out_dir: Path, workers: int = 1, cache: Path = CACHE,
-              log: Callable[[str], None] = print) -> Path:
-    """Run every missing (condition, seed) of `study`, then write `<out_dir>/<study>.json`."""
+              log: Callable[[str], None] = print, runs: list[tuple[Condition, int]] | None = None) -> Path:
+    """Run every missing (condition, seed) of `study` (or of `runs`, a part of it: `Study.select`); after each
+    run and at the end, write `<out_dir>/<study>.json` from every cached run of the whole study."""
     raw_dir = Path(cache) / "runs" / study.name
     raw_dir.mkdir(parents=True, exist_ok=True)
+    runs = study.runs() if runs is None else runs
     todo = []
-    for cond, seed in study.runs():
+    for cond, seed in runs:
         config = run_config(study.testbed, cond, study.base, seed)
         path = raw_dir / f"{run_key(cond, seed, config)}.json"
         if not path.exists():
             todo.append((cond, seed, config, path))
     todo.sort(key=lambda item: _priority(study, item[0], item[1]))
-    total = len(study.runs())
-    log(f"[{study.name}] {total - len(todo)}/{total} runs cached, {len(todo)} to run with {workers} worker(s)")
+    total = len(runs)
+    part = "" if total == len(study.runs()) else f" (selected of {len(study.runs())})"
+    log(f"[{study.name}] {total - len(todo)}/{total} runs cached{part}, {len(todo)} to run with {workers} worker(s)")
     t0 = time.perf_counter()
     done = 0
 
@@ -120,6 +124,15 @@ def run_study(study: Study, out_dir: Path, workers: int = 1, cache: Path = CACHE
         tmp.replace(path)
         eta = (time.perf_counter() - t0) / done * (len(todo) - done)
         log(f"[{study.name}] {done}/{len(todo)} {cond.key} seed {seed}: {result['seconds']:.0f}s (eta {eta / 60:.0f} min)")
+        write()  # after every run: a study stopped part-way still leaves a current results file
+
+    def write() -> Path:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        out = out_dir / f"{study.name}.json"
+        tmp = out.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(aggregate(study, raw_dir), indent=1))
+        tmp.replace(out)
+        return out
 
     if workers <= 1:
         for cond, seed, config, path in todo:
@@ -132,10 +145,7 @@ def run_study(study: Study, out_dir: Path, workers: int = 1, cache: Path = CACHE
             for fut in as_completed(futures):
                 cond, seed, path = futures[fut]
                 store(cond, seed, path, fut.result())
-    results = aggregate(study, raw_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    out = out_dir / f"{study.name}.json"
-    out.write_text(json.dumps(results, indent=1))
+    out = write()
     log(f"[{study.name}] wrote {out}")
     return out
 
@@ -171,8 +181,10 @@ def aggregate(study: Study, raw_dir: Path) -> dict[str, Any]:
             "final": finals, "curves": curves,
             "seconds": [_r(run["seconds"]) for run in runs],
         })
+    # The planned study, so that a report of a part-run study can say what has not run yet.
+    planned = [{"key": c.key, "group": c.group, "objective": c.objective, "label": c.label} for c in study.conditions]
     return {"study": study.name, "testbed": study.testbed, "size": study.size, "seeds": list(study.seeds),
-            "base": study.base, "command": study.command, "created": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "planned": planned, "base": study.base, "command": study.command, "created": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "conditions": conditions}
 
 

@@ -7,6 +7,7 @@ research notes single out are presets plus knob overrides (`VARIANTS`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +61,20 @@ class Study:
 
     def runs(self) -> list[tuple[Condition, int]]:
         return [(c, s) for c in self.conditions for s in self.seeds]
+
+    def select(self, objectives: Sequence[str] | None = None, groups: Sequence[str] | None = None,
+               seeds: Sequence[int] | None = None) -> list[tuple[Condition, int]]:
+        """The runs of this study whose objective, group and seed pass the filters (None: all). Lets a long
+        study be run in parts (the per-run cache keeps each part); a name the study lacks is an error."""
+        for what, asked, known in (("objective", objectives, [c.objective for c in self.conditions]),
+                                   ("group", groups, [c.group for c in self.conditions]),
+                                   ("seed", seeds, self.seeds)):
+            unknown = [x for x in asked or () if x not in known]
+            if unknown:
+                raise ValueError(f"study {self.name!r} has no {what}(s) {unknown}; "
+                                 f"it has {list(dict.fromkeys(known))}")
+        return [(c, s) for c, s in self.runs() if (objectives is None or c.objective in objectives)
+                and (groups is None or c.group in groups) and (seeds is None or s in seeds)]
 
 
 def _grid(objectives, group: str, settings: list[tuple[dict[str, Any], str]]) -> list[Condition]:
