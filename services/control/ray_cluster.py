@@ -158,19 +158,32 @@ class LocalRayCluster:
             time.sleep(1.0)
         raise RuntimeError(f"the Ray dashboard at {url} did not answer within {timeout_s:.0f}s")
 
-    def processes(self) -> list:
-        """This head's processes: those whose command line names its own temp dir, and every other process
-        of their session (`ray start` ran in a session of its own; its client-server proxy names no temp dir)."""
+    def core_processes(self) -> list:
+        """The head's own daemons (GCS, raylet, dashboard...): those whose command line names its temp dir.
+        None left means the head is gone, whatever helpers of it linger."""
         import psutil
 
         marker = str(self.temp_dir)
-        found, sessions = [], {(self._saved() or {}).get("session")} - {None}
+        found = []
         for p in psutil.process_iter(["pid", "cmdline"]):
             try:
                 if any(marker in part for part in (p.info["cmdline"] or [])):
                     found.append(p)
-                    sessions.add(os.getsid(p.pid))
-            except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        return found
+
+    def processes(self) -> list:
+        """Every process of this head: its core daemons and every other process of their session (`ray start`
+        ran in a session of its own; its client-server proxy names no temp dir and outlives the head)."""
+        import psutil
+
+        found = self.core_processes()
+        sessions = {(self._saved() or {}).get("session")} - {None}
+        for p in found:
+            try:
+                sessions.add(os.getsid(p.pid))
+            except ProcessLookupError:
                 continue
         sessions.discard(os.getsid(0))  # never our own session
         if sessions:

@@ -99,7 +99,7 @@ class Scheduler:
         its jobs are then reconciled as lost. A merely slow head is left alone."""
         if self.ray is None or self.local_cluster is None or self.ray.ping():
             return
-        if not self.local_cluster.processes():
+        if not self.local_cluster.core_processes():
             log.error("the managed Ray head is gone; starting a new one")
             self.ray, self.ray_error, self._reconciled = None, "the managed Ray head died; restarting it", False
 

@@ -34,3 +34,19 @@ def test_stop_leaves_no_process_of_the_head_behind(tmp_path):
         head.stop()
     assert _session_members(saved["session"]) == []
     assert not head.temp_dir.exists() and not head.running()
+
+
+def test_a_head_whose_daemons_died_is_gone_and_its_leftovers_are_still_stopped(tmp_path):
+    head = LocalRayCluster(tmp_path, num_cpus=1)
+    try:
+        head.ensure()
+        session = head._saved()["session"]
+        for p in head.core_processes():  # as if the OOM killer took the head's daemons
+            p.kill()
+        psutil.wait_procs(head.core_processes(), timeout=10)
+        assert head.core_processes() == []  # the scheduler's test of a dead head
+        lingering = _session_members(session)
+        assert {p.pid for p in lingering} <= {p.pid for p in head.processes()}
+    finally:
+        head.stop()
+    assert _session_members(session) == []
