@@ -96,7 +96,7 @@ class TaskSpec(_Strict):
     @field_validator("name")
     @classmethod
     def _known_task(cls, v: str) -> str:
-        if v in BUILTIN_TASKS or _is_entry_point(v) or re.fullmatch(r"reasoning_gym:[\w.-]+", v):
+        if v in BUILTIN_TASKS or is_entry_point(v) or re.fullmatch(r"reasoning_gym:[\w.-]+", v):
             return v
         if v.startswith("reasoning_gym:"):
             raise ValueError(f"{v!r}: name the reasoning-gym dataset after the colon, e.g. "
@@ -107,7 +107,7 @@ class TaskSpec(_Strict):
     @field_validator("reward")
     @classmethod
     def _reward_function(cls, v: str) -> str:
-        if v == "builtin" or _is_entry_point(v):
+        if v == "builtin" or is_entry_point(v):
             return v
         raise ValueError(f"{v!r}: use 'builtin' (the task's own verifier) or a custom reward "
                          "'package.module:function' taking (item, response)")
@@ -304,7 +304,7 @@ BUILTIN_TASKS = ("arithmetic", "code", "humaneval")
 _ENTRY_POINT = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
 
 
-def _is_entry_point(value: str) -> bool:
+def is_entry_point(value: str) -> bool:
     """`package.module:function` syntax (the module is imported where the job runs, not here)."""
     return bool(_ENTRY_POINT.match(value)) and not value.startswith("reasoning_gym:")
 

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from services.config import JobSpec
+from services.config import JobSpec, is_entry_point
 from services.control.settings import ControlSettings
 
 BUILTIN_MODEL_SOURCES = frozenset({"smollm2-135m-instruct", "random"})
@@ -70,7 +70,7 @@ def check_spec(spec: JobSpec, settings: ControlSettings, is_admin: bool) -> None
         if _json_depth(value) > 8:
             bad.append(Violation(path, "nested deeper than 8 levels; flatten it"))
     if not (is_admin or settings.allow_custom_code):
-        if ":" in spec.task.name and not spec.task.name.startswith("reasoning_gym:"):
+        if is_entry_point(spec.task.name):
             bad.append(Violation(
                 "task.name", "custom code (`module:function`) needs an admin token on this server; use a "
                 "built-in task or ask the operator to enable allow_custom_code",

@@ -2,7 +2,8 @@
 
     path/model/    save_pretrained directory + tokenizer, in the job's dtype: loads in transformers and vLLM
     path/learner/  torch.distributed.checkpoint of the float32 master weights and AdamW state (sharded, one
-                   file per rank; AdamW left out with checkpoint.save_optimizer=false), `state.pt` (schedule, counters) and `rng-rank{r}.pt` (per-rank RNG)
+                   file per rank; AdamW left out with checkpoint.save_optimizer=false), `state.pt` (schedule,
+                   counters) and `rng-rank{r}.pt` (per-rank RNG)
 
 Resume reads only path/learner: the HF directory may be bf16, the master weights are not.
 """
@@ -74,15 +75,14 @@ def load_training_state(src: Path, model: torch.nn.Module, optimizer: torch.opti
                                 "resume with the same resources.learner_ranks")
     extra = torch.load(src / "state.pt", weights_only=False)
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    if extra.get("optimizer_saved", True):
-        state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, checkpoint_id=str(src))
+    with_optimizer = extra.get("optimizer_saved", True)
+    state = {"model": model_sd, "optim": optim_sd} if with_optimizer else {"model": model_sd}
+    dcp.load(state, checkpoint_id=str(src))
+    if with_optimizer:
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     else:
         log.warning("%s holds no optimizer state (checkpoint.save_optimizer was off): AdamW restarts from "
                     "zero moments, so the resumed run is not identical to an uninterrupted one", src)
-        state = {"model": model_sd}
-        dcp.load(state, checkpoint_id=str(src))
         set_model_state_dict(model, state["model"])
         optimizer.state.clear()  # get_state_dict() above initialised it with a zero-gradient step
     set_rng_state(torch.load(rng_file, weights_only=False))
