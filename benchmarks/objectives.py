@@ -8,7 +8,7 @@ inputs; rounds are interleaved (each round runs every candidate once) and the me
 thread CPU time by default (`--clock wall` for wall time), so other load on a shared machine distorts
 the comparison as little as possible. Peak memory is the high-water mark of tensor memory allocated
 during one loss + backward (torch profiler, inputs excluded). Diagnostics are timed apart: D1-D11
-with all optional inputs, and the core families alone (D1, D3, D4, D11).
+with all optional inputs, and the core families alone (D1, D2, D3, D4, D11).
 """
 
 from __future__ import annotations
@@ -128,15 +128,15 @@ def main() -> None:
     print(f"B={args.batch} T={args.width} G={args.group_size} float32, threads={args.threads}, "
           f"median of {args.repeats} interleaved rounds, {args.clock} clock")
     print(f"{'objective':24s} {'loss+bwd ms':>11s} {'vs plain':>8s} {'peak MiB':>9s} {'vs plain':>8s} "
-          f"{'diag ms':>8s} {'+diag':>6s} {'core ms':>8s} {'+core':>6s}  cancels")
+          f"{'diag ms':>8s} {'/own':>6s} {'/plain':>6s} {'core ms':>8s} {'/own':>6s} {'/plain':>6s}  cancels")
     print(f"{'plain GRPO':24s} {base:11.2f} {1.0:7.2f}x {memory['plain GRPO']:9.1f} {1.0:7.2f}x")
     for n in names:
         full, core = diag_ms[(n, True)], diag_ms[(n, False)]
         print(f"{n:24s} {loss_ms[n]:11.2f} {loss_ms[n] / base:7.2f}x {memory[n]:9.1f} "
-              f"{memory[n] / memory['plain GRPO']:7.2f}x {full:8.2f} {full / loss_ms[n]:6.1%} {core:8.2f} "
-              f"{core / loss_ms[n]:6.1%}  {objectives[n].preserves_cancellation}")
-    print("diag: D1-D11 with old_logprobs, entropies and clipped; core: D1, D3, D4, D11; "
-          "+diag/+core: added time relative to the preset's own loss + backward")
+              f"{memory[n] / memory['plain GRPO']:7.2f}x {full:8.2f} {full / loss_ms[n]:6.1%} {full / base:6.1%} "
+              f"{core:8.2f} {core / loss_ms[n]:6.1%} {core / base:6.1%}  {objectives[n].preserves_cancellation}")
+    print("diag: D1-D11 with old_logprobs, entropies and clipped; core: D1, D2, D3, D4, D11; added time relative to "
+          "the preset's own loss + backward (/own) and to the plain GRPO loss + backward (/plain)")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
     python -m experiments tinylm                  # testbed 2, full study
     python -m experiments tinylm --groups main --objectives grpo,cp_grpo --seeds 0,1,2   # a part of it
     python -m experiments trainer --size small    # testbed 3 through the real trainer, here
+    python -m experiments trainer --size full --objectives grpo,cp_grpo --tasks arithmetic   # a part of it
     python -m experiments sweep submit|collect    # testbed 3 as a sweep of control-plane jobs
     python -m experiments report                  # figures + REPORT.md from experiments/results/
 
@@ -77,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     p_tr = sub.add_parser("trainer", help="testbed 3: SmolLM2-135M through the real trainer, run here")
     common(p_tr, paths.RESULTS)
     p_tr.add_argument("--size", choices=("small", "full", "tiny"), default="small")
+    p_tr.add_argument("--objectives", type=_names, default=None, help="run only these objectives (comma-separated)")
+    p_tr.add_argument("--tasks", type=_names, default=None, help="run only these tasks (comma-separated)")
+    p_tr.add_argument("--seeds", type=_ints, default=None, help="run only these seeds (comma-separated)")
     p_sw = sub.add_parser("sweep", help="testbed 3 as control-plane jobs (SDK)")
     p_sw.add_argument("action", choices=("submit", "collect"))
     p_sw.add_argument("--size", choices=("small", "full", "tiny"), default="small")
@@ -118,9 +122,13 @@ def main(argv: list[str] | None = None) -> int:
             _report(args.out, args.out / "REPORT.md", None)
         return 0
     if args.command == "trainer":
-        from experiments.trainer_study import run_local
+        from experiments.trainer_study import run_local, select_runs
 
-        run_local(args.size, args.out, args.cache)
+        try:
+            runs = select_runs(args.size, args.objectives, args.tasks, args.seeds)
+        except ValueError as exc:
+            raise SystemExit(f"python -m experiments trainer: {exc}") from None
+        run_local(args.size, args.out, args.cache, runs=runs)
     else:
         _study(args.command, args.size, args.out, args.workers, args.cache, args)
     if not args.no_report:

@@ -33,12 +33,13 @@ TASKS = {
 
 # Per-step metrics kept as curves, and the per-run final values (mean over the last quarter of steps,
 # since single steps of 8 groups are noisy).
-CURVE_KEYS = ("reward/accuracy", "diag/d1_gcpr", "diag/d7_entropy_mean", "diag/d7_entropy_common",
+CURVE_KEYS = ("reward/accuracy", "diag/d1_gcpr", "diag/d2_residual", "diag/d7_entropy_mean", "diag/d7_entropy_common",
               "response/length_mean")
-FINAL_KEYS = ("reward/accuracy", "reward/mean", "diag/d1_gcpr", "diag/d3_kappa_cv", "diag/d7_entropy_mean",
+FINAL_KEYS = ("reward/accuracy", "reward/mean", "diag/d1_gcpr", "diag/d2_residual", "diag/d2_credit_frac",
+              "diag/d2_nodes", "diag/d3_kappa_cv", "diag/d7_entropy_mean",
               "diag/d7_entropy_common", "diag/d7_entropy_divergent", "diag/d11_corr_len_adv",
               "response/length_mean", "diag/d4_groups_complete_frac")
-WHOLE_RUN_KEYS = ("diag/d1_gcpr", "diag/d3_kappa_cv")
+WHOLE_RUN_KEYS = ("diag/d1_gcpr", "diag/d2_residual", "diag/d2_credit_frac", "diag/d2_nodes", "diag/d3_kappa_cv")
 THRESHOLD = 0.75
 
 
@@ -52,7 +53,8 @@ _TINY = {"source": "random", "dtype": "float32", "config_overrides": {
 
 def study_plan(size: str = "small") -> dict[str, Any]:
     """small: what runs on a shared 2-core machine (grpo vs cp_grpo, arithmetic, 1 seed, 8 steps);
-    full: the issue's comparison (10 objectives x 2 tasks x 3 seeds, 30 steps); tiny: a pipeline check."""
+    full: the issue's comparison (10 objectives x 2 tasks x 3 seeds, 8 steps; ~13 min a run on 2 cores, so
+    it is run in parts across sessions: `--objectives/--tasks/--seeds`); tiny: a pipeline check."""
     common = {"group_size": 8, "prompts_per_step": 8, "epochs": 2, "lr": 3e-6, "max_new_tokens": 24,
               "model": _SMOLLM2, "engine": "vllm"}
     if size == "small":
@@ -61,7 +63,7 @@ def study_plan(size: str = "small") -> dict[str, Any]:
                 "command": "python -m experiments trainer --size small"}
     if size == "full":
         return {**common, "name": "trainer", "size": "full", "objectives": OBJECTIVES, "tasks": tuple(TASKS),
-                "seeds": (0, 1, 2), "steps": 30, "command": "python -m experiments trainer --size full"}
+                "seeds": (0, 1, 2), "steps": 8, "command": "python -m experiments trainer --size full"}
     if size == "tiny":
         return {**common, "name": "trainer_tiny", "size": "tiny", "objectives": ("grpo", "cp_grpo"),
                 "tasks": ("arithmetic",), "seeds": (0,), "steps": 2, "group_size": 4, "prompts_per_step": 2,
@@ -99,6 +101,21 @@ def plan_runs(size: str = "small") -> list[tuple[Condition, int, dict[str, Any]]
             for seed in plan["seeds"]:
                 runs.append((cond, seed, job_spec(objective, task, seed, plan)))
     return runs
+
+
+def select_runs(size: str, objectives: Iterable[str] | None = None, tasks: Iterable[str] | None = None,
+                seeds: Iterable[int] | None = None) -> list[tuple[Condition, int, dict[str, Any]]]:
+    """The planned runs restricted to the given objectives/tasks/seeds (None: all); unknown names are refused."""
+    plan = study_plan(size)
+    wanted = {"objectives": objectives, "tasks": tasks, "seeds": seeds}
+    for field, values in wanted.items():
+        unknown = sorted(set(values or ()) - set(plan[field]), key=str)
+        if unknown:
+            raise ValueError(f"--{field}: {', '.join(map(str, unknown))} not in the {size} plan; "
+                             f"choose from {', '.join(map(str, plan[field]))}")
+    return [(cond, seed, spec) for cond, seed, spec in plan_runs(size)
+            if (objectives is None or cond.objective in objectives) and (tasks is None or cond.setting["task"] in tasks)
+            and (seeds is None or seed in seeds)]
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -153,7 +170,11 @@ def aggregate(plan: dict[str, Any], runs: list[tuple[Condition, int, dict[str, A
                            "setting": cond.setting, "preset": cond.objective, "overrides": {},
                            "seeds": [seed for seed, _ in items], "final": finals, "curves": curves,
                            "seconds": [_round(s.get("seconds", float("nan"))) for _, s in items]})
+    # The planned conditions, so that the report of a part-run study says what has not run yet.
+    conds = {cond.key: cond for cond, _, _ in plan_runs(plan["size"])}
+    planned = [{"key": c.key, "group": c.group, "objective": c.objective, "label": c.label} for c in conds.values()]
     return {"study": plan["name"], "testbed": "trainer", "size": plan["size"], "seeds": list(plan["seeds"]),
+            "planned": planned,
             "base": {"model": plan["model"]["source"], "tasks": list(plan["tasks"]), "steps": plan["steps"],
                      **{k: plan[k] for k in ("group_size", "prompts_per_step", "epochs", "lr", "max_new_tokens")}},
             "command": plan["command"],
@@ -166,9 +187,12 @@ def _round(x: Any) -> float | None:
     return float(f"{x:.4g}")
 
 
-def run_local(size: str, out_dir: Path, cache: Path = CACHE, log: Callable[[str], None] = print) -> Path:
+def run_local(size: str, out_dir: Path, cache: Path = CACHE, log: Callable[[str], None] = print,
+              runs: list[tuple[Condition, int, dict[str, Any]]] | None = None) -> Path:
     """Run the study's jobs here, one after the other, through the real trainer; resumable per run.
 
+    runs: a part of the plan (`select_runs`) to train now; the results file covers every finished run of the
+    plan either way, so a study can be completed in parts across sessions.
     One local Ray cluster serves all runs (the trainer reuses an initialised Ray), so a study pays Ray's
     start-up once; a run that fails is logged, left out, and retried by the next invocation.
     """
@@ -182,9 +206,12 @@ def run_local(size: str, out_dir: Path, cache: Path = CACHE, log: Callable[[str]
     results = []
     started = False
     try:
+        todo = {spec["name"] for _, _, spec in (plan_runs(size) if runs is None else runs)}
         for cond, seed, spec_dict in plan_runs(size):
             run_dir = run_root / spec_dict["name"]
             summary_path = run_dir / "summary.json"
+            if not summary_path.exists() and spec_dict["name"] not in todo:
+                continue
             if not summary_path.exists():
                 if not ray.is_initialized():
                     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)

@@ -5,7 +5,8 @@
                                        entropies=entropies, clipped=out.clipped)
 
 Keys (stable; a family is present iff its inputs were given): D1 `diag/d1_*` group-common-prefix
-residual, D3 `diag/d3_*` coefficient dispersion, D4 `diag/d4_*` group integrity, D7 `diag/d7_*` entropy
+residual, D2 `diag/d2_*` exchangeability residual on every node shared by >= 2 responses (partial
+prefixes too; rlcore.shared_nodes), D3 `diag/d3_*` coefficient dispersion, D4 `diag/d4_*` group integrity, D7 `diag/d7_*` entropy
 by position class (needs entropies), D9 `diag/d9_*` |w| by old-probability bucket (needs old_logprobs),
 D10 `diag/d10_*` clip fractions by sign of A (needs clipped), D11 `diag/d11_*` length coupling.
 Undefined statistics (e.g. no group with a common prefix) are reported as 0 next to a count.
@@ -21,6 +22,7 @@ import torch
 from torch import Tensor
 
 from rlcore.groups import GroupIndex
+from rlcore.shared_nodes import shared_node_residual
 from rlcore.validation import as_mask, bool_to_float, check_group_ids, check_tensor
 
 PROB_BUCKETS = (0.1, 0.5, 0.9)  # D9 buckets of pi_old: [0,.1) [.1,.5) [.5,.9) [.9,1]
@@ -57,7 +59,7 @@ def cancellation_diagnostics(w: Tensor, token_ids: Tensor, mask: Tensor, group_i
                              old_logprobs: Tensor | None = None, entropies: Tensor | None = None,
                              lengths: Tensor | None = None, clipped: Tensor | None = None,
                              group_size: int | None = None) -> dict[str, float]:
-    """D1, D3, D4, D7, D9, D10, D11 of one optimizer step as floats (objectives.md sec. 8).
+    """D1, D2, D3, D4, D7, D9, D10, D11 of one optimizer step as floats (objectives.md sec. 8).
 
     w (B, T) ascent weights (zero off the mask, as `ascent_weights` gives them); token_ids (B, T)
     response token ids aligned with mask; advantages (B,) or (B, T); lengths (B,) response lengths for
@@ -87,6 +89,7 @@ def cancellation_diagnostics(w: Tensor, token_ids: Tensor, mask: Tensor, group_i
 
     out: dict[str, Tensor] = {}
     out.update(_d1(wm[:, :width] * in_prefix, prefix, seq_adv, groups))
+    out.update(shared_node_residual(wm, token_ids, mask if mask.dtype == torch.bool else mask != 0, adv, groups))
     out.update(_row_families(wm, tokens, lengths, seq_adv, groups, group_size))
     if entropies is not None:
         check_tensor("entropies", entropies, shape)
@@ -212,16 +215,14 @@ def _d7(ent: Tensor, mf: Tensor, in_prefix: Tensor, row_prefix: Tensor, tokens: 
 def _d9(wm: Tensor, old: Tensor) -> dict[str, Tensor]:
     """D9: share of sum |w| (1 - p) by pi_old bucket (a logit-space gradient-norm proxy, sec. 8).
 
-    Bucket sums are dot products with 0/1 indicators S(log p >= log e) written into reused buffers;
-    on CPU this is several times faster than bucketize/bincount scatters into four bins."""
+    Bucket sums are dot products with 0/1 indicators S(log p >= log e); the comparison writes a float
+    tensor directly (vectorised on CPU, unlike a bool result or a bucketize/bincount scatter)."""
     flat = old.flatten()
-    proxy = torch.exp(flat).neg_().add_(1.0).mul_(wm.flatten().abs())
-    flags = torch.empty(flat.shape, dtype=torch.bool, device=flat.device)
-    indicator = torch.empty_like(proxy)
+    indicator = torch.abs(wm.flatten())  # reused below: each fresh (B*T) buffer costs page faults on CPU
+    proxy = torch.exp(flat).neg_().add_(1.0).mul_(indicator)
     at_least = [proxy.sum()]
     for edge in PROB_BUCKETS:
-        torch.ge(flat, math.log(edge), out=flags)
-        indicator.copy_(flags.view(torch.uint8))  # via uint8: bool -> float is slow on CPU
+        torch.ge(flat, math.log(edge), out=indicator)
         at_least.append(torch.dot(proxy, indicator))
     at_least.append(torch.zeros_like(at_least[0]))
     denom = at_least[0].clamp_min(1e-30)

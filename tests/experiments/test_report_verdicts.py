@@ -1,6 +1,6 @@
 """The report's verdicts follow their printed rules (constructed results in the compact format)."""
 
-from experiments.report import CLAIMS, View, check_drift, check_residual, render
+from experiments.report import CLAIMS, View, check_drift, check_residual, check_trainer, render
 
 
 def _results(grpo_pv, cp_pv, grpo_d1=(0.3, 0.31, 0.32, 0.3, 0.29), cp_d1=(0.0,) * 5):
@@ -39,3 +39,29 @@ def test_render_lists_every_claim_and_marks_unmeasured_ones():
     for claim in CLAIMS:
         assert f"### {claim.ident}." in text
     assert "Not measured by the studies in this report." in text
+
+
+def _trainer_results(grpo: dict, cp: dict) -> dict:
+    def cond(obj, final):
+        return {"key": f"main/{obj}", "group": "main", "objective": obj, "label": "arithmetic", "setting": {},
+                "preset": obj, "overrides": {}, "seeds": [0, 1, 2], "curves": {}, "seconds": [1.0] * 3,
+                "final": final}
+
+    return {"study": "trainer", "testbed": "trainer", "size": "full", "seeds": [0, 1, 2], "created": "now",
+            "command": "python -m experiments trainer", "base": {}, "conditions": [cond("grpo", grpo), cond("cp_grpo", cp)]}
+
+
+def test_trainer_claim_rests_on_d2_when_no_token_is_common_to_a_whole_group():
+    none = [None] * 3  # D1: no group-common prefix in any step
+    f = check_trainer(View(_trainer_results({"diag/d1_gcpr": none, "diag/d2_residual": [0.2, 0.3, 0.25]},
+                                            {"diag/d1_gcpr": none, "diag/d2_residual": [1e-8, 2e-8, 0.0]})))
+    assert f.verdict == "reproduced" and "D2" in f.text
+    f = check_trainer(View(_trainer_results({"diag/d2_residual": [0.2, 0.3, 0.25]},
+                                            {"diag/d2_residual": [0.01, 0.02, 0.01]})))
+    assert f.verdict == "not reproduced"
+
+
+def test_trainer_claim_falls_back_to_d1_and_says_when_nothing_was_measured():
+    f = check_trainer(View(_trainer_results({"diag/d1_gcpr": [0.3] * 3}, {"diag/d1_gcpr": [0.0] * 3})))
+    assert f.verdict == "reproduced" and "D1" in f.text
+    assert check_trainer(View(_trainer_results({}, {}))).verdict == "not measured"

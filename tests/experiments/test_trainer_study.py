@@ -2,7 +2,7 @@
 
 import pytest
 
-from experiments.trainer_study import TASKS, plan_runs, study_plan, summarise_metrics
+from experiments.trainer_study import TASKS, aggregate, plan_runs, select_runs, study_plan, summarise_metrics
 from services.config import JobSpec
 from services.tasks import load_task
 
@@ -49,3 +49,23 @@ def test_metrics_reduce_to_curves_final_tail_means_and_threshold_step():
 def test_metrics_of_a_run_without_steps_are_refused():
     with pytest.raises(ValueError, match="no step"):
         summarise_metrics([])
+
+
+def test_a_part_of_the_study_can_be_selected_and_unknown_names_are_refused():
+    runs = select_runs("full", objectives=["grpo", "cp_grpo"], tasks=["arithmetic"], seeds=[1])
+    assert sorted(spec["name"] for _, _, spec in runs) == ["tgc-exp-cp-grpo-arithmetic-s1", "tgc-exp-grpo-arithmetic-s1"]
+    assert len(select_runs("full")) == len(plan_runs("full"))
+    with pytest.raises(ValueError, match="--objectives: nope not in the full plan"):
+        select_runs("full", objectives=["nope"])
+    with pytest.raises(ValueError, match="--seeds: 7"):
+        select_runs("full", seeds=[7])
+
+
+def test_results_of_a_part_run_list_every_planned_condition():
+    plan = study_plan("full")
+    cond, seed, _ = select_runs("full", objectives=["grpo"], tasks=["arithmetic"], seeds=[0])[0]
+    summary = summarise_metrics([{"step": 1, "reward/accuracy": 0.5, "diag/d2_residual": 0.2}])
+    out = aggregate(plan, [(cond, seed, summary)])
+    assert [c["objective"] for c in out["conditions"]] == ["grpo"]
+    assert len(out["planned"]) == len(plan["objectives"]) * len(plan["tasks"])
+    assert out["conditions"][0]["final"]["diag/d2_residual"] == [0.2]

@@ -58,13 +58,14 @@ def test_step_reports_its_metrics(tiny_spec, tiny_model_path, make_batch):
     m = Learner(tiny_spec(), tiny_model_path).train_step(batch)
     for key in ("loss", "grad_norm", "lr", "entropy", "tokens", "tokens_per_s", "timing/fwd_bwd_s",
                 "timing/optim_s", "mismatch/logprob_abs_diff", "mismatch/k3_kl", "objective/clip/frac",
-                "diag/d1_gcpr", "diag/d3_kappa_cv", "diag/d4_groups_complete_frac", "diag/d7_entropy_common",
+                "diag/d1_gcpr", "diag/d2_residual", "diag/d2_nodes", "diag/d3_kappa_cv", "diag/d4_groups_complete_frac", "diag/d7_entropy_common",
                 "diag/d9_absw_share_p00_10", "diag/d10_clipfrac_pos", "diag/d11_corr_len_adv"):
         assert key in m, key
     assert m["tokens"] == float(batch.response_mask.sum())
     assert 0 < m["timing/diagnostics_s"] < m["timing/learner_step_s"]  # their cost, reported every step
     assert m["diag/d4_groups_complete_frac"] == 1.0
     assert m["diag/d1_gcpr"] < 1e-5  # cp_grpo cancels on the groups' shared first tokens
+    assert m["diag/d2_nodes"] > 0 and m["diag/d2_residual"] < 1e-5  # and on every shared node
     # The synthetic rollout log-probs are not the model's: the mismatch metric must see it.
     assert m["mismatch/logprob_abs_diff"] > 1.0
 

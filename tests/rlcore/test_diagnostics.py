@@ -117,7 +117,7 @@ def test_optional_families_appear_only_with_their_inputs():
     full = cancellation_diagnostics(w, b.token_ids, b.mask, b.group_ids, adv, old_logprobs=b.old_logprobs,
                                     entropies=-b.old_logprobs, clipped=out.clipped)
     families = {k.split("_")[0] for k in full}
-    assert families == {"diag/d1", "diag/d3", "diag/d4", "diag/d7", "diag/d9", "diag/d10", "diag/d11"}
+    assert families == {"diag/d1", "diag/d2", "diag/d3", "diag/d4", "diag/d7", "diag/d9", "diag/d10", "diag/d11"}
     assert not any(k.startswith(("diag/d7", "diag/d9", "diag/d10")) for k in base)
     assert all(isinstance(v, float) and math.isfinite(v) for v in full.values())
 
