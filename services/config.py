@@ -179,6 +179,13 @@ class ResourceSpec(_Strict):
     vllm_memory_fraction: float = Field(
         0.08, gt=0, le=0.95, description="vLLM gpu_memory_utilization; on CPU the share of host RAM for KV cache."
     )
+    weight_sync: Literal["object_store", "broadcast"] = Field(
+        "object_store", description="How each step's weights reach the replicas. `object_store`: learner rank 0 puts "
+        "one flat buffer into Ray's object store and every replica loads it in place (any engine, any placement). "
+        "`broadcast`: the learner sends tensor by tensor straight into every vLLM replica through vLLM's "
+        "weight-transfer API: NCCL between GPUs (no host round trip), gloo on CPU; needs rollout_engine vllm. A "
+        "replica restarted after a failure gets the current weights through the object store and the group is rebuilt.",
+    )
     threads_per_actor: int | None = Field(
         None, ge=1, description="torch threads per learner rank / rollout replica. Default: in sync mode, where "
         "generation and learning take turns, each phase may use the job's whole CPU reservation (split over "
@@ -254,6 +261,9 @@ class JobSpec(_Strict):
             )
         if self.async_.mode == "one_step_off" and self.async_.max_staleness < 1:
             raise ValueError("async.max_staleness must be >= 1 with async.mode 'one_step_off' (samples lag one version)")
+        if self.resources.weight_sync == "broadcast" and self.resources.rollout_engine == "hf":
+            raise ValueError("resources.weight_sync 'broadcast' needs resources.rollout_engine 'vllm' (the transformers "
+                             "engine has no weight-transfer API); use weight_sync 'object_store'")
         if self.model.source == "random" and not self.model.config_overrides:
             raise ValueError("model.config_overrides is required when model.source is 'random'")
         return self

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,7 @@ class _LearnerRank:
         self.spec, self.model_path = spec, Path(model_path)
         self.job_name, self.rank, self.world_size = job_name, rank, world_size
         self.learner: Learner | None = None
+        self.sender: Any = None  # weight broadcast to the rollout replicas (resources.weight_sync: broadcast)
         threads = spec.actor_threads("learner")
         torch.set_num_threads(min(threads, os.cpu_count() or threads))
 
@@ -84,6 +86,16 @@ class _LearnerRank:
         # Wrapped in a list so that the caller receives the reference itself, not a copy of the weights.
         return [ray.put(pack(state) if pack is not None else state)]
 
+    def open_broadcast(self, opener: Callable[[int, Learner], Any]) -> None:
+        """Join a broadcast group with the rollout replicas: `opener(rank, learner)` returns this rank's sender
+        (services.rollout.nccl_sync.BroadcastSender); a previous group's sender is dropped."""
+        self.sender = opener(self.rank, self.learner)
+
+    def broadcast(self, version: int) -> None:
+        if self.sender is None:
+            raise RuntimeError("broadcast: no weight broadcast group; call LearnerGroup.open_broadcast first")
+        self.sender.send(self.learner, version)
+
     def save(self, path: str) -> None:
         self.learner.save(Path(path))
 
@@ -103,6 +115,9 @@ class LearnerGroup:
         r = spec.resources
         self.spec, self.job_name = spec, job_name
         self.world_size = r.learner_ranks
+        # Calls reach every rank in one order even from two threads (async rollout + training): each call is a
+        # collective, and ranks that ran two of them in different orders would deadlock.
+        self._submit = threading.Lock()
         _check_feasible(spec)
         actor_cls = ray.remote(_LearnerRank)
         self.actors = [
@@ -142,6 +157,17 @@ class LearnerGroup:
         once by rank 0; `pack` optionally converts it first (e.g. services.rollout.weights.FlatWeights.from_state_dict)."""
         return self._all(lambda a: a.publish.remote(pack))[0][0]
 
+    def open_broadcast(self, opener: Callable[[str, int], Callable[[int, Any], Any]]) -> None:
+        """Open a weight broadcast group with the rollout replicas: `opener(address, port)` (a free port on rank 0's
+        node) gives the per-rank sender factory, e.g. functools.partial(BroadcastSender, client)."""
+        addr, port = self._get([self.actors[0].rendezvous.remote()])[0]
+        factory = opener(addr, port)
+        self._all(lambda a: a.open_broadcast.remote(factory))
+
+    def broadcast_weights(self, version: int) -> None:
+        """Send the current weights through the group `open_broadcast` made, stamped with `version`."""
+        self._all(lambda a: a.broadcast.remote(version))
+
     def save(self, path: Path) -> None:
         self._all(lambda a: a.save.remote(str(path)))
 
@@ -170,7 +196,9 @@ class LearnerGroup:
     def _all(self, call: Callable[[Any], ray.ObjectRef]) -> list[Any]:
         if not self.actors:
             raise LearnerGroupError("the learner group has been shut down; start a new one")
-        return self._get([call(a) for a in self.actors])
+        with self._submit:
+            refs = [call(a) for a in self.actors]
+        return self._get(refs)
 
     def _get(self, refs: list[ray.ObjectRef], timeout: float | None = None) -> list[Any]:
         """Results in order; on the first failing rank, kill the whole group (peers would hang) and raise."""

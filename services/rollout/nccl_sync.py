@@ -14,7 +14,8 @@ our replicas to vLLM's client protocol:
 Each replica is its own vLLM instance, so it joins the broadcast group at its own rank offset (vLLM's
 trainer engine assumes one instance at offset 1). A replica restarted after a crash is not in the group and
 starts from the pool's last object-store weights: publish through the object store now and then (and after
-a restart), and rebuild the group with a new `make_sender`.
+a restart), and rebuild the group with a new `make_sender`. The trainer does this (`resources.weight_sync:
+broadcast`, services/trainer/weight_sync.py), with one `BroadcastSender` per learner rank.
 On CPU the same protocol runs over gloo (`gloo_transfer.GlooSender`), which is how the tests exercise it.
 """
 
@@ -79,3 +80,34 @@ def make_sender(client: ReplicaSyncClient, model, master_address: str, master_po
     info = NCCLTrainerInitInfo(master_address=master_address, master_port=master_port,
                                world_size=client.world_size, rank=rank)
     return NCCLTrainerWeightTransferEngine.trainer_init(info, client=client, source=ModuleSource(model))
+
+
+class BroadcastSender:
+    """The learner's end of the broadcast, one per learner rank; every rank takes part (FSDP2 weights are
+    gathered collectively) and rank 0 sends. On GPU: vLLM's NCCL trainer engine over the model's parameters;
+    on CPU: the full state dict over gloo (`GlooSender`).
+
+        factory = functools.partial(BroadcastSender, client, address, port)   # picklable, sent to every rank
+        sender = factory(rank, learner); sender.send(learner, version)        # on each rank
+    """
+
+    def __init__(self, client: ReplicaSyncClient, master_address: str, master_port: int, rank: int, learner: Any):
+        self.client = client
+        self.gpu = learner.device.type == "cuda"
+        if self.gpu:
+            self.engine = make_sender(client, learner.policy, master_address, master_port, rank)
+        elif rank == 0:
+            from services.rollout.gloo_transfer import GlooSender
+
+            self.engine = GlooSender(client, master_address, master_port)
+        else:
+            self.engine = None
+
+    def send(self, learner: Any, version: int) -> None:
+        if self.gpu:
+            self.client.version = version  # stamped on the replicas when vLLM's engine finishes the update
+            self.engine.send_weights()
+            return
+        state = learner.full_state_dict()  # collective: rank 0 gets the weights, the other ranks {}
+        if self.engine is not None:
+            self.engine.send(state, version)

