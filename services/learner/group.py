@@ -91,10 +91,16 @@ class _LearnerRank:
         (services.rollout.nccl_sync.BroadcastSender); a previous group's sender is dropped."""
         self.sender = opener(self.rank, self.learner)
 
-    def broadcast(self, version: int) -> None:
+    def broadcast(self, version: int) -> str | None:
+        """None, or why sending failed (e.g. a replica died): this rank stays up and the driver falls back."""
         if self.sender is None:
             raise RuntimeError("broadcast: no weight broadcast group; call LearnerGroup.open_broadcast first")
-        self.sender.send(self.learner, version)
+        try:
+            self.sender.send(self.learner, version)
+        except Exception as e:  # the gather (the collective) is done; only the send to the replicas failed
+            self.sender = None
+            return f"{type(e).__name__}: {e}"
+        return None
 
     def save(self, path: str) -> None:
         self.learner.save(Path(path))
@@ -164,9 +170,10 @@ class LearnerGroup:
         factory = opener(addr, port)
         self._all(lambda a: a.open_broadcast.remote(factory))
 
-    def broadcast_weights(self, version: int) -> None:
-        """Send the current weights through the group `open_broadcast` made, stamped with `version`."""
-        self._all(lambda a: a.broadcast.remote(version))
+    def broadcast_weights(self, version: int) -> str | None:
+        """Send the current weights through the group `open_broadcast` made, stamped with `version`. Returns
+        None, or why the send failed (a replica died): the group is closed then, the learner stays up."""
+        return next((e for e in self._all(lambda a: a.broadcast.remote(version)) if e), None)
 
     def save(self, path: Path) -> None:
         self._all(lambda a: a.save.remote(str(path)))

@@ -3,17 +3,22 @@
 object_store: learner rank 0 puts one flat buffer into the object store; every replica loads it in place.
 broadcast: learner rank 0 sends straight into every vLLM replica (NCCL on GPU, gloo on CPU; see
 services/rollout/nccl_sync.py). The broadcast group holds the replicas that were alive when it was opened, so
-the first sync, and the first after a replica was replaced, go through the object store and then (re)open the
-group; a replica replaced in the middle of a step fetches the current weights through the object store too.
+the first sync, the first after a replica was replaced and one whose broadcast failed (a replica died between
+generation and sync) go through the object store and then (re)open the group; a replica replaced in the middle
+of a step fetches the current weights through the object store too. A replica dying in the middle of a
+broadcast is not handled on GPU: NCCL ranks would wait for it (resume from the last checkpoint).
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from typing import Any
 
 from services.config import JobSpec
+
+log = logging.getLogger("tgc.trainer")
 
 
 def check_weight_sync(spec: JobSpec) -> None:
@@ -39,10 +44,13 @@ class WeightSync:
         """Sync `version`; returns seconds, bytes and whether it went by broadcast."""
         if self.broadcast and self._group_restarts == self.rollout.restarts:
             t0 = time.perf_counter()
-            self.learner.broadcast_weights(version)
+            failure = self.learner.broadcast_weights(version)
             seconds = time.perf_counter() - t0
-            self.rollout.weights_broadcast(version, seconds)
-            return {"sync_s": seconds, "bytes": self._bytes, "broadcast": 1.0}
+            if failure is None:
+                self.rollout.weights_broadcast(version, seconds)
+                return {"sync_s": seconds, "bytes": self._bytes, "broadcast": 1.0}
+            log.warning("weight broadcast of version %d failed (%s); syncing through the object store, which "
+                        "replaces dead replicas, and reopening the group", version, failure)
         out = self.rollout.update_weights(self._publish(), version)
         self._bytes = float(out.get("bytes", 0.0))
         if self.broadcast:

@@ -232,6 +232,12 @@ def test_broadcast_sync_matches_the_learner_and_a_replaced_replica_rejoins(ray_c
         assert pool.restarts == 1
         assert step_and_sync(3)["broadcast"] == 0.0  # the new replica is not in the group: object store, reopen
         assert step_and_sync(4)["broadcast"] == 1.0
+        # a replica that dies between generation and sync: the broadcast fails, the learner stays up, the
+        # object store path replaces the replica and the group reopens
+        ray_cluster.kill(pool.actors[0])
+        learner.train_step(batch)
+        assert sync(5)["broadcast"] == 0.0 and pool.restarts == 2
+        assert step_and_sync(6)["broadcast"] == 1.0
     finally:
         pool.shutdown()
         learner.shutdown()
