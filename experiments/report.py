@@ -604,7 +604,7 @@ def figures(results: dict[str, dict[str, Any]], out_dir: Path) -> dict[str, list
                                                    title="Testbed 2: ablations" + part, cols=3))
         elif testbed == "trainer":
             paths.append(plots.curve_figure(res, [
-                ("reward/accuracy", "accuracy", None), ("diag/d1_gcpr", "D1 residual", None),
+                ("reward/accuracy", "accuracy", None), ("diag/d2_residual", "D2 residual (shared nodes)", None),
                 ("diag/d7_entropy_mean", "entropy", None), ("response/length_mean", "length", None)],
                 out_dir / f"{name}_curves.png", title=f"Testbed 3: {res['base'].get('model', 'model')} through the real trainer"))
         figs[testbed] = paths

@@ -10,6 +10,8 @@ answers opening with "The answer is"), which is where real rollouts share tokens
 
     diag/d2_residual    = sum_nodes |residual| / sum_nodes sum_S |w|     (0 iff every node's copies agree)
     diag/d2_credit_frac = sum_nodes |credit|   / sum_nodes sum_S |w|     (the implicit-PRM signal, not 0)
+    diag/d2_shared_frac = sum_nodes sum_S |w|  / sum |w|                 (the share of the step's weight on
+                                                                          shared tokens: what D2 applies to)
 
 Groups are compared pairwise: the common-prefix length of every pair of a group (`pairwise_prefix`) says at
 which positions two rows are copies of one node, since "shares the first t+1 tokens" is transitive.
@@ -77,8 +79,8 @@ def shared_node_residual(w: Tensor, token_ids: Tensor, active: Tensor, advantage
     depth = int(lcp.max()) if lcp.numel() else 0
     zero = w.new_zeros((), dtype=torch.float64)
     if depth == 0:
-        return {"diag/d2_residual": zero, "diag/d2_credit_frac": zero, "diag/d2_nodes": zero,
-                "diag/d2_node_size_mean": zero, "diag/d2_depth_max": zero}
+        return {"diag/d2_residual": zero, "diag/d2_credit_frac": zero, "diag/d2_shared_frac": zero,
+                "diag/d2_nodes": zero, "diag/d2_node_size_mean": zero, "diag/d2_depth_max": zero}
     f64 = torch.float64
     size = members.shape[1]
     rows = members.clamp_min(0)
@@ -109,6 +111,7 @@ def shared_node_residual(w: Tensor, token_ids: Tensor, active: Tensor, advantage
     return {
         "diag/d2_residual": ((net - credit).abs() * node).sum() / gross_total,
         "diag/d2_credit_frac": (credit.abs() * node).sum() / gross_total,
+        "diag/d2_shared_frac": gross_total / (w.to(f64).abs() * active).sum().clamp_min(1e-300),
         "diag/d2_nodes": nodes,
         "diag/d2_node_size_mean": (count * node).sum() / nodes.clamp_min(1),
         "diag/d2_depth_max": zero + depth,

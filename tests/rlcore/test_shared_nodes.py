@@ -49,6 +49,7 @@ def test_residual_and_credit_of_a_hand_built_tree():
     # t=0: net -1.5, credit 0 (sum A = 0); t=1: net 0, credit kbar 1.5 * sum A 0.5 = 0.75, residual -0.75
     assert out["diag/d2_residual"] == pytest.approx((1.5 + 0.75) / (3.5 + 2.0))
     assert out["diag/d2_credit_frac"] == pytest.approx(0.75 / 5.5)
+    assert out["diag/d2_shared_frac"] == pytest.approx(5.5 / 10.5)  # |w| on shared copies / all |w|
     assert out["diag/d2_nodes"] == 2 and out["diag/d2_node_size_mean"] == 2.5 and out["diag/d2_depth_max"] == 2
 
 
