@@ -642,7 +642,7 @@ def _setup(results: dict[str, dict[str, Any]]) -> list[str]:
                        + (f" Not run yet, so absent from every table and figure: {', '.join(absent)}."
                           if absent else "")
                        + f" The cache resumes the study: `{res['command']}` runs only what is missing, and "
-                       f"`--objectives`, `--groups`, `--seeds` run a part of it.")
+                       f"`--objectives`, `--{'tasks' if testbed == 'trainer' else 'groups'}`, `--seeds` run a part of it.")
     return [*out, ""]
 
 

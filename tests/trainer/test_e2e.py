@@ -78,6 +78,17 @@ def test_one_step_off_async_trains_on_samples_one_version_old(ray_cluster, tmp_p
     assert [r["policy/version"] for r in rows] == [1, 2, 3, 4]
 
 
+def test_one_step_off_async_with_broadcast_weights(ray_cluster, tmp_path):
+    # the broadcast waits for the replica's in-flight generation of the next step, as an object-store load does
+    spec = tiny_spec(steps=4, name="async-bcast", **{
+        "resources.rollout_engine": "vllm", "resources.weight_sync": "broadcast", "async.mode": "one_step_off",
+        "async.max_staleness": 1, "checkpoint.every_steps": 0})
+    assert run(spec, tmp_path) == "succeeded"
+    rows = read_metrics(tmp_path)
+    assert [r["sync/broadcast"] for r in rows] == [0.0, 1.0, 1.0, 1.0]
+    assert [r["policy/staleness_max"] for r in rows] == [0, 1, 1, 1]
+
+
 def test_a_trainer_killed_mid_step_resumes_with_no_lost_or_duplicated_step(ray_cluster, tmp_path):
     import psutil
 
