@@ -440,7 +440,9 @@ def check_trainer(view: View) -> Finding | None:
                      _fmt(view.summary(o, k["d2"])), _fmt(view.summary(o, "diag/d2_credit_frac")),
                      _fmt(view.summary(o, "diag/d2_nodes")), _fmt(view.summary(o, "diag/d3_kappa_cv")),
                      _fmt(view.summary(o, k["acc"])), _fmt(view.summary(o, k["ent"])),
-                     _fmt(view.summary(o, k["ent_common"])), _fmt(view.summary(o, k["len"]))])
+                     # D7 reports 0 where no group had a common prefix; D1 is absent then
+                     _fmt(view.summary(o, k["ent_common"])) if view.values(o, k["d1"]) else "n/a",
+                     _fmt(view.summary(o, k["len"]))])
     for name, key in (("D2", k["d2"]), ("D1", k["d1"])):
         g, cp = view.values("grpo", key), view.values("cp_grpo", key)
         if g and cp:
