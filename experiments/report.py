@@ -449,6 +449,10 @@ def check_trainer(view: View) -> Finding | None:
             ok = summarize(cp).mean <= 1e-4 < summarize(g).mean
             text = (f"Through the real trainer, {name} is {_fmt(summarize(g))} under grpo and {_fmt(summarize(cp))} "
                     f"under cp_grpo (mean over each run's steps; seeds as in the table).")
+            orth = view.values("dfpo_orth", key)
+            if name == "D2" and orth:  # its reweighting cancels on group-common nodes only (objectives.md sec. 2.4)
+                text += (f" dfpo_orth, which cancels on tokens common to the whole group by construction, leaves "
+                         f"{_fmt(summarize(orth))} on tokens that only some responses share.")
             return Finding(view.testbed, "reproduced" if ok else "not reproduced", text, rows)
     return Finding(view.testbed, "not measured", "grpo and cp_grpo were not both run, or no step had a node shared "
                    "by two responses.", rows)
