@@ -22,12 +22,11 @@ import torch
 from torch import Tensor
 
 from rlcore.groups import GroupIndex
-from rlcore.shared_nodes import shared_node_residual
+from rlcore.shared_nodes import group_common_prefix, group_members, pairwise_prefix, shared_node_residual
 from rlcore.validation import as_mask, bool_to_float, check_group_ids, check_tensor
 
 PROB_BUCKETS = (0.1, 0.5, 0.9)  # D9 buckets of pi_old: [0,.1) [.1,.5) [.5,.9) [.9,1]
 _BUCKET_KEYS = ("p00_10", "p10_50", "p50_90", "p90_100")
-_PREFIX_CHUNK = 128
 _CV_NOISE = 1e-5  # float32 rounding level of a coefficient that is constant within a group
 
 
@@ -81,7 +80,10 @@ def cancellation_diagnostics(w: Tensor, token_ids: Tensor, mask: Tensor, group_i
     adv = advantages.detach().to(w.dtype)
     seq_adv = adv if adv.ndim == 1 else (adv * mf).sum(1) / tokens.clamp_min(1)
 
-    prefix = _common_prefix(token_ids, mask, groups)  # (n,) common prefix length per group
+    active = mask if mask.dtype == torch.bool else mask != 0
+    members = group_members(groups)
+    lcp = pairwise_prefix(token_ids, active, members)  # one scan of the token ids serves D1 and D2
+    prefix = group_common_prefix(lcp, members)  # (n,) common prefix length per group
     inv = groups.inverse
     row_prefix = prefix[inv]
     width = int(prefix.max()) if prefix.numel() else 0
@@ -89,7 +91,7 @@ def cancellation_diagnostics(w: Tensor, token_ids: Tensor, mask: Tensor, group_i
 
     out: dict[str, Tensor] = {}
     out.update(_d1(wm[:, :width] * in_prefix, prefix, seq_adv, groups))
-    out.update(shared_node_residual(wm, token_ids, mask if mask.dtype == torch.bool else mask != 0, adv, groups))
+    out.update(shared_node_residual(wm, token_ids, active, adv, groups, members, lcp))
     out.update(_row_families(wm, tokens, lengths, seq_adv, groups, group_size))
     if entropies is not None:
         check_tensor("entropies", entropies, shape)
@@ -102,28 +104,6 @@ def cancellation_diagnostics(w: Tensor, token_ids: Tensor, mask: Tensor, group_i
         out.update(_d10(clipped, mf, in_prefix, seq_adv))
     values = torch.stack([v.to(torch.float64) for v in out.values()]).tolist()
     return dict(zip(out, values, strict=True))
-
-
-def _common_prefix(token_ids: Tensor, mask: Tensor, groups: GroupIndex) -> Tensor:
-    """Longest prefix of active positions where every response of the group has the same token id."""
-    batch, width = token_ids.shape
-    inv = groups.inverse
-    rep = groups.first_row()[inv]
-    row_len = torch.full((batch,), width, dtype=torch.long, device=token_ids.device)
-    group_done = groups.counts < 2  # a lone response has nothing to cancel against
-    for start in range(0, width, _PREFIX_CHUNK):  # stops once every group has diverged (usually 1 chunk)
-        stop = min(start + _PREFIX_CHUNK, width)
-        chunk = token_ids[:, start:stop]
-        active = mask[:, start:stop]
-        differs = (chunk != chunk[rep]) | ~(active if active.dtype == torch.bool else active != 0)
-        hit = differs.any(1)
-        first = start + differs.to(torch.uint8).argmax(1)
-        row_len = torch.where(hit & (row_len == width), first, row_len)
-        group_done = group_done | (groups.sum(hit.to(torch.int32)) > 0)
-        if bool(group_done.all()):
-            break
-    prefix = groups.amin(row_len)
-    return torch.where(groups.counts >= 2, prefix, torch.zeros_like(prefix))
 
 
 def _d1(wp: Tensor, prefix: Tensor, seq_adv: Tensor, groups: GroupIndex) -> dict[str, Tensor]:

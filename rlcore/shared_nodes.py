@@ -70,12 +70,25 @@ def pairwise_prefix(token_ids: Tensor, active: Tensor, members: Tensor) -> Tenso
     return lcp * pair
 
 
+def group_common_prefix(lcp: Tensor, members: Tensor) -> Tensor:
+    """(n,) length of the prefix every response of a group shares, the smallest of its pairwise ones (0 for a
+    lone response); `lcp` as `pairwise_prefix` gives it for `members`."""
+    real = members >= 0
+    pair = real[:, :, None] & real[:, None, :] & ~torch.eye(members.shape[1], dtype=torch.bool, device=lcp.device)
+    none = torch.iinfo(lcp.dtype).max
+    shortest = torch.where(pair, lcp, torch.full_like(lcp, none)).flatten(1).amin(1)
+    return torch.where(shortest == none, torch.zeros_like(shortest), shortest)
+
+
 def shared_node_residual(w: Tensor, token_ids: Tensor, active: Tensor, advantages: Tensor,
-                         groups: GroupIndex) -> dict[str, Tensor]:
+                         groups: GroupIndex, members: Tensor | None = None, lcp: Tensor | None = None
+                         ) -> dict[str, Tensor]:
     """D2 of one optimizer step from the ascent weights w (B, T), response token ids, the response mask
-    (bool, B x T) and advantages (B,) or (B, T). Values are 0-d tensors; `diag/d2_nodes` counts nodes."""
-    members = group_members(groups)
-    lcp = pairwise_prefix(token_ids, active, members)
+    (bool, B x T) and advantages (B,) or (B, T). Values are 0-d tensors; `diag/d2_nodes` counts nodes.
+    members, lcp: `group_members` and `pairwise_prefix` of these rows, when the caller has them already."""
+    if members is None or lcp is None:
+        members = group_members(groups)
+        lcp = pairwise_prefix(token_ids, active, members)
     depth = int(lcp.max()) if lcp.numel() else 0
     zero = w.new_zeros((), dtype=torch.float64)
     if depth == 0:
@@ -85,11 +98,11 @@ def shared_node_residual(w: Tensor, token_ids: Tensor, active: Tensor, advantage
     size = members.shape[1]
     rows = members.clamp_min(0)
     positions = torch.arange(depth, device=w.device)
+    real = (members >= 0).to(f64)[:, :, None]
 
     def gathered(x: Tensor) -> Tensor:  # (B, T) -> (n, depth, G), 0 on padding slots
         return x[rows, :depth].to(f64).mul_(real).transpose(1, 2)
 
-    real = (members >= 0).to(f64)[:, :, None]
     own = gathered(active)  # (n, depth, G): row b is active at position t
     # copies[n, t, a, b] = 1: rows a and b hold a copy of one node at position t (a itself when it is active)
     copies = torch.empty((lcp.shape[0], depth, size, size), dtype=f64, device=w.device)
