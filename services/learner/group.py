@@ -86,10 +86,10 @@ class _LearnerRank:
         # Wrapped in a list so that the caller receives the reference itself, not a copy of the weights.
         return [ray.put(pack(state) if pack is not None else state)]
 
-    def open_broadcast(self, opener: Callable[[int, Learner], Any]) -> None:
-        """Join a broadcast group with the rollout replicas: `opener(rank, learner)` returns this rank's sender
-        (services.rollout.nccl_sync.BroadcastSender); a previous group's sender is dropped."""
-        self.sender = opener(self.rank, self.learner)
+    def open_broadcast(self, make_sender: Callable[[str, int, int, Learner], Any], addr: str, port: int) -> None:
+        """Join a broadcast group with the rollout replicas: `make_sender(addr, port, rank, learner)` returns this
+        rank's sender (services.rollout.nccl_sync.BroadcastSender); a previous group's sender is dropped."""
+        self.sender = make_sender(addr, port, self.rank, self.learner)
 
     def broadcast(self, version: int) -> str | None:
         """None, or why sending failed (e.g. a replica died): this rank stays up and the driver falls back."""
@@ -163,12 +163,11 @@ class LearnerGroup:
         once by rank 0; `pack` optionally converts it first (e.g. services.rollout.weights.FlatWeights.from_state_dict)."""
         return self._all(lambda a: a.publish.remote(pack))[0][0]
 
-    def open_broadcast(self, opener: Callable[[str, int], Callable[[int, Any], Any]]) -> None:
-        """Open a weight broadcast group with the rollout replicas: `opener(address, port)` (a free port on rank 0's
-        node) gives the per-rank sender factory, e.g. functools.partial(BroadcastSender, client)."""
+    def open_broadcast(self, make_sender: Callable[[str, int, int, Any], Any]) -> None:
+        """Open a weight broadcast group with the rollout replicas, rendezvous at a free port on rank 0's node:
+        every rank calls `make_sender(address, port, rank, learner)`, e.g. partial(BroadcastSender, client)."""
         addr, port = self._get([self.actors[0].rendezvous.remote()])[0]
-        factory = opener(addr, port)
-        self._all(lambda a: a.open_broadcast.remote(factory))
+        self._all(lambda a: a.open_broadcast.remote(make_sender, addr, port))
 
     def broadcast_weights(self, version: int) -> str | None:
         """Send the current weights through the group `open_broadcast` made, stamped with `version`. Returns

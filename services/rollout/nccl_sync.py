@@ -87,8 +87,8 @@ class BroadcastSender:
     gathered collectively) and rank 0 sends. On GPU: vLLM's NCCL trainer engine over the model's parameters;
     on CPU: the full state dict over gloo (`GlooSender`).
 
-        factory = functools.partial(BroadcastSender, client, address, port)   # picklable, sent to every rank
-        sender = factory(rank, learner); sender.send(learner, version)        # on each rank
+        make = functools.partial(BroadcastSender, client)   # picklable, sent to every rank with address, port
+        sender = make(address, port, rank, learner); sender.send(learner, version)   # on each rank
     """
 
     def __init__(self, client: ReplicaSyncClient, master_address: str, master_port: int, rank: int, learner: Any):

@@ -67,5 +67,5 @@ class WeightSync:
         from services.rollout.nccl_sync import BroadcastSender
 
         client = self.rollout.sync_client()
-        self.learner.open_broadcast(lambda addr, port: functools.partial(BroadcastSender, client, addr, port))
+        self.learner.open_broadcast(functools.partial(BroadcastSender, client))
         self._group_restarts = self.rollout.restarts
