@@ -19,7 +19,7 @@ from typing import Any
 
 from experiments.paths import CACHE
 from experiments.studies import Condition
-from experiments.trainer_study import aggregate, plan_runs, study_plan, summarise_metrics
+from experiments.trainer_study import plan_runs, study_plan, summarise_metrics, write_results
 
 DEFAULT_MANIFEST = CACHE / "sweep_manifest.json"
 
@@ -72,11 +72,6 @@ def collect(client: Any, manifest: Path = DEFAULT_MANIFEST, out_dir: Path | None
             summary["seconds"] = (record.finished_at - record.started_at).total_seconds()
         runs.append((cond, entry["seed"], summary))
         log(f"{entry['name']}: {len(points)} steps collected")
-    results = aggregate({**plan, "command": f"python -m experiments sweep submit --size {data['size']} && "
-                                           "python -m experiments sweep collect"}, runs)
-    out_dir = Path(out_dir) if out_dir is not None else RESULTS
-    out_dir.mkdir(parents=True, exist_ok=True)
-    out = out_dir / f"{plan['name']}.json"
-    out.write_text(json.dumps(results, indent=1))
-    log(f"wrote {out}")
-    return out
+    command = f"python -m experiments sweep submit --size {data['size']} && python -m experiments sweep collect"
+    return write_results({**plan, "command": command}, runs, Path(out_dir) if out_dir is not None else RESULTS,
+                         log=log)

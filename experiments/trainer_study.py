@@ -192,7 +192,9 @@ def run_local(size: str, out_dir: Path, cache: Path = CACHE, log: Callable[[str]
     """Run the study's jobs here, one after the other, through the real trainer; resumable per run.
 
     runs: a part of the plan (`select_runs`) to train now; the results file covers every finished run of the
-    plan either way, so a study can be completed in parts across sessions.
+    plan either way, so a study can be completed in parts across sessions and machines: each run's summary is
+    kept beside the results (`<out_dir>/<study>_runs/<run>.json`, committed with them), and conditions of an
+    earlier results file with no run summary here are carried over when they were made under the same plan.
     One local Ray cluster serves all runs (the trainer reuses an initialised Ray), so a study pays Ray's
     start-up once; a run that fails is logged, left out, and retried by the next invocation.
     """
@@ -203,13 +205,18 @@ def run_local(size: str, out_dir: Path, cache: Path = CACHE, log: Callable[[str]
 
     plan = study_plan(size)
     run_root = Path(cache) / "trainer_runs" / plan["name"]
+    summaries = run_summaries_dir(out_dir, plan)
+    summaries.mkdir(parents=True, exist_ok=True)
     results = []
     started = False
     try:
         todo = {spec["name"] for _, _, spec in (plan_runs(size) if runs is None else runs)}
         for cond, seed, spec_dict in plan_runs(size):
             run_dir = run_root / spec_dict["name"]
-            summary_path = run_dir / "summary.json"
+            summary_path = summaries / f"{spec_dict['name']}.json"
+            legacy = run_dir / "summary.json"  # where earlier versions kept it
+            if not summary_path.exists() and legacy.exists():
+                summary_path.write_text(legacy.read_text())
             if not summary_path.exists() and spec_dict["name"] not in todo:
                 continue
             if not summary_path.exists():
@@ -232,8 +239,47 @@ def run_local(size: str, out_dir: Path, cache: Path = CACHE, log: Callable[[str]
     finally:
         if started:
             ray.shutdown()
+    return write_results(plan, results, out_dir, log=lambda msg: log(f"[{plan['name']}] {msg}"))
+
+
+def write_results(plan: dict[str, Any], runs: list[tuple[Condition, int, dict[str, Any] | None]], out_dir: Path,
+                  log: Callable[[str], None] = print) -> Path:
+    """Aggregate the runs into `<out_dir>/<study>.json`, keeping the earlier file's other conditions."""
+    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / f"{plan['name']}.json"
-    out.write_text(json.dumps(aggregate(plan, results), indent=1))
-    log(f"[{plan['name']}] wrote {out}")
+    fresh = aggregate(plan, runs)
+    previous = json.loads(out.read_text()) if out.exists() else None
+    fresh["conditions"] = merge_conditions(fresh, previous, log=log)
+    out.write_text(json.dumps(fresh, indent=1))
+    log(f"wrote {out}")
     return out
+
+
+def run_summaries_dir(out_dir: Path, plan: dict[str, Any]) -> Path:
+    """Where a study's per-run summaries live: beside its results file, so they travel with it."""
+    return Path(out_dir) / f"{plan['name']}_runs"
+
+
+def merge_conditions(fresh: dict[str, Any], previous: dict[str, Any] | None,
+                     log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """The fresh results' conditions plus those of an earlier results file that no run summary here covers.
+
+    An earlier condition is carried over only when it was made by the same study under the same settings
+    (`base`); otherwise it is dropped with a line saying so, since its numbers would not be comparable.
+    Carried conditions are marked with the date of the file they came from and keep the plan's order.
+    """
+    if not previous or not previous.get("conditions"):
+        return fresh["conditions"]
+    have = {c["key"] for c in fresh["conditions"]}
+    old = [c for c in previous["conditions"] if c["key"] not in have]
+    if not old:
+        return fresh["conditions"]
+    if previous.get("study") != fresh["study"] or previous.get("base") != fresh["base"]:
+        log(f"dropping {len(old)} condition(s) of the earlier results file: made under other settings "
+            f"({previous.get('study')}, {previous.get('base')})")
+        return fresh["conditions"]
+    for cond in old:
+        cond.setdefault("carried_from", previous.get("created"))
+    order = {c["key"]: i for i, c in enumerate(fresh["planned"])}
+    return sorted([*fresh["conditions"], *old], key=lambda c: order.get(c["key"], len(order)))

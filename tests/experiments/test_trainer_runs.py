@@ -26,8 +26,13 @@ def test_local_study_runs_every_job_through_the_trainer(tmp_path):
 
     out = run_local("tiny", tmp_path / "results", cache=tmp_path / "cache")
     _check_results(out)
-    # resumable: a second invocation reuses the finished runs instead of training again
-    again = run_local("tiny", tmp_path / "results", cache=tmp_path / "cache", log=lambda msg: None)
+    assert sorted(p.name for p in (tmp_path / "results" / "trainer_tiny_runs").iterdir()) == [
+        "tgc-exp-cp-grpo-arithmetic-s0.json", "tgc-exp-grpo-arithmetic-s0.json"]
+    # resumable on another machine: the per-run summaries travel with the results, so a second invocation
+    # with an empty cache reuses the finished runs instead of training again
+    lines = []
+    again = run_local("tiny", tmp_path / "results", cache=tmp_path / "fresh-cache", log=lines.append)
+    assert not any("starting" in line for line in lines)
     assert json.loads(again.read_text())["conditions"] == json.loads(out.read_text())["conditions"]
 
 

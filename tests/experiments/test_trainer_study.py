@@ -1,8 +1,18 @@
 """Testbed 3's job specs and metric reduction (the runs themselves are in test_trainer_runs)."""
 
+import json
+
 import pytest
 
-from experiments.trainer_study import TASKS, aggregate, plan_runs, select_runs, study_plan, summarise_metrics
+from experiments.trainer_study import (
+    TASKS,
+    aggregate,
+    plan_runs,
+    select_runs,
+    study_plan,
+    summarise_metrics,
+    write_results,
+)
 from services.config import JobSpec
 from services.tasks import load_task
 
@@ -69,3 +79,33 @@ def test_results_of_a_part_run_list_every_planned_condition():
     assert [c["objective"] for c in out["conditions"]] == ["grpo"]
     assert len(out["planned"]) == len(plan["objectives"]) * len(plan["tasks"])
     assert out["conditions"][0]["final"]["diag/d2_residual"] == [0.2]
+
+
+def _results_of(objective, task="arithmetic", plan=None):
+    plan = plan or study_plan("full")
+    cond, seed, _ = select_runs("full", objectives=[objective], tasks=[task], seeds=[0])[0]
+    summary = summarise_metrics([{"step": 1, "reward/accuracy": 0.5, "diag/d2_residual": 0.2}])
+    return plan, (cond, seed, summary)
+
+
+def test_a_later_part_keeps_the_earlier_parts_conditions_in_plan_order(tmp_path):
+    plan, later = _results_of("grpo", "basic_arithmetic")
+    _, earlier = _results_of("gspo")
+    first = json.loads(write_results(plan, [earlier], tmp_path, log=lambda m: None).read_text())
+    merged = json.loads(write_results(plan, [later], tmp_path, log=lambda m: None).read_text())
+    assert [c["key"] for c in merged["conditions"]] == [first["conditions"][0]["key"], later[0].key]
+    assert merged["conditions"][0]["carried_from"] == first["created"]
+    assert "carried_from" not in merged["conditions"][1]
+    # a condition that has run summaries now replaces the earlier file's entry instead of doubling it
+    again = json.loads(write_results(plan, [earlier, later], tmp_path, log=lambda m: None).read_text())
+    assert [("carried_from" in c) for c in again["conditions"]] == [False, False]
+
+
+def test_conditions_made_under_other_settings_are_not_carried_over(tmp_path):
+    plan, earlier = _results_of("gspo")
+    write_results(plan, [earlier], tmp_path, log=lambda m: None)
+    _, later = _results_of("grpo")
+    lines = []
+    merged = json.loads(write_results({**plan, "lr": 1e-5}, [later], tmp_path, log=lines.append).read_text())
+    assert [c["objective"] for c in merged["conditions"]] == ["grpo"]
+    assert any("dropping 1 condition" in line and "other settings" in line for line in lines)
