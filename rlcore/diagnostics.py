@@ -80,9 +80,8 @@ def cancellation_diagnostics(w: Tensor, token_ids: Tensor, mask: Tensor, group_i
     adv = advantages.detach().to(w.dtype)
     seq_adv = adv if adv.ndim == 1 else (adv * mf).sum(1) / tokens.clamp_min(1)
 
-    active = mask if mask.dtype == torch.bool else mask != 0
     members = group_members(groups)
-    lcp = pairwise_prefix(token_ids, active, members)  # one scan of the token ids serves D1 and D2
+    lcp = pairwise_prefix(token_ids, mf, members)  # one scan of the token ids serves D1 and D2
     prefix = group_common_prefix(lcp, members)  # (n,) common prefix length per group
     inv = groups.inverse
     row_prefix = prefix[inv]
@@ -91,14 +90,15 @@ def cancellation_diagnostics(w: Tensor, token_ids: Tensor, mask: Tensor, group_i
 
     out: dict[str, Tensor] = {}
     out.update(_d1(wm[:, :width] * in_prefix, prefix, seq_adv, groups))
-    out.update(shared_node_residual(wm, token_ids, active, adv, groups, members, lcp))
+    absw = wm.abs()  # (B, T) |w|, shared by D2 and D9 (each full-batch pass costs ~0.1-0.5 ms on CPU)
+    out.update(shared_node_residual(wm, token_ids, mf, adv, groups, members, lcp, gross_all=absw.sum()))
     out.update(_row_families(wm, tokens, lengths, seq_adv, groups, group_size))
     if entropies is not None:
         check_tensor("entropies", entropies, shape)
         out.update(_d7(entropies.detach().to(w.dtype), mf, in_prefix, row_prefix, tokens, groups))
     if old_logprobs is not None:
         check_tensor("old_logprobs", old_logprobs, shape)
-        out.update(_d9(wm, old_logprobs.detach().to(w.dtype)))
+        out.update(_d9(absw, old_logprobs.detach().to(w.dtype)))
     if clipped is not None:
         check_tensor("clipped", clipped, shape, kind="mask")
         out.update(_d10(clipped, mf, in_prefix, seq_adv))
@@ -192,13 +192,15 @@ def _d7(ent: Tensor, mf: Tensor, in_prefix: Tensor, row_prefix: Tensor, tokens: 
     }
 
 
-def _d9(wm: Tensor, old: Tensor) -> dict[str, Tensor]:
+def _d9(absw: Tensor, old: Tensor) -> dict[str, Tensor]:
     """D9: share of sum |w| (1 - p) by pi_old bucket (a logit-space gradient-norm proxy, sec. 8).
 
     Bucket sums are dot products with 0/1 indicators S(log p >= log e); the comparison writes a float
-    tensor directly (vectorised on CPU, unlike a bool result or a bucketize/bincount scatter)."""
+    tensor directly (vectorised on CPU, unlike a bool result or a bucketize/bincount scatter).
+    absw (|w| on the mask) is overwritten: it is the indicators' buffer, since each fresh (B*T) buffer
+    costs page faults on CPU."""
     flat = old.flatten()
-    indicator = torch.abs(wm.flatten())  # reused below: each fresh (B*T) buffer costs page faults on CPU
+    indicator = absw.flatten()
     proxy = torch.exp(flat).neg_().add_(1.0).mul_(indicator)
     at_least = [proxy.sum()]
     for edge in PROB_BUCKETS:

@@ -38,7 +38,8 @@ def group_members(groups: GroupIndex) -> Tensor:
 
 
 def pairwise_prefix(token_ids: Tensor, active: Tensor, members: Tensor) -> Tensor:
-    """(n, G, G) number of leading positions where both rows are active and their token ids agree.
+    """(n, G, G) number of leading positions where both rows are active (`active`: the response mask, bool
+    or 0/1 float) and their token ids agree.
 
     The diagonal and pairs with a padding slot are 0. Columns are scanned in chunks of growing width and
     the scan stops once every pair has diverged (usually within the first chunk). Comparisons write float
@@ -57,7 +58,9 @@ def pairwise_prefix(token_ids: Tensor, active: Tensor, members: Tensor) -> Tenso
     while start < width:
         stop = min(start + chunk, width)
         # float64 ids (exact below 2**53): float comparisons are vectorised on CPU, int64 broadcasts are not
-        tok = torch.where(active[rows, start:stop] & real[:, :, None], token_ids[rows, start:stop], sentinel).double()
+        act = active[rows, start:stop]
+        act = act if act.dtype == torch.bool else act != 0
+        tok = torch.where(act & real[:, :, None], token_ids[rows, start:stop], sentinel).double()
         differs = torch.empty((n, size, size, stop - start), device=members.device)
         torch.ne(tok[:, :, None, :], tok[:, None, :, :], out=differs)
         hit, first = differs.max(-1)  # the first maximum: the first position where the pair differs
@@ -81,11 +84,12 @@ def group_common_prefix(lcp: Tensor, members: Tensor) -> Tensor:
 
 
 def shared_node_residual(w: Tensor, token_ids: Tensor, active: Tensor, advantages: Tensor,
-                         groups: GroupIndex, members: Tensor | None = None, lcp: Tensor | None = None
-                         ) -> dict[str, Tensor]:
+                         groups: GroupIndex, members: Tensor | None = None, lcp: Tensor | None = None,
+                         gross_all: Tensor | None = None) -> dict[str, Tensor]:
     """D2 of one optimizer step from the ascent weights w (B, T), response token ids, the response mask
-    (bool, B x T) and advantages (B,) or (B, T). Values are 0-d tensors; `diag/d2_nodes` counts nodes.
-    members, lcp: `group_members` and `pairwise_prefix` of these rows, when the caller has them already."""
+    (B x T, bool or 0/1 float) and advantages (B,) or (B, T). Values are 0-d tensors; `diag/d2_nodes`
+    counts nodes. members, lcp: `group_members` and `pairwise_prefix` of these rows, gross_all: sum |w| over
+    the mask, when the caller has them already (each costs a pass over the batch)."""
     if members is None or lcp is None:
         members = group_members(groups)
         lcp = pairwise_prefix(token_ids, active, members)
@@ -95,6 +99,8 @@ def shared_node_residual(w: Tensor, token_ids: Tensor, active: Tensor, advantage
         return {"diag/d2_residual": zero, "diag/d2_credit_frac": zero, "diag/d2_shared_frac": zero,
                 "diag/d2_nodes": zero, "diag/d2_node_size_mean": zero, "diag/d2_depth_max": zero}
     f64 = torch.float64
+    if gross_all is None:  # float and dtype-matched: bool-valued and float64 passes are slow on CPU
+        gross_all = (w * (active if active.dtype != torch.bool else active.to(w.dtype))).abs().sum(dtype=f64)
     size = members.shape[1]
     rows = members.clamp_min(0)
     positions = torch.arange(depth, device=w.device)
@@ -124,7 +130,7 @@ def shared_node_residual(w: Tensor, token_ids: Tensor, active: Tensor, advantage
     return {
         "diag/d2_residual": ((net - credit).abs() * node).sum() / gross_total,
         "diag/d2_credit_frac": (credit.abs() * node).sum() / gross_total,
-        "diag/d2_shared_frac": gross_total / (w.to(f64).abs() * active).sum().clamp_min(1e-300),
+        "diag/d2_shared_frac": gross_total / gross_all.to(f64).clamp_min(1e-300),
         "diag/d2_nodes": nodes,
         "diag/d2_node_size_mean": (count * node).sum() / nodes.clamp_min(1),
         "diag/d2_depth_max": zero + depth,
