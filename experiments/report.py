@@ -427,35 +427,49 @@ def check_epochs(view: View) -> Finding | None:
     return Finding(view.testbed, verdict, text, rows)
 
 
+def trainer_tasks(results: dict[str, Any]) -> list[tuple[str, str]]:
+    """(condition group, task name) of testbed 3's tasks in plan order: "main" is the arithmetic task."""
+    groups = dict.fromkeys(c["group"] for c in (results.get("planned") or results["conditions"]))
+    return [(g, "arithmetic" if g == "main" else g.removeprefix("task:")) for g in groups]
+
+
 def check_trainer(view: View) -> Finding | None:
     """C12 on D2 (every node shared by >= 2 responses of a group), which real rollouts have even when no
-    token is common to a whole group; D1 (group-common nodes only) where D2 was not recorded."""
+    token is common to a whole group; D1 (group-common nodes only) where D2 was not recorded. One table
+    row per task and objective; the verdict needs every task where grpo and cp_grpo both ran to agree."""
     if view.testbed != "trainer":
         return None
-    rows = [["objective", "seeds", "D1 residual", "D2 residual", "D2 credit", "D2 nodes/step", "D3 kappa CV",
-             "final accuracy", "entropy", "common-prefix entropy", "length"]]
+    rows = [["task", "objective", "seeds", "D1 residual", "D2 residual", "D2 credit", "D2 nodes/step",
+             "D3 kappa CV", "final accuracy", "entropy", "common-prefix entropy", "length"]]
     k = _keys(view)
-    for o in view.objectives():
-        rows.append([o, str(len((view.cond(o) or {}).get("seeds", []))), _fmt(view.summary(o, k["d1"])),
-                     _fmt(view.summary(o, k["d2"])), _fmt(view.summary(o, "diag/d2_credit_frac")),
-                     _fmt(view.summary(o, "diag/d2_nodes")), _fmt(view.summary(o, "diag/d3_kappa_cv")),
-                     _fmt(view.summary(o, k["acc"])), _fmt(view.summary(o, k["ent"])),
-                     # D7 reports 0 where no group had a common prefix; D1 is absent then
-                     _fmt(view.summary(o, k["ent_common"])) if view.values(o, k["d1"]) else "n/a",
-                     _fmt(view.summary(o, k["len"]))])
-    for name, key in (("D2", k["d2"]), ("D1", k["d1"])):
-        g, cp = view.values("grpo", key), view.values("cp_grpo", key)
-        if g and cp:
-            ok = summarize(cp).mean <= 1e-4 < summarize(g).mean
-            text = (f"Through the real trainer, {name} is {_fmt(summarize(g))} under grpo and {_fmt(summarize(cp))} "
-                    f"under cp_grpo (mean over each run's steps; seeds as in the table).")
-            orth = view.values("dfpo_orth", key)
+    texts, oks = [], []
+    for group, task in trainer_tasks(view.results):
+        for o in view.objectives(group):
+            def cell(key: str, o: str = o, group: str = group) -> str:
+                return _fmt(view.summary(o, key, group))
+            rows.append([task, o, str(len((view.cond(o, group) or {}).get("seeds", []))), cell(k["d1"]),
+                         cell(k["d2"]), cell("diag/d2_credit_frac"), cell("diag/d2_nodes"),
+                         cell("diag/d3_kappa_cv"), cell(k["acc"]), cell(k["ent"]),
+                         # D7 reports 0 where no group had a common prefix; D1 is absent then
+                         cell(k["ent_common"]) if view.values(o, k["d1"], group) else "n/a", cell(k["len"])])
+        for name, key in (("D2", k["d2"]), ("D1", k["d1"])):
+            g, cp = view.values("grpo", key, group), view.values("cp_grpo", key, group)
+            if not (g and cp):
+                continue
+            oks.append(summarize(cp).mean <= 1e-4 < summarize(g).mean)
+            text = (f"On {task}, {name} is {_fmt(summarize(g))} under grpo and {_fmt(summarize(cp))} under "
+                    f"cp_grpo (mean over each run's steps; seeds as in the table).")
+            orth = view.values("dfpo_orth", key, group)
             if name == "D2" and orth:  # its reweighting cancels on group-common nodes only (objectives.md sec. 2.4)
                 text += (f" dfpo_orth, which cancels on tokens common to the whole group by construction, leaves "
                          f"{_fmt(summarize(orth))} on tokens that only some responses share.")
-            return Finding(view.testbed, "reproduced" if ok else "not reproduced", text, rows)
-    return Finding(view.testbed, "not measured", "grpo and cp_grpo were not both run, or no step had a node shared "
-                   "by two responses.", rows)
+            texts.append(text)
+            break
+    if not oks:
+        return Finding(view.testbed, "not measured", "grpo and cp_grpo were not both run on a task, or no step "
+                       "had a node shared by two responses.", rows)
+    verdict = "reproduced" if all(oks) else "not reproduced"
+    return Finding(view.testbed, verdict, "Through the real trainer: " + " ".join(texts), rows)
 
 
 CLAIMS = [
@@ -609,10 +623,15 @@ def figures(results: dict[str, dict[str, Any]], out_dir: Path) -> dict[str, list
                 paths.append(plots.ablation_figure(res, panels, out_dir / f"{name}_ablations.png",
                                                    title="Testbed 2: ablations" + part, cols=3))
         elif testbed == "trainer":
-            paths.append(plots.curve_figure(res, [
-                ("reward/accuracy", "accuracy", None), ("diag/d2_residual", "D2 residual (shared nodes)", None),
-                ("diag/d7_entropy_mean", "entropy", None), ("response/length_mean", "length", None)],
-                out_dir / f"{name}_curves.png", title=f"Testbed 3: {res['base'].get('model', 'model')} through the real trainer"))
+            for group, task in trainer_tasks(res):
+                if not any(c["group"] == group for c in res["conditions"]):
+                    continue
+                paths.append(plots.curve_figure(res, [
+                    ("reward/accuracy", "accuracy", None), ("diag/d2_residual", "D2 residual (shared nodes)", None),
+                    ("diag/d7_entropy_mean", "entropy", None), ("response/length_mean", "length", None)],
+                    out_dir / (f"{name}_curves.png" if group == "main" else f"{name}_{task}_curves.png"),
+                    group=group, title=f"Testbed 3: {res['base'].get('model', 'model')} through the real "
+                    f"trainer, {task}"))
         figs[testbed] = paths
     return figs
 

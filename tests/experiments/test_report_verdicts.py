@@ -65,3 +65,21 @@ def test_trainer_claim_falls_back_to_d1_and_says_when_nothing_was_measured():
     f = check_trainer(View(_trainer_results({"diag/d1_gcpr": [0.3] * 3}, {"diag/d1_gcpr": [0.0] * 3})))
     assert f.verdict == "reproduced" and "D1" in f.text
     assert check_trainer(View(_trainer_results({}, {}))).verdict == "not measured"
+
+
+def test_trainer_claim_covers_every_task_and_needs_each_to_agree():
+    def second_task(results, grpo_d2, cp_d2):
+        for obj, d2 in (("grpo", grpo_d2), ("cp_grpo", cp_d2)):
+            results["conditions"].append({
+                "key": f"task:basic_arithmetic/{obj}", "group": "task:basic_arithmetic", "objective": obj,
+                "label": "basic_arithmetic", "setting": {}, "preset": obj, "overrides": {}, "seeds": [0, 1],
+                "curves": {}, "seconds": [1.0] * 2, "final": {"diag/d2_residual": d2}})
+        return results
+
+    base = {"diag/d2_residual": [0.2, 0.3, 0.25]}, {"diag/d2_residual": [0.0] * 3}
+    f = check_trainer(View(second_task(_trainer_results(*base), [0.1, 0.12], [0.0, 1e-9])))
+    assert f.verdict == "reproduced" and "On arithmetic" in f.text and "On basic_arithmetic" in f.text
+    assert [row[:3] for row in f.table[1:]] == [["arithmetic", "grpo", "3"], ["arithmetic", "cp_grpo", "3"],
+                                                ["basic_arithmetic", "grpo", "2"], ["basic_arithmetic", "cp_grpo", "2"]]
+    f = check_trainer(View(second_task(_trainer_results(*base), [0.1, 0.12], [0.05, 0.04])))
+    assert f.verdict == "not reproduced"
