@@ -9,7 +9,8 @@
     python -m experiments sweep submit|collect    # testbed 3 as a sweep of control-plane jobs
     python -m experiments report                  # figures + REPORT.md from experiments/results/
 
-Long studies are resumable: finished runs are cached under experiments/.cache/ (or $TGC_EXPERIMENTS_CACHE).
+Long studies are resumable: finished runs are cached under experiments/.cache/ (or $TGC_EXPERIMENTS_CACHE);
+testbed 3 also keeps each run's summary beside its results (results/trainer_runs/), so it resumes on any machine.
 """
 
 from __future__ import annotations

@@ -666,7 +666,9 @@ def _setup(results: dict[str, dict[str, Any]]) -> list[str]:
                           f"{', '.join(partial)}." if partial else "")
                        + (f" Not run yet, so absent from every table and figure: {', '.join(absent)}."
                           if absent else "")
-                       + f" The cache resumes the study: `{res['command']}` runs only what is missing, and "
+                       + (" Each run's summary is kept beside the results (`trainer_runs/`), so on any machine"
+                          if testbed == "trainer" else " The cache resumes the study:")
+                       + f" `{res['command']}` runs only what is missing, and "
                        f"`--objectives`, `--{'tasks' if testbed == 'trainer' else 'groups'}`, `--seeds` run a part of it.")
     return [*out, ""]
 
