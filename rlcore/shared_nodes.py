@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from rlcore.groups import GroupIndex
+from rlcore.validation import bool_to_float
 
 _FIRST_CHUNK = 16  # columns compared first; each further chunk doubles (shared prefixes are short)
 
@@ -100,7 +101,7 @@ def shared_node_residual(w: Tensor, token_ids: Tensor, active: Tensor, advantage
                 "diag/d2_nodes": zero, "diag/d2_node_size_mean": zero, "diag/d2_depth_max": zero}
     f64 = torch.float64
     if gross_all is None:  # float and dtype-matched: bool-valued and float64 passes are slow on CPU
-        gross_all = (w * (active if active.dtype != torch.bool else active.to(w.dtype))).abs().sum(dtype=f64)
+        gross_all = (w * (bool_to_float(active, w.dtype) if active.dtype == torch.bool else active)).abs().sum(dtype=f64)
     size = members.shape[1]
     rows = members.clamp_min(0)
     positions = torch.arange(depth, device=w.device)

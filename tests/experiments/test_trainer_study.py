@@ -81,8 +81,8 @@ def test_results_of_a_part_run_list_every_planned_condition():
     assert out["conditions"][0]["final"]["diag/d2_residual"] == [0.2]
 
 
-def _results_of(objective, task="arithmetic", plan=None):
-    plan = plan or study_plan("full")
+def _results_of(objective, task="arithmetic"):
+    plan = study_plan("full")
     cond, seed, _ = select_runs("full", objectives=[objective], tasks=[task], seeds=[0])[0]
     summary = summarise_metrics([{"step": 1, "reward/accuracy": 0.5, "diag/d2_residual": 0.2}])
     return plan, (cond, seed, summary)
