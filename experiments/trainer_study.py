@@ -10,6 +10,7 @@ compact results format the report reads.
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -88,7 +89,9 @@ def job_spec(objective: str, task: str, seed: int, plan: dict[str, Any], name_pr
         "sampling": {"temperature": 1.0, "max_new_tokens": plan["max_new_tokens"]},
         "optim": {"lr": plan["lr"], "micro_batch_size": 16, "ppo_epochs": plan["epochs"]},
         "resources": {"learner_ranks": 1, "rollout_replicas": 1, "rollout_engine": plan["engine"]},
-        "checkpoint": {"every_steps": 0, "keep_last": 1},
+        # The study reads metrics only: the one checkpoint (at the end) skips AdamW's moments and is
+        # removed once the run's summary is written (`run_local`).
+        "checkpoint": {"every_steps": 0, "keep_last": 1, "save_optimizer": False},
     }
 
 
@@ -234,6 +237,7 @@ def run_local(size: str, out_dir: Path, cache: Path = CACHE, log: Callable[[str]
                     continue
                 summary = {**summarise_metrics(read_metrics(metrics)), "seconds": seconds, "state": state}
                 summary_path.write_text(json.dumps(summary))
+                shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # ~0.6 GB a run, never read again
                 log(f"[{plan['name']}] {spec_dict['name']}: {state} in {seconds:.0f}s")
             results.append((cond, seed, json.loads(summary_path.read_text())))
     finally:
