@@ -1,6 +1,6 @@
 """rlcore: GRPO-family objectives, group advantages and token-gradient-cancellation diagnostics.
 
-Pure torch, no Ray, no I/O. Tensors in, loss and metrics out:
+Torch (plus numba-compiled host loops for the diagnostics), no Ray, no I/O. Tensors in, loss and metrics out:
 
     import rlcore
     obj = rlcore.get_objective("cp_grpo", ar_alpha=0.3)     # preset + knob overrides (rlcore.config)

@@ -10,7 +10,12 @@ prefixes too; rlcore.shared_nodes), D3 `diag/d3_*` coefficient dispersion, D4 `d
 by position class (needs entropies), D9 `diag/d9_*` |w| by old-probability bucket (needs old_logprobs),
 D10 `diag/d10_*` clip fractions by sign of A (needs clipped), D11 `diag/d11_*` length coupling.
 Undefined statistics (e.g. no group with a common prefix) are reported as 0 next to a count.
-All vectorised over (B, T); the only Python loop runs over column chunks while a common prefix lasts.
+
+Two stages: the passes over the whole (B, T) batch run in torch on w's device and leave per-response
+values (B,) and a few sums; everything per group and per shared node runs on the host in float64, in
+numba-compiled loops (rlcore.shared_nodes) over those and over the first columns only (as deep as some pair
+of responses agrees). The second stage is ~B x G values, where torch's per-call dispatch would cost more
+than the arithmetic.
 """
 
 from __future__ import annotations
@@ -18,11 +23,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import torch
+from numba import njit
 from torch import Tensor
 
-from rlcore.groups import GroupIndex
-from rlcore.shared_nodes import group_common_prefix, group_members, pairwise_prefix, shared_node_residual
+from rlcore.shared_nodes import F64, HostGroups, group_common_prefix, node_residual, pairwise_prefix, to_host
 from rlcore.validation import as_mask, bool_to_float, check_group_ids, check_tensor
 
 PROB_BUCKETS = (0.1, 0.5, 0.9)  # D9 buckets of pi_old: [0,.1) [.1,.5) [.5,.9) [.9,1]
@@ -69,126 +75,182 @@ def cancellation_diagnostics(w: Tensor, token_ids: Tensor, mask: Tensor, group_i
     if 0 in shape:
         raise ValueError(f"w: empty batch of shape {shape}")
     check_tensor("token_ids", token_ids, shape, kind="int")
-    groups = GroupIndex.of(check_group_ids(group_ids, shape[0]))
+    check_group_ids(group_ids, shape[0])
     check_tensor("advantages", advantages, ndim=(1, 2))
+    if lengths is not None:
+        check_tensor("lengths", lengths, (shape[0],), kind="mask")
+    for name, x in (("entropies", entropies), ("old_logprobs", old_logprobs)):
+        if x is not None:
+            check_tensor(name, x, shape)
+    if clipped is not None:
+        check_tensor("clipped", clipped, shape, kind="mask")
+
+    # stage 1, torch: passes over (B, T)
     w = w.detach()
     w = w if w.dtype == torch.float64 else w.float()
     mf = as_mask("mask", mask, shape, w.dtype, check_values=False)  # the loss has validated it
     wm = w * mf
     tokens = mf.sum(1)  # active tokens per response
-    lengths = tokens if lengths is None else check_tensor("lengths", lengths, (shape[0],), kind="mask").to(w.dtype)
     adv = advantages.detach().to(w.dtype)
-    seq_adv = adv if adv.ndim == 1 else (adv * mf).sum(1) / tokens.clamp_min(1)
-
-    members = group_members(groups)
-    lcp = pairwise_prefix(token_ids, mf, members)  # one scan of the token ids serves D1 and D2
-    prefix = group_common_prefix(lcp, members)  # (n,) common prefix length per group
-    inv = groups.inverse
-    row_prefix = prefix[inv]
-    width = int(prefix.max()) if prefix.numel() else 0
-    in_prefix = torch.arange(width, device=w.device)[None, :] < row_prefix[:, None]  # (B, width)
-
-    out: dict[str, Tensor] = {}
-    out.update(_d1(wm[:, :width] * in_prefix, prefix, seq_adv, groups))
-    absw = wm.abs()  # (B, T) |w|, shared by D2 and D9 (each full-batch pass costs ~0.1-0.5 ms on CPU)
-    out.update(shared_node_residual(wm, token_ids, mf, adv, groups, members, lcp, gross_all=absw.sum()))
-    out.update(_row_families(wm, tokens, lengths, seq_adv, groups, group_size))
+    per_row = {"sum_w": wm.sum(1), "tokens": tokens, "lengths": tokens if lengths is None else lengths.to(w.dtype),
+               "seq_adv": adv if adv.ndim == 1 else (adv * mf).sum(1) / tokens.clamp_min(1)}
+    sums: dict[str, Tensor] = {"gross": torch.linalg.vector_norm(wm, 1)}  # sum |w| without a (B, T) buffer
     if entropies is not None:
-        check_tensor("entropies", entropies, shape)
-        out.update(_d7(entropies.detach().to(w.dtype), mf, in_prefix, row_prefix, tokens, groups))
+        sums["diag/d7_entropy_mean"] = torch.dot(entropies.detach().to(w.dtype).flatten(), mf.flatten()) \
+            / tokens.sum().clamp_min(1)
     if old_logprobs is not None:
-        check_tensor("old_logprobs", old_logprobs, shape)
-        out.update(_d9(absw, old_logprobs.detach().to(w.dtype)))
+        sums.update(_d9(wm.abs(), old_logprobs.detach().to(w.dtype)))
     if clipped is not None:
-        check_tensor("clipped", clipped, shape, kind="mask")
-        out.update(_d10(clipped, mf, in_prefix, seq_adv))
-    values = torch.stack([v.to(torch.float64) for v in out.values()]).tolist()
-    return dict(zip(out, values, strict=True))
+        cf = bool_to_float(clipped.contiguous(), w.dtype) if clipped.dtype == torch.bool else clipped.to(w.dtype)
+        per_row["clipped"] = (cf.mul_(mf) if cf is not clipped else cf * mf).sum(1)
+    rows = dict(zip(per_row, to_host(torch.stack(list(per_row.values())).to(torch.float64)), strict=True))
+    values = dict(zip(sums, to_host(torch.stack(list(sums.values())).to(torch.float64)).tolist(), strict=True))
+
+    # stage 2, host: per group and per shared node, on the first `depth` columns
+    groups = HostGroups.of(group_ids)
+    lcp = pairwise_prefix(token_ids, mf, groups.members)  # one scan of the token ids serves D1 and D2
+    prefix = group_common_prefix(lcp, groups.members)  # (n,) common prefix length per group
+    depth = int(lcp.max()) if lcp.size else 0
+    width = int(prefix.max()) if prefix.size else 0  # <= depth
+    row_prefix = prefix[groups.inverse]
+    in_prefix = np.arange(width)[None, :] < row_prefix[:, None]  # (B, width)
+    w_head, m_head = to_host(wm[:, :depth], F64), to_host(mf[:, :depth], F64)
+    adv_head = rows["seq_adv"] if adv.ndim == 1 else to_host(adv[:, :depth], F64)
+    gross = values.pop("gross")
+
+    out = _d1(w_head, prefix, rows["seq_adv"], groups)
+    out.update(node_residual(w_head, m_head, adv_head, groups.members, lcp, gross))
+    out.update(_row_families(rows, groups, group_size))
+    if entropies is not None:
+        ent_head = to_host(entropies[:, :min(width + 1, shape[1])], F64)
+        out.update(_d7(ent_head, in_prefix, row_prefix, rows["tokens"], groups))
+    if clipped is not None:
+        out.update(_d10(rows, to_host(clipped[:, :width], F64) * in_prefix, in_prefix))
+    out.update(values)
+    return {k: float(v) for k, v in out.items()}
 
 
-def _d1(wp: Tensor, prefix: Tensor, seq_adv: Tensor, groups: GroupIndex) -> dict[str, Tensor]:
+def _d1(w_head: np.ndarray, prefix: np.ndarray, seq_adv: np.ndarray, groups: HostGroups) -> dict[str, float]:
     """D1 GCPR: rho_g = sum_t |sum_i w| / sum_t sum_i |w| over the group-common prefix (sec. 8)."""
-    width = wp.shape[1]
-    sums = groups.sum(torch.cat([wp, wp.abs(), (seq_adv != 0).to(wp.dtype)[:, None]], 1))  # one reduction
-    net, gross, signal = sums[:, :width].abs().sum(1), sums[:, width:2 * width].sum(1), sums[:, -1]
-    valid = (prefix > 0) & (gross > 0) & (signal > 0)  # skip groups with all A = 0
-    rho = torch.where(valid, net / gross.clamp_min(1e-30), torch.zeros_like(net))
+    rho, valid = _gcpr(w_head, prefix, seq_adv, groups.members)
     multi = groups.counts >= 2
     return {
-        "diag/d1_gcpr": rho.sum() / valid.sum().clamp_min(1),
+        "diag/d1_gcpr": rho.sum() / max(valid.sum(), 1),
         "diag/d1_gcpr_max": rho.max(),
         "diag/d1_groups_measured": valid.sum(),
-        "diag/d1_prefix_len_mean": (prefix * multi).sum() / multi.sum().clamp_min(1),
+        "diag/d1_prefix_len_mean": (prefix * multi).sum() / max(multi.sum(), 1),
         "diag/d1_groups_with_prefix_frac": ((prefix > 0) & multi).sum() / groups.n,
     }
 
 
-def _row_families(wm: Tensor, tokens: Tensor, lengths: Tensor, seq_adv: Tensor, groups: GroupIndex,
-                  group_size: int | None) -> dict[str, Tensor]:
-    """D3 (coefficient dispersion), D4 (group integrity), D11 (length coupling) from per-response values,
-    in float64 and with two stacked per-group reductions (the batch dimension is small)."""
-    f64 = torch.float64
-    mean_w = (wm.sum(1) / tokens.clamp_min(1)).to(f64)  # kappa_i * A_i, averaged over the response
-    adv, length = seq_adv.to(f64), lengths.to(f64)
-    entered = (tokens > 0).to(f64)
-    valid = (seq_adv != 0).to(f64) * entered
-    kappa = mean_w / torch.where(valid > 0, adv, torch.ones_like(adv)) * valid
-    g = groups.sum(torch.stack([valid, kappa, kappa * kappa, entered, adv * entered, mean_w, mean_w.abs()], 1))
-    cnt, s1, s2, members, adv_sum, net, gross = g.unbind(1)
-    mean = s1 / cnt.clamp_min(1)
-    std = (s2 / cnt.clamp_min(1) - mean * mean).clamp_min(0).sqrt()
-    ok = (cnt >= 2) & (mean != 0)
-    cv = torch.where(ok, std / mean.abs().clamp_min(1e-300), torch.zeros_like(std))
-    # rounding noise (cv ~ 1e-7) would otherwise yield arbitrary correlations below
-    kappa = torch.where((cv < _CV_NOISE)[groups.inverse], mean[groups.inverse], kappa) * valid
-    corr = _pooled_corrs([(kappa, adv, valid), (kappa, length, valid), (length, adv, entered)], groups)
-    has = gross > 0
+@njit(cache=True)
+def _gcpr(w: np.ndarray, prefix: np.ndarray, seq_adv: np.ndarray, members: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(rho, valid) per group; valid: a common prefix, weight on it and a response with A != 0."""
+    rho = np.zeros(members.shape[0])
+    valid = np.zeros(members.shape[0], dtype=np.bool_)
+    for g in range(members.shape[0]):
+        signal = False
+        for r in members[g]:
+            signal |= r >= 0 and seq_adv[r] != 0
+        net = gross = 0.0
+        for t in range(prefix[g]):
+            s = 0.0
+            for r in members[g]:
+                if r >= 0:
+                    s += w[r, t]
+                    gross += abs(w[r, t])
+            net += abs(s)
+        if signal and gross > 0:
+            rho[g], valid[g] = net / gross, True
+    return rho, valid
+
+
+_ROW_KEYS = ("diag/d3_kappa_cv", "diag/d3_corr_kappa_adv", "diag/d3_corr_kappa_len", "diag/d3_group_net_weight",
+             "diag/d4_adv_sum_abs_max", "diag/d4_adv_sum_abs_mean", "diag/d4_groups_complete_frac",
+             "diag/d11_corr_len_adv", "diag/d11_len_pos_mean", "diag/d11_len_neg_mean")
+
+
+def _row_families(rows: dict[str, np.ndarray], groups: HostGroups, group_size: int | None) -> dict[str, float]:
+    """D3 (coefficient dispersion), D4 (group integrity), D11 (length coupling) from per-response values."""
     want = group_size if group_size is not None else int(groups.counts.max())
-    pos, neg = (adv > 0).to(f64) * entered, (adv < 0).to(f64) * entered
-    return {
-        "diag/d3_kappa_cv": cv.sum() / ok.sum().clamp_min(1),
-        "diag/d3_corr_kappa_adv": corr[0],
-        "diag/d3_corr_kappa_len": corr[1],
-        "diag/d3_group_net_weight": torch.where(has, net.abs() / gross.clamp_min(1e-300), torch.zeros_like(net)).sum()
-        / has.sum().clamp_min(1),
-        "diag/d4_adv_sum_abs_max": adv_sum.abs().max(),
-        "diag/d4_adv_sum_abs_mean": adv_sum.abs().mean(),
-        "diag/d4_groups_complete_frac": (members == want).to(f64).mean(),
-        "diag/d11_corr_len_adv": corr[2],
-        "diag/d11_len_pos_mean": (length * pos).sum() / pos.sum().clamp_min(1),
-        "diag/d11_len_neg_mean": (length * neg).sum() / neg.sum().clamp_min(1),
-    }
+    values = _row_stats(rows["sum_w"], rows["tokens"], rows["seq_adv"], rows["lengths"], groups.inverse, groups.n,
+                        want, _CV_NOISE)
+    return dict(zip(_ROW_KEYS, values, strict=True))
 
 
-def _pooled_corrs(pairs: list[tuple[Tensor, Tensor, Tensor]], groups: GroupIndex) -> Tensor:
-    """Within-group correlations: each pair (x, y, weight) is centred by its group means over weighted rows,
-    then pooled; 0 where a side has no within-group variance. One reduction for all pairs."""
-    cols = []
-    for x, y, v in pairs:
-        cols += [v, x * v, y * v, x * y * v, x * x * v, y * y * v]
-    g = groups.sum(torch.stack(cols, 1)).view(groups.n, len(pairs), 6)
-    n, sx, sy, sxy, sxx, syy = g.unbind(2)
-    n = n.clamp_min(1)
-    cov, vx, vy = (sxy - sx * sy / n).sum(0), (sxx - sx * sx / n).sum(0), (syy - sy * sy / n).sum(0)
-    # variances at float64 rounding level of the raw second moments count as zero
-    vx = torch.where(vx > 1e-12 * sxx.sum(0), vx, torch.zeros_like(vx))
-    vy = torch.where(vy > 1e-12 * syy.sum(0), vy, torch.zeros_like(vy))
-    den = (vx * vy).sqrt()
-    return torch.where(den > 0, cov / den.clamp_min(1e-300), torch.zeros_like(den)).clamp(-1, 1)
+@njit(cache=True)
+def _row_stats(sum_w: np.ndarray, tokens: np.ndarray, adv: np.ndarray, length: np.ndarray, inverse: np.ndarray,
+               n: int, want: int, cv_noise: float) -> tuple[float, ...]:
+    """The values of `_ROW_KEYS`. kappa_i = mean_t w / A_i; its within-group coefficient of variation (D3),
+    pooled within-group correlations (centred by group means, 0 without variance on a side), sums of A over
+    the responses that entered the loss (D4), mean length by sign of A (D11)."""
+    rows = sum_w.size
+    mean_w = sum_w / np.maximum(tokens, 1)  # kappa_i * A_i, averaged over the response
+    entered = tokens > 0
+    valid = (adv != 0) & entered
+    kappa = np.where(valid, mean_w / np.where(valid, adv, 1.0), 0.0)
+    cnt, s1, s2, members = np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n)
+    adv_sum, net, gross = np.zeros(n), np.zeros(n), np.zeros(n)
+    for i in range(rows):
+        g = inverse[i]
+        cnt[g] += valid[i]
+        s1[g] += kappa[i]
+        s2[g] += kappa[i] * kappa[i]
+        members[g] += entered[i]
+        adv_sum[g] += adv[i] * entered[i]
+        net[g] += mean_w[i]
+        gross[g] += abs(mean_w[i])
+    mean = s1 / np.maximum(cnt, 1)
+    std = np.sqrt(np.maximum(s2 / np.maximum(cnt, 1) - mean * mean, 0))
+    ok = (cnt >= 2) & (mean != 0)
+    cv = np.where(ok, std / np.maximum(np.abs(mean), 1e-300), 0.0)
+    # rounding noise (cv ~ 1e-7) would otherwise yield arbitrary correlations
+    for i in range(rows):
+        kappa[i] = (mean[inverse[i]] if cv[inverse[i]] < cv_noise else kappa[i]) * valid[i]
+    # pairs (x, y, weight): (kappa, A, valid), (kappa, length, valid), (length, A, entered)
+    m = np.zeros((n, 3, 6))  # per group and pair: sum v, vx, vy, vxy, vxx, vyy
+    for i in range(rows):
+        g = inverse[i]
+        for p, (x, y, v) in enumerate(((kappa[i], adv[i], valid[i] * 1.0), (kappa[i], length[i], valid[i] * 1.0),
+                                       (length[i], adv[i], entered[i] * 1.0))):
+            m[g, p, 0] += v
+            m[g, p, 1] += x * v
+            m[g, p, 2] += y * v
+            m[g, p, 3] += x * y * v
+            m[g, p, 4] += x * x * v
+            m[g, p, 5] += y * y * v
+    corr = np.zeros(3)
+    for p in range(3):
+        cov = vx = vy = sxx = syy = 0.0
+        for g in range(n):
+            k = max(m[g, p, 0], 1.0)
+            cov += m[g, p, 3] - m[g, p, 1] * m[g, p, 2] / k
+            vx += m[g, p, 4] - m[g, p, 1] ** 2 / k
+            vy += m[g, p, 5] - m[g, p, 2] ** 2 / k
+            sxx += m[g, p, 4]
+            syy += m[g, p, 5]
+        # variances at float64 rounding level of the raw second moments count as zero
+        if vx > 1e-12 * sxx and vy > 1e-12 * syy:
+            corr[p] = min(max(cov / np.sqrt(vx * vy), -1.0), 1.0)
+    has = gross > 0
+    pos, neg = (adv > 0) & entered, (adv < 0) & entered
+    return (cv.sum() / max(ok.sum(), 1), corr[0], corr[1],
+            np.where(has, np.abs(net) / np.maximum(gross, 1e-300), 0.0).sum() / max(has.sum(), 1),
+            np.abs(adv_sum).max(), np.abs(adv_sum).mean(), (members == want).mean(), corr[2],
+            (length * pos).sum() / max(pos.sum(), 1), (length * neg).sum() / max(neg.sum(), 1))
 
 
-def _d7(ent: Tensor, mf: Tensor, in_prefix: Tensor, row_prefix: Tensor, tokens: Tensor,
-        groups: GroupIndex) -> dict[str, Any]:
-    """D7: mean entropy overall, on group-common-prefix positions, and at the first divergent position."""
+def _d7(ent_head: np.ndarray, in_prefix: np.ndarray, row_prefix: np.ndarray, tokens: np.ndarray,
+        groups: HostGroups) -> dict[str, float]:
+    """D7 on the host part: mean entropy on group-common-prefix positions and at the first divergent position
+    (ent_head: the first min(width + 1, T) columns; the overall mean is a torch pass of stage 1)."""
     width = in_prefix.shape[1]
-    common = (ent[:, :width] * in_prefix).sum() / in_prefix.sum().clamp_min(1)
+    common = (ent_head[:, :width] * in_prefix).sum() / max(in_prefix.sum(), 1)
     diverges = (row_prefix < tokens) & (groups.counts[groups.inverse] >= 2)
-    at = row_prefix.clamp(max=ent.shape[1] - 1)[:, None]
-    first_div = torch.gather(ent, 1, at)[:, 0]
+    first_div = ent_head[np.arange(len(row_prefix)), np.minimum(row_prefix, ent_head.shape[1] - 1)]
     return {
-        "diag/d7_entropy_mean": torch.dot(ent.flatten(), mf.flatten()) / tokens.sum().clamp_min(1),
         "diag/d7_entropy_common": common,
-        "diag/d7_entropy_divergent": (first_div * diverges).sum() / diverges.sum().clamp_min(1),
+        "diag/d7_entropy_divergent": (first_div * diverges).sum() / max(diverges.sum(), 1),
     }
 
 
@@ -211,21 +273,18 @@ def _d9(absw: Tensor, old: Tensor) -> dict[str, Tensor]:
     return {f"diag/d9_absw_share_{k}": (at_least[i] - at_least[i + 1]) / denom for i, k in enumerate(_BUCKET_KEYS)}
 
 
-def _d10(clipped: Tensor, mf: Tensor, in_prefix: Tensor, seq_adv: Tensor) -> dict[str, Any]:
-    """D10: gate/clip fractions for A>0 vs A<0 responses, overall and on group-common prefixes."""
-    cf = bool_to_float(clipped.contiguous(), mf.dtype) if clipped.dtype == torch.bool else clipped.to(mf.dtype)
-    n_rows = mf.sum(1)
-    rows = (cf.mul_(mf) if cf is not clipped else cf * mf).sum(1)
-    width = in_prefix.shape[1]
-    crow, n_crow = (cf[:, :width] * in_prefix).sum(1), in_prefix.sum(1)
-    pos, neg = seq_adv > 0, seq_adv < 0
+def _d10(rows: dict[str, np.ndarray], clipped_prefix: np.ndarray, in_prefix: np.ndarray) -> dict[str, float]:
+    """D10: gate/clip fractions for A>0 vs A<0 responses, overall and on group-common prefixes
+    (clipped_prefix: the clip indicators on each row's group-common prefix)."""
+    crow, n_crow = clipped_prefix.sum(1), in_prefix.sum(1)
+    pos, neg = rows["seq_adv"] > 0, rows["seq_adv"] < 0
 
-    def frac(num: Tensor, den: Tensor, sel: Tensor) -> Tensor:
-        return (num * sel).sum() / (den * sel).sum().clamp_min(1)
+    def frac(num: np.ndarray, den: np.ndarray, sel: np.ndarray) -> float:
+        return (num * sel).sum() / max((den * sel).sum(), 1)
 
     return {
-        "diag/d10_clipfrac_pos": frac(rows, n_rows, pos),
-        "diag/d10_clipfrac_neg": frac(rows, n_rows, neg),
+        "diag/d10_clipfrac_pos": frac(rows["clipped"], rows["tokens"], pos),
+        "diag/d10_clipfrac_neg": frac(rows["clipped"], rows["tokens"], neg),
         "diag/d10_clipfrac_common_pos": frac(crow, n_crow, pos),
         "diag/d10_clipfrac_common_neg": frac(crow, n_crow, neg),
     }

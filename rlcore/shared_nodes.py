@@ -15,124 +15,206 @@ answers opening with "The answer is"), which is where real rollouts share tokens
 
 Groups are compared pairwise: the common-prefix length of every pair of a group (`pairwise_prefix`) says at
 which positions two rows are copies of one node, since "shares the first t+1 tokens" is transitive.
+
+Everything here works on small host arrays (B rows, G x G pairs, the shared depth of a few dozen columns)
+in loops compiled by numba: at these sizes each torch call would cost more in dispatch than its arithmetic,
+and on a GPU learner one transfer of a small slice replaces many tiny kernel launches. Inputs may be torch
+tensors on any device or numpy arrays; only the columns that are scanned are copied. The kernels compile
+on first use (~10 s) and are cached beside the module afterwards.
 """
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+from dataclasses import dataclass
+from typing import Any
 
-from rlcore.groups import GroupIndex
-from rlcore.validation import bool_to_float
+import numpy as np
+from numba import njit
 
 _FIRST_CHUNK = 16  # columns compared first; each further chunk doubles (shared prefixes are short)
+F64 = np.float64
 
 
-def group_members(groups: GroupIndex) -> Tensor:
-    """(n, G_max) row indices of each group's responses in batch order, -1 where a group is smaller."""
-    order = torch.argsort(groups.inverse, stable=True)
-    starts = torch.cumsum(groups.counts, 0) - groups.counts
-    slot = torch.arange(order.numel(), device=order.device) - starts[groups.inverse[order]]
-    members = torch.full((groups.n, int(groups.counts.max())), -1, dtype=torch.long, device=order.device)
-    members[groups.inverse[order], slot] = order
-    return members
+def to_host(x: Any, dtype: Any = None) -> np.ndarray:
+    """A C-contiguous numpy view (contiguous CPU tensors, arrays) or copy (other devices, strides, dtype
+    changes) of a tensor or array; one memory layout per dtype keeps the compiled kernels to one each."""
+    if hasattr(x, "detach"):
+        x = x.detach()
+        x = x.numpy() if x.device.type == "cpu" else x.cpu().numpy()
+    return np.ascontiguousarray(x, dtype=dtype)
 
 
-def pairwise_prefix(token_ids: Tensor, active: Tensor, members: Tensor) -> Tensor:
+@dataclass(frozen=True)
+class HostGroups:
+    """Dense groups of a batch: `inverse[i]` is row i's group in 0..n-1 (ids sorted), `counts[g]` its size,
+    `members[g]` its rows in batch order padded with -1 to the largest group."""
+
+    inverse: np.ndarray
+    counts: np.ndarray
+    members: np.ndarray
+
+    @classmethod
+    def of(cls, group_ids: Any) -> HostGroups:
+        return cls(*_dense_groups(to_host(group_ids, np.int64)))
+
+    @property
+    def n(self) -> int:
+        return int(self.counts.size)
+
+    def sum(self, x: np.ndarray) -> np.ndarray:
+        """Per-group sums of the rows of x: (B, ...) -> (n, ...)."""
+        real = (self.members >= 0).reshape(*self.members.shape, *([1] * (x.ndim - 1)))
+        return (x[np.maximum(self.members, 0)] * real).sum(1)
+
+
+@njit(cache=True)
+def _dense_groups(group_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ids = np.unique(group_ids)
+    inverse = np.searchsorted(ids, group_ids)
+    counts = np.zeros(ids.size, dtype=np.int64)
+    for g in inverse:
+        counts[g] += 1
+    members = np.full((ids.size, counts.max()), -1, dtype=np.int64)
+    fill = np.zeros(ids.size, dtype=np.int64)
+    for row, g in enumerate(inverse):
+        members[g, fill[g]] = row
+        fill[g] += 1
+    return inverse, counts, members
+
+
+def pairwise_prefix(token_ids: Any, active: Any, members: Any) -> np.ndarray:
     """(n, G, G) number of leading positions where both rows are active (`active`: the response mask, bool
-    or 0/1 float) and their token ids agree.
+    or 0/1) and their token ids agree.
 
-    The diagonal and pairs with a padding slot are 0. Columns are scanned in chunks of growing width and
-    the scan stops once every pair has diverged (usually within the first chunk). Comparisons write float
-    results: on CPU, bool-valued elementwise ops are several times slower."""
-    n, size = members.shape
+    The diagonal and pairs with a padding slot are 0. Columns are scanned in chunks of growing width (each
+    chunk alone is copied to the host) and the scan stops once every pair has diverged (usually within the
+    first chunk)."""
+    members = to_host(members, np.int64)
     width = token_ids.shape[1]
-    real = members >= 0
-    rows = members.clamp_min(0)
-    off_diag = ~torch.eye(size, dtype=torch.bool, device=members.device)
-    pair = real[:, :, None] & real[:, None, :] & off_diag  # (n, G, G) pairs worth comparing
-    # inactive positions and padding slots get a token id no other slot has, so they never agree
-    sentinel = -1 - torch.arange(size, device=members.device)[None, :, None]
-    lcp = torch.zeros((n, size, size), dtype=torch.long, device=members.device)
-    open_ = pair.clone()  # pairs that have not diverged yet
+    lcp = np.zeros((members.shape[0], members.shape[1], members.shape[1]), dtype=np.int64)
+    open_ = _real_pairs(members)  # pairs that have not diverged yet
     start, chunk = 0, _FIRST_CHUNK
     while start < width:
         stop = min(start + chunk, width)
-        # float64 ids (exact below 2**53): float comparisons are vectorised on CPU, int64 broadcasts are not
-        act = active[rows, start:stop]
-        act = act if act.dtype == torch.bool else act != 0
-        tok = torch.where(act & real[:, :, None], token_ids[rows, start:stop], sentinel).double()
-        differs = torch.empty((n, size, size, stop - start), device=members.device)
-        torch.ne(tok[:, :, None, :], tok[:, None, :, :], out=differs)
-        hit, first = differs.max(-1)  # the first maximum: the first position where the pair differs
-        hit = hit > 0
-        lcp = torch.where(open_, torch.where(hit, start + first, torch.full_like(first, stop)), lcp)
-        open_ = open_ & ~hit
-        if not bool(open_.any()):
+        tok = to_host(token_ids[:, start:stop], np.int64)
+        act = to_host(active[:, start:stop]) != 0
+        if not _scan_chunk(tok, act, members, start, lcp, open_):
             break
         start, chunk = stop, 2 * chunk
-    return lcp * pair
+    return lcp
 
 
-def group_common_prefix(lcp: Tensor, members: Tensor) -> Tensor:
+def _real_pairs(members: np.ndarray) -> np.ndarray:
+    real = members >= 0
+    return real[:, :, None] & real[:, None, :] & ~np.eye(members.shape[1], dtype=bool)
+
+
+@njit(cache=True)
+def _scan_chunk(tok: np.ndarray, act: np.ndarray, members: np.ndarray, start: int, lcp: np.ndarray,
+                open_: np.ndarray) -> bool:
+    """Advance `lcp` of the open pairs over columns start..start+c (tok, act: (B, c)); True while any pair is
+    still open at the chunk's end."""
+    any_open = False
+    for g in range(members.shape[0]):
+        for a in range(members.shape[1]):
+            for b in range(a + 1, members.shape[1]):
+                if not open_[g, a, b]:
+                    continue
+                ra, rb = members[g, a], members[g, b]
+                j = 0
+                while j < tok.shape[1] and act[ra, j] and act[rb, j] and tok[ra, j] == tok[rb, j]:
+                    j += 1
+                lcp[g, a, b] = lcp[g, b, a] = start + j
+                if j < tok.shape[1]:
+                    open_[g, a, b] = open_[g, b, a] = False
+                else:
+                    any_open = True
+    return any_open
+
+
+def group_common_prefix(lcp: np.ndarray, members: np.ndarray) -> np.ndarray:
     """(n,) length of the prefix every response of a group shares, the smallest of its pairwise ones (0 for a
     lone response); `lcp` as `pairwise_prefix` gives it for `members`."""
-    real = members >= 0
-    pair = real[:, :, None] & real[:, None, :] & ~torch.eye(members.shape[1], dtype=torch.bool, device=lcp.device)
-    none = torch.iinfo(lcp.dtype).max
-    shortest = torch.where(pair, lcp, torch.full_like(lcp, none)).flatten(1).amin(1)
-    return torch.where(shortest == none, torch.zeros_like(shortest), shortest)
+    none = np.iinfo(np.int64).max
+    shortest = np.where(_real_pairs(members), lcp, none).reshape(lcp.shape[0], -1).min(1)
+    return np.where(shortest == none, 0, shortest)
 
 
-def shared_node_residual(w: Tensor, token_ids: Tensor, active: Tensor, advantages: Tensor,
-                         groups: GroupIndex, members: Tensor | None = None, lcp: Tensor | None = None,
-                         gross_all: Tensor | None = None) -> dict[str, Tensor]:
-    """D2 of one optimizer step from the ascent weights w (B, T), response token ids, the response mask
-    (B x T, bool or 0/1 float) and advantages (B,) or (B, T). Values are 0-d tensors; `diag/d2_nodes`
-    counts nodes. members, lcp: `group_members` and `pairwise_prefix` of these rows, gross_all: sum |w| over
-    the mask, when the caller has them already (each costs a pass over the batch)."""
-    if members is None or lcp is None:
-        members = group_members(groups)
-        lcp = pairwise_prefix(token_ids, active, members)
-    depth = int(lcp.max()) if lcp.numel() else 0
-    zero = w.new_zeros((), dtype=torch.float64)
+def node_residual(w: np.ndarray, active: np.ndarray, advantages: np.ndarray, members: np.ndarray,
+                  lcp: np.ndarray, gross_all: float) -> dict[str, float]:
+    """D2 from host arrays: w and active (B, >= depth) float64 (w zero off the mask), advantages (B,) or
+    (B, >= depth), `members`/`lcp` of these rows, gross_all = sum |w| over the whole batch."""
+    depth = int(lcp.max()) if lcp.size else 0
     if depth == 0:
-        return {"diag/d2_residual": zero, "diag/d2_credit_frac": zero, "diag/d2_shared_frac": zero,
-                "diag/d2_nodes": zero, "diag/d2_node_size_mean": zero, "diag/d2_depth_max": zero}
-    f64 = torch.float64
-    if gross_all is None:  # float and dtype-matched: bool-valued and float64 passes are slow on CPU
-        gross_all = (w * (bool_to_float(active, w.dtype) if active.dtype == torch.bool else active)).abs().sum(dtype=f64)
-    size = members.shape[1]
-    rows = members.clamp_min(0)
-    positions = torch.arange(depth, device=w.device)
-    real = (members >= 0).to(f64)[:, :, None]
-
-    def gathered(x: Tensor) -> Tensor:  # (B, T) -> (n, depth, G), 0 on padding slots
-        return x[rows, :depth].to(f64).mul_(real).transpose(1, 2)
-
-    own = gathered(active)  # (n, depth, G): row b is active at position t
-    # copies[n, t, a, b] = 1: rows a and b hold a copy of one node at position t (a itself when it is active)
-    copies = torch.empty((lcp.shape[0], depth, size, size), dtype=f64, device=w.device)
-    torch.gt(lcp[:, None], positions[None, :, None, None], out=copies)
-    copies.diagonal(dim1=2, dim2=3).copy_(own)
-    count = copies.sum(3)  # (n, depth, G) copies of the node row a sits on
-    first = copies.argmax(3)  # the node's first member
-    node = (first == torch.arange(size, device=w.device)).to(f64) * (count >= 2).to(f64) * own
-
-    wm = gathered(w)
-    adv = gathered(advantages if advantages.ndim == 2 else advantages[:, None].expand_as(w))
-    has_a = (adv != 0).to(f64) * own
-    kappa = wm / torch.where(has_a > 0, adv, torch.ones_like(adv)) * has_a
-    per_copy = torch.stack([wm, wm.abs(), adv, has_a, kappa], 3)  # (n, depth, G, 5)
-    net, gross, adv_sum, n_adv, kappa_sum = torch.matmul(copies, per_copy).unbind(3)  # node sums per member
-    credit = kappa_sum / n_adv.clamp_min(1) * adv_sum
-    gross_total = (gross * node).sum().clamp_min(1e-300)
-    nodes = node.sum()
+        return dict.fromkeys(("diag/d2_residual", "diag/d2_credit_frac", "diag/d2_shared_frac", "diag/d2_nodes",
+                              "diag/d2_node_size_mean", "diag/d2_depth_max"), 0.0)
+    adv = advantages[:, :depth] if advantages.ndim == 2 else np.repeat(advantages[:, None], depth, 1)
+    residual, credit, gross, nodes, copies = _node_sums(
+        np.ascontiguousarray(w[:, :depth], dtype=F64), np.ascontiguousarray(active[:, :depth] != 0),
+        np.ascontiguousarray(adv, dtype=F64), members, lcp)
+    gross = max(gross, 1e-300)
     return {
-        "diag/d2_residual": ((net - credit).abs() * node).sum() / gross_total,
-        "diag/d2_credit_frac": (credit.abs() * node).sum() / gross_total,
-        "diag/d2_shared_frac": gross_total / gross_all.to(f64).clamp_min(1e-300),
+        "diag/d2_residual": residual / gross,
+        "diag/d2_credit_frac": credit / gross,
+        "diag/d2_shared_frac": gross / max(float(gross_all), 1e-300),
         "diag/d2_nodes": nodes,
-        "diag/d2_node_size_mean": (count * node).sum() / nodes.clamp_min(1),
-        "diag/d2_depth_max": zero + depth,
+        "diag/d2_node_size_mean": copies / max(nodes, 1.0),
+        "diag/d2_depth_max": float(depth),
     }
+
+
+@njit(cache=True)
+def _node_sums(w: np.ndarray, active: np.ndarray, adv: np.ndarray, members: np.ndarray,
+               lcp: np.ndarray) -> tuple[float, float, float, float, float]:
+    """Sums over every node with >= 2 copies: |residual|, |credit|, gross |w|, node count, copy count.
+    The node of member a at position t holds a and every b with lcp[a, b] > t; it is visited from its first
+    member (the lowest slot)."""
+    residual = credit = gross = nodes = copies = 0.0
+    size = members.shape[1]
+    for g in range(members.shape[0]):
+        for t in range(w.shape[1]):
+            for a in range(size):
+                ra = members[g, a]
+                if ra < 0 or not active[ra, t]:
+                    continue
+                first = True
+                for b in range(a):
+                    if lcp[g, a, b] > t:
+                        first = False
+                        break
+                if not first:
+                    continue
+                count, net, gsum, adv_sum, n_adv, kappa_sum = 0, 0.0, 0.0, 0.0, 0, 0.0
+                for b in range(size):
+                    if b == a or lcp[g, a, b] > t:
+                        rb = members[g, b]
+                        x, a_b = w[rb, t], adv[rb, t]
+                        count += 1
+                        net += x
+                        gsum += abs(x)
+                        adv_sum += a_b
+                        if a_b != 0:
+                            n_adv += 1
+                            kappa_sum += x / a_b
+                if count < 2:
+                    continue
+                c = kappa_sum / max(n_adv, 1) * adv_sum
+                residual += abs(net - c)
+                credit += abs(c)
+                gross += gsum
+                nodes += 1
+                copies += count
+    return residual, credit, gross, nodes, copies
+
+
+def shared_node_residual(w: Any, token_ids: Any, active: Any, advantages: Any, group_ids: Any) -> dict[str, float]:
+    """D2 of one optimizer step from the ascent weights w (B, T), response token ids, the response mask
+    (B x T, bool or 0/1) and advantages (B,) or (B, T); tensors or arrays. `diag/d2_nodes` counts nodes."""
+    members = HostGroups.of(group_ids).members
+    lcp = pairwise_prefix(token_ids, active, members)
+    depth = int(lcp.max()) if lcp.size else 0
+    mask = to_host(active, F64)
+    wm = to_host(w, F64) * mask
+    adv = to_host(advantages, F64)
+    return node_residual(wm[:, :depth], mask[:, :depth], adv[:, :depth] if adv.ndim == 2 else adv, members, lcp,
+                         float(np.abs(wm).sum()))

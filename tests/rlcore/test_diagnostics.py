@@ -122,6 +122,24 @@ def test_optional_families_appear_only_with_their_inputs():
     assert all(isinstance(v, float) and math.isfinite(v) for v in full.values())
 
 
+def test_float32_strided_inputs_and_ragged_groups_give_the_float64_values():
+    """The host stage copies what it reads into one layout; dtype, strides and group layout do not change it."""
+    b = make_batch(3, n_groups=4, group_size=5, width=12)
+    keep = torch.tensor([i for i in range(20) if i not in (3, 11, 12)])  # ragged groups: 4, 5, 3, 5
+    obj = rlcore.get_objective("grpo")
+    mask, gids, old, lp, tokens = (x[keep] for x in (b.mask, b.group_ids, b.old_logprobs, b.logprobs, b.token_ids))
+    adv = obj.advantages(b.rewards, b.group_ids, b.mask)[keep]  # rows dropped after the advantages (D4's case)
+    w, out = ascent_weights(obj, lp, old, adv, mask, gids)
+    kw = dict(old_logprobs=old, entropies=-old, clipped=out.clipped)
+    want = cancellation_diagnostics(w, tokens, mask, gids, adv, **kw)
+    wide = torch.zeros(len(keep), 24)  # float32, every other column: a strided view
+    wide[:, ::2] = w.float()
+    got = cancellation_diagnostics(wide[:, ::2], tokens.t().contiguous().t(), mask.float(), gids, adv.float(),
+                                   old_logprobs=old.float(), entropies=-old.float(), clipped=out.clipped)
+    assert want["diag/d2_nodes"] > 0 and want["diag/d1_groups_measured"] > 0
+    assert got == pytest.approx(want, rel=1e-4, abs=1e-6)
+
+
 def test_ascent_weights_are_minus_the_loss_gradient():
     b = make_batch(2)
     obj = rlcore.get_objective("gspo", kl_coef=0.1)

@@ -7,8 +7,7 @@ import torch
 
 import rlcore
 from rlcore.diagnostics import ascent_weights, cancellation_diagnostics
-from rlcore.groups import GroupIndex
-from rlcore.shared_nodes import group_members, pairwise_prefix, shared_node_residual
+from rlcore.shared_nodes import HostGroups, pairwise_prefix, shared_node_residual
 
 
 def d2(w, ids, adv, gids=None, mask=None):
@@ -16,8 +15,8 @@ def d2(w, ids, adv, gids=None, mask=None):
     ids = torch.tensor(ids)
     mask = torch.ones_like(ids, dtype=torch.bool) if mask is None else torch.tensor(mask)
     gids = torch.zeros(len(ids), dtype=torch.long) if gids is None else torch.tensor(gids)
-    out = shared_node_residual(w, ids, mask, torch.tensor(adv, dtype=torch.float64), GroupIndex.of(gids))
-    return {k: float(v) for k, v in out.items()}
+    out = shared_node_residual(w, ids, mask, torch.tensor(adv, dtype=torch.float64), gids)
+    return out
 
 
 def tree_batch(seed: int, n_groups: int = 4, group_size: int = 6, width: int = 7, vocab: int = 2):
@@ -67,7 +66,7 @@ def test_shared_tokens_in_padding_and_across_groups_are_not_nodes():
 
 def test_ragged_groups_and_lone_responses():
     gids = torch.tensor([4, 9, 4, 4, 2])
-    members = group_members(GroupIndex.of(gids))
+    members = HostGroups.of(gids).members
     assert members.tolist() == [[4, -1, -1], [0, 2, 3], [1, -1, -1]]
     out = d2([[1.0, 1.0], [5.0, 5.0], [-1.0, -1.0], [0.0, 0.0], [3.0, 3.0]], [[1, 2], [1, 2], [1, 2], [1, 3], [1, 2]],
              [1.0, 1.0, -1.0, 0.0, 1.0], gids=gids.tolist())
@@ -94,7 +93,7 @@ def test_exchangeable_presets_leave_no_residual_on_partial_prefixes(name, seed):
     obj = rlcore.get_objective(name)
     adv = obj.advantages(rewards, gids, mask)
     w, _ = ascent_weights(obj, new, old, adv, mask, gids)
-    out = shared_node_residual(w, tokens, mask, adv, GroupIndex.of(gids))
+    out = shared_node_residual(w, tokens, mask, adv, gids)
     assert out["diag/d2_nodes"] > 10
     assert float(out["diag/d2_residual"]) <= 1e-9
     assert float(out["diag/d2_credit_frac"]) > 0.01  # partial prefixes carry credit
@@ -107,7 +106,7 @@ def test_response_coupled_presets_leave_a_residual_on_partial_prefixes(name):
     obj = rlcore.get_objective(name)
     adv = obj.advantages(rewards, gids, mask)
     w, _ = ascent_weights(obj, new, old, adv, mask, gids)
-    assert float(shared_node_residual(w, tokens, mask, adv, GroupIndex.of(gids))["diag/d2_residual"]) > 0.05
+    assert float(shared_node_residual(w, tokens, mask, adv, gids)["diag/d2_residual"]) > 0.05
 
 
 def test_d2_equals_d1_when_the_only_shared_nodes_are_group_common():
