@@ -20,7 +20,6 @@ than the arithmetic.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -29,7 +28,7 @@ from numba import njit
 from torch import Tensor
 
 from rlcore.shared_nodes import F64, HostGroups, group_common_prefix, node_residual, pairwise_prefix, to_host
-from rlcore.validation import as_mask, bool_to_float, check_group_ids, check_tensor
+from rlcore.validation import as_mask, check_group_ids, check_tensor
 
 PROB_BUCKETS = (0.1, 0.5, 0.9)  # D9 buckets of pi_old: [0,.1) [.1,.5) [.5,.9) [.9,1]
 _BUCKET_KEYS = ("p00_10", "p10_50", "p50_90", "p90_100")
@@ -85,49 +84,122 @@ def cancellation_diagnostics(w: Tensor, token_ids: Tensor, mask: Tensor, group_i
     if clipped is not None:
         check_tensor("clipped", clipped, shape, kind="mask")
 
-    # stage 1, torch: passes over (B, T)
+    # stage 1: one pass over (B, T) -> per-response sums and D9's bucket sums
     w = w.detach()
     w = w if w.dtype == torch.float64 else w.float()
-    mf = as_mask("mask", mask, shape, w.dtype, check_values=False)  # the loss has validated it
-    wm = w * mf
-    tokens = mf.sum(1)  # active tokens per response
-    adv = advantages.detach().to(w.dtype)
-    per_row = {"sum_w": wm.sum(1), "tokens": tokens, "lengths": tokens if lengths is None else lengths.to(w.dtype),
-               "seq_adv": adv if adv.ndim == 1 else (adv * mf).sum(1) / tokens.clamp_min(1)}
-    sums: dict[str, Tensor] = {"gross": torch.linalg.vector_norm(wm, 1)}  # sum |w| without a (B, T) buffer
-    if entropies is not None:
-        sums["diag/d7_entropy_mean"] = torch.dot(entropies.detach().to(w.dtype).flatten(), mf.flatten()) \
-            / tokens.sum().clamp_min(1)
-    if old_logprobs is not None:
-        sums.update(_d9(wm.abs(), old_logprobs.detach().to(w.dtype)))
-    if clipped is not None:
-        cf = bool_to_float(clipped.contiguous(), w.dtype) if clipped.dtype == torch.bool else clipped.to(w.dtype)
-        per_row["clipped"] = (cf.mul_(mf) if cf is not clipped else cf * mf).sum(1)
-    rows = dict(zip(per_row, to_host(torch.stack(list(per_row.values())).to(torch.float64)), strict=True))
-    values = dict(zip(sums, to_host(torch.stack(list(sums.values())).to(torch.float64)).tolist(), strict=True))
+    inputs = [x if x is None else x.detach() for x in (advantages if advantages.ndim == 2 else None, entropies,
+                                                        clipped, old_logprobs)]
+    per_row, d9 = (_token_sums_cpu if w.device.type == "cpu" else _token_sums_torch)(w, mask, *inputs)
+    rows = dict(zip(_ROW_SUMS, per_row.T, strict=True))
+    tokens = rows["tokens"]
+    rows["seq_adv"] = to_host(advantages, F64) if advantages.ndim == 1 else rows["adv"] / np.maximum(tokens, 1)
+    rows["lengths"] = tokens if lengths is None else to_host(lengths, F64)
+    gross = rows["abs_w"].sum()
 
     # stage 2, host: per group and per shared node, on the first `depth` columns
     groups = HostGroups.of(group_ids)
-    lcp = pairwise_prefix(token_ids, mf, groups.members)  # one scan of the token ids serves D1 and D2
+    lcp = pairwise_prefix(token_ids, mask, groups.members)  # one scan of the token ids serves D1 and D2
     prefix = group_common_prefix(lcp, groups.members)  # (n,) common prefix length per group
     depth = int(lcp.max()) if lcp.size else 0
     width = int(prefix.max()) if prefix.size else 0  # <= depth
     row_prefix = prefix[groups.inverse]
     in_prefix = np.arange(width)[None, :] < row_prefix[:, None]  # (B, width)
-    w_head, m_head = to_host(wm[:, :depth], F64), to_host(mf[:, :depth], F64)
-    adv_head = rows["seq_adv"] if adv.ndim == 1 else to_host(adv[:, :depth], F64)
-    gross = values.pop("gross")
+    m_head = to_host(mask[:, :depth], F64)
+    w_head = to_host(w[:, :depth], F64) * m_head
+    adv_head = rows["seq_adv"] if advantages.ndim == 1 else to_host(advantages[:, :depth], F64)
 
     out = _d1(w_head, prefix, rows["seq_adv"], groups)
     out.update(node_residual(w_head, m_head, adv_head, groups.members, lcp, gross))
     out.update(_row_families(rows, groups, group_size))
     if entropies is not None:
+        out["diag/d7_entropy_mean"] = rows["entropy"].sum() / max(tokens.sum(), 1)
         ent_head = to_host(entropies[:, :min(width + 1, shape[1])], F64)
-        out.update(_d7(ent_head, in_prefix, row_prefix, rows["tokens"], groups))
+        out.update(_d7(ent_head, in_prefix, row_prefix, tokens, groups))
+    if old_logprobs is not None:
+        out.update({f"diag/d9_absw_share_{k}": v / max(d9.sum(), 1e-30) for k, v in zip(_BUCKET_KEYS, d9, strict=True)})
     if clipped is not None:
         out.update(_d10(rows, to_host(clipped[:, :width], F64) * in_prefix, in_prefix))
-    out.update(values)
     return {k: float(v) for k, v in out.items()}
+
+
+_ROW_SUMS = ("sum_w", "abs_w", "tokens", "adv", "entropy", "clipped")  # columns of the stage-1 row sums
+_LOG_EDGES = np.log(np.array(PROB_BUCKETS))
+
+
+def _token_sums_cpu(w: Tensor, mask: Tensor, adv: Tensor | None, ent: Tensor | None, clipped: Tensor | None,
+                    old: Tensor | None) -> tuple[np.ndarray, np.ndarray]:
+    """Stage 1 on CPU tensors: one compiled pass over zero-copy views (bool masks are read as bytes)."""
+    def view(x: Tensor | None) -> np.ndarray | None:
+        if x is None:
+            return None
+        x = x.contiguous()
+        return (x.view(torch.uint8) if x.dtype == torch.bool else x).numpy()
+
+    p = None if old is None else torch.exp(old.to(w.dtype)).numpy()  # torch's exp is vectorised, numba's is not
+    edges = _LOG_EDGES.astype(p.dtype if p is not None else F64)  # compared in the log-probs' own precision
+    return _token_sums(view(w), view(mask), view(adv), view(ent), view(clipped), p,
+                       None if old is None else view(old.to(w.dtype)), edges)
+
+
+@njit(cache=True, fastmath={"reassoc", "contract"})
+def _token_sums(w: np.ndarray, mask: np.ndarray, adv: np.ndarray | None, ent: np.ndarray | None,
+                clipped: np.ndarray | None, p: np.ndarray | None, old: np.ndarray | None,
+                log_edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(B, len(_ROW_SUMS)) sums over each response's masked tokens, and D9's sum |w| (1 - p) per bucket of
+    log pi_old (the three edges log_edges); a column whose input is None stays 0. fastmath lets the
+    float64 sums vectorise (reassociated additions only: NaN and inf still propagate)."""
+    rows = np.zeros((w.shape[0], 6))
+    d9 = np.zeros(log_edges.size + 1)
+    for i in range(w.shape[0]):
+        sum_w = abs_w = tokens = a_sum = e_sum = c_sum = 0.0  # register accumulators, one store per row
+        for t in range(w.shape[1]):
+            m = float(mask[i, t])
+            x = w[i, t] * m
+            sum_w += x
+            abs_w += abs(x)
+            tokens += m
+            if adv is not None:
+                a_sum += adv[i, t] * m
+            if ent is not None:
+                e_sum += ent[i, t] * m
+            if clipped is not None:
+                c_sum += clipped[i, t] * m
+        if p is not None:  # D9 as sums over log p >= each edge (branch-free, so the loop vectorises)
+            e0, e1, e2 = log_edges[0], log_edges[1], log_edges[2]
+            s0 = s1 = s2 = s3 = 0.0
+            for t in range(w.shape[1]):
+                v = abs(w[i, t]) * float(mask[i, t]) * (1.0 - p[i, t])
+                o = old[i, t]
+                s0 += v
+                s1 += v * (o >= e0)
+                s2 += v * (o >= e1)
+                s3 += v * (o >= e2)
+            d9[0] += s0 - s1
+            d9[1] += s1 - s2
+            d9[2] += s2 - s3
+            d9[3] += s3
+        rows[i, 0], rows[i, 1], rows[i, 2], rows[i, 3], rows[i, 4], rows[i, 5] = sum_w, abs_w, tokens, a_sum, e_sum, c_sum
+    return rows, d9
+
+
+def _token_sums_torch(w: Tensor, mask: Tensor, adv: Tensor | None, ent: Tensor | None, clipped: Tensor | None,
+                      old: Tensor | None) -> tuple[np.ndarray, np.ndarray]:
+    """Stage 1 on other devices (GPU): the same sums as `_token_sums` in torch ops, moved to the host once."""
+    mf = as_mask("mask", mask, tuple(w.shape), w.dtype, check_values=False)
+    wm = w * mf
+    absw = wm.abs()
+    zero = torch.zeros_like(w[:, 0])
+    cols = [wm.sum(1), absw.sum(1), mf.sum(1)]
+    cols += [zero if x is None else (x.to(w.dtype) * mf).sum(1) for x in (adv, ent, clipped)]
+    d9 = torch.zeros(len(PROB_BUCKETS) + 1, dtype=w.dtype, device=w.device)
+    if old is not None:
+        flat = old.to(w.dtype).flatten()
+        proxy = torch.exp(flat).neg_().add_(1.0).mul_(absw.flatten())
+        d9.index_add_(0, torch.bucketize(flat, torch.as_tensor(_LOG_EDGES, dtype=w.dtype, device=w.device),
+                                         right=True), proxy)
+    both = torch.cat([torch.stack(cols, 1).flatten(), d9]).to(torch.float64)
+    host = to_host(both)
+    return host[:-d9.numel()].reshape(w.shape[0], len(cols)), host[-d9.numel():]
 
 
 def _d1(w_head: np.ndarray, prefix: np.ndarray, seq_adv: np.ndarray, groups: HostGroups) -> dict[str, float]:
@@ -252,25 +324,6 @@ def _d7(ent_head: np.ndarray, in_prefix: np.ndarray, row_prefix: np.ndarray, tok
         "diag/d7_entropy_common": common,
         "diag/d7_entropy_divergent": (first_div * diverges).sum() / max(diverges.sum(), 1),
     }
-
-
-def _d9(absw: Tensor, old: Tensor) -> dict[str, Tensor]:
-    """D9: share of sum |w| (1 - p) by pi_old bucket (a logit-space gradient-norm proxy, sec. 8).
-
-    Bucket sums are dot products with 0/1 indicators S(log p >= log e); the comparison writes a float
-    tensor directly (vectorised on CPU, unlike a bool result or a bucketize/bincount scatter).
-    absw (|w| on the mask) is overwritten: it is the indicators' buffer, since each fresh (B*T) buffer
-    costs page faults on CPU."""
-    flat = old.flatten()
-    indicator = absw.flatten()
-    proxy = torch.exp(flat).neg_().add_(1.0).mul_(indicator)
-    at_least = [proxy.sum()]
-    for edge in PROB_BUCKETS:
-        torch.ge(flat, math.log(edge), out=indicator)
-        at_least.append(torch.dot(proxy, indicator))
-    at_least.append(torch.zeros_like(at_least[0]))
-    denom = at_least[0].clamp_min(1e-30)
-    return {f"diag/d9_absw_share_{k}": (at_least[i] - at_least[i + 1]) / denom for i, k in enumerate(_BUCKET_KEYS)}
 
 
 def _d10(rows: dict[str, np.ndarray], clipped_prefix: np.ndarray, in_prefix: np.ndarray) -> dict[str, float]:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
 import rlcore
-from rlcore.diagnostics import ascent_weights, cancellation_diagnostics
+from rlcore.diagnostics import _token_sums_cpu, _token_sums_torch, ascent_weights, cancellation_diagnostics
 from tests.rlcore.batches import make_batch
 
 TWO = torch.tensor([0, 0])
@@ -138,6 +139,24 @@ def test_float32_strided_inputs_and_ragged_groups_give_the_float64_values():
                                    old_logprobs=old.float(), entropies=-old.float(), clipped=out.clipped)
     assert want["diag/d2_nodes"] > 0 and want["diag/d1_groups_measured"] > 0
     assert got == pytest.approx(want, rel=1e-4, abs=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_torch_token_pass_of_other_devices_matches_the_compiled_cpu_pass(dtype):
+    """Stage 1 runs compiled on CPU tensors and as torch ops elsewhere (GPU); both give the same sums."""
+    b = make_batch(4, n_groups=3, group_size=4, width=10, dtype=dtype)
+    obj = rlcore.get_objective("dapo")
+    adv = obj.advantages(b.rewards, b.group_ids, b.mask)
+    w, out = ascent_weights(obj, b.logprobs, b.old_logprobs, adv, b.mask, b.group_ids)
+    old = b.old_logprobs.clone()
+    old[0, :3] = torch.tensor([math.log(0.1), math.log(0.5), math.log(0.9)], dtype=dtype)  # on the bucket edges
+    adv2d = adv[:, None] * b.mask
+    for args in [(None, None, None, None), (adv2d, -old, out.clipped, old)]:
+        cpu_rows, cpu_d9 = _token_sums_cpu(w, b.mask, *args)
+        torch_rows, torch_d9 = _token_sums_torch(w, b.mask, *args)
+        np.testing.assert_allclose(cpu_rows, torch_rows, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(cpu_d9, torch_d9, rtol=1e-5, atol=1e-6)
+    assert cpu_d9.sum() > 0 and cpu_rows[:, 5].sum() >= 0
 
 
 def test_ascent_weights_are_minus_the_loss_gradient():
