@@ -95,10 +95,33 @@ def sampling_params(spec: JobSpec, seed: int, eos_id: int):
                           seed=seed, logprobs=0, stop_token_ids=[eos_id], detokenize=False)
 
 
+def _llvmlite_safe_for_vllm_scan() -> None:
+    """vLLM's CPU worker scans every module attribute with `vars(x).get(...)` when it rebinds its kernels;
+    llvmlite's library wrapper (loaded with numba, which rlcore's diagnostics use) answers any missing
+    attribute, `__dict__` included, with a C-function wrapper, and the scan fails. Dunder names are never C
+    functions, so the wrapper is made to refuse them."""
+    import sys
+
+    ffi = sys.modules.get("llvmlite.binding.ffi")
+    wrapper = getattr(ffi, "_lib_wrapper", None)
+    if wrapper is None or getattr(wrapper, "_tgc_dunders_refused", False):
+        return
+    lookup = wrapper.__getattr__
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return lookup(self, name)
+
+    wrapper.__getattr__ = __getattr__
+    wrapper._tgc_dunders_refused = True
+
+
 def in_process_llm(args: dict):
     """`vllm.LLM(**args)` with its engine core in this process (no EngineCore subprocess)."""
     from vllm import LLM
 
+    _llvmlite_safe_for_vllm_scan()
     set_threads = torch.set_num_threads
     # without a tokenizer vLLM's chat-template warm-up logs a traceback; we never use chat templates
     renderer_log = logging.getLogger("vllm.renderers.base")

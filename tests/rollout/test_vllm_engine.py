@@ -22,6 +22,7 @@ TEMPERATURE = 0.8
 
 @pytest.fixture(scope="module")
 def engine(tiny_path):
+    import rlcore.diagnostics  # noqa: F401  loads numba/llvmlite first, as any learner-side import does
     from services.rollout.vllm_engine import VLLMEngine
 
     torch.set_num_threads(1)
