@@ -135,25 +135,31 @@ def _token_sums_cpu(w: Tensor, mask: Tensor, adv: Tensor | None, ent: Tensor | N
         x = x.contiguous()
         return (x.view(torch.uint8) if x.dtype == torch.bool else x).numpy()
 
-    p = None if old is None else torch.exp(old.to(w.dtype)).numpy()  # torch's exp is vectorised, numba's is not
-    edges = _LOG_EDGES.astype(p.dtype if p is not None else F64)  # compared in the log-probs' own precision
-    return _token_sums(view(w), view(mask), view(adv), view(ent), view(clipped), p,
-                       None if old is None else view(old.to(w.dtype)), edges)
+    old_np = None if old is None else view(old.to(w.dtype))
+    # p - 1 = expm1(log p): numpy's SIMD loop (2x torch's exp here; numba's exp is scalar), exact near p = 1
+    p_minus_1 = None if old_np is None else np.expm1(old_np)
+    w_np = view(w)
+    edges = _LOG_EDGES.astype(w_np.dtype)  # compared in the log-probs' own precision
+    return _token_sums(w_np, view(mask), view(adv), view(ent), view(clipped), p_minus_1, old_np, edges,
+                       w_np.dtype.type(0))
 
 
 @njit(cache=True, fastmath={"reassoc", "contract"})
 def _token_sums(w: np.ndarray, mask: np.ndarray, adv: np.ndarray | None, ent: np.ndarray | None,
-                clipped: np.ndarray | None, p: np.ndarray | None, old: np.ndarray | None,
-                log_edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                clipped: np.ndarray | None, p_minus_1: np.ndarray | None, old: np.ndarray | None,
+                log_edges: np.ndarray, zero: Any) -> tuple[np.ndarray, np.ndarray]:
     """(B, len(_ROW_SUMS)) sums over each response's masked tokens, and D9's sum |w| (1 - p) per bucket of
-    log pi_old (the three edges log_edges); a column whose input is None stays 0. fastmath lets the
-    float64 sums vectorise (reassociated additions only: NaN and inf still propagate)."""
+    log pi_old (the three edges log_edges; p_minus_1 = pi_old - 1); a column whose input is None stays 0. A response's
+    sums run in w's precision (`zero`), as torch's reductions do, and then add up in float64; fastmath lets
+    them vectorise (reassociated additions only: NaN and inf still propagate)."""
     rows = np.zeros((w.shape[0], 6))
-    d9 = np.zeros(log_edges.size + 1)
+    d9 = np.zeros(4)
+    e0, e1, e2 = log_edges[0], log_edges[1], log_edges[2]
     for i in range(w.shape[0]):
-        sum_w = abs_w = tokens = a_sum = e_sum = c_sum = 0.0  # register accumulators, one store per row
+        sum_w = abs_w = tokens = a_sum = e_sum = c_sum = zero  # register accumulators, one store per row
+        s0 = s1 = s2 = s3 = zero  # D9: sum |w| (1 - p) over log p >= each edge (selects: it vectorises)
         for t in range(w.shape[1]):
-            m = float(mask[i, t])
+            m = zero + mask[i, t]
             x = w[i, t] * m
             sum_w += x
             abs_w += abs(x)
@@ -164,20 +170,17 @@ def _token_sums(w: np.ndarray, mask: np.ndarray, adv: np.ndarray | None, ent: np
                 e_sum += ent[i, t] * m
             if clipped is not None:
                 c_sum += clipped[i, t] * m
-        if p is not None:  # D9 as sums over log p >= each edge (branch-free, so the loop vectorises)
-            e0, e1, e2 = log_edges[0], log_edges[1], log_edges[2]
-            s0 = s1 = s2 = s3 = 0.0
-            for t in range(w.shape[1]):
-                v = abs(w[i, t]) * float(mask[i, t]) * (1.0 - p[i, t])
+            if p_minus_1 is not None:
+                v = -abs(x) * p_minus_1[i, t]
                 o = old[i, t]
                 s0 += v
-                s1 += v * (o >= e0)
-                s2 += v * (o >= e1)
-                s3 += v * (o >= e2)
-            d9[0] += s0 - s1
-            d9[1] += s1 - s2
-            d9[2] += s2 - s3
-            d9[3] += s3
+                s1 += v if o >= e0 else zero
+                s2 += v if o >= e1 else zero
+                s3 += v if o >= e2 else zero
+        d9[0] += s0 - s1
+        d9[1] += s1 - s2
+        d9[2] += s2 - s3
+        d9[3] += s3
         rows[i, 0], rows[i, 1], rows[i, 2], rows[i, 3], rows[i, 4], rows[i, 5] = sum_w, abs_w, tokens, a_sum, e_sum, c_sum
     return rows, d9
 
