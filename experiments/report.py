@@ -327,8 +327,16 @@ def check_spillover(view: View) -> Finding | None:
 
 
 def check_entropy(view: View) -> Finding | None:
-    return _pair(view, "ent_common", "Entropy on group-common-prefix positions (D7, lower = more collapsed)",
-                 higher_is_worse=False)
+    f = _pair(view, "ent_common", "Entropy on group-common-prefix positions (D7, lower = more collapsed)",
+              higher_is_worse=False)
+    k = _keys(view)
+    if f is not None and not view.values("grpo", k["d1"]) and not view.values("cp_grpo", k["d1"]):
+        # D1 undefined in every run: no group ever shared a prefix, and D7's common-prefix entropy reads 0 by
+        # the diagnostics' convention for an undefined statistic, which is no evidence either way.
+        f = Finding(view.testbed, "not measured", "No group of responses shared a common prefix in any step (D1 "
+                    "undefined in every run), so there were no common-prefix positions whose entropy could "
+                    "collapse; D7's common-prefix entropy reads 0 by convention.")
+    return f
 
 
 def check_equiv(view: View) -> Finding | None:

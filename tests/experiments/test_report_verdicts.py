@@ -1,6 +1,6 @@
 """The report's verdicts follow their printed rules (constructed results in the compact format)."""
 
-from experiments.report import CLAIMS, View, check_drift, check_residual, check_trainer, render
+from experiments.report import CLAIMS, View, check_drift, check_entropy, check_residual, check_trainer, render
 
 
 def _results(grpo_pv, cp_pv, grpo_d1=(0.3, 0.31, 0.32, 0.3, 0.29), cp_d1=(0.0,) * 5):
@@ -65,6 +65,16 @@ def test_trainer_claim_falls_back_to_d1_and_says_when_nothing_was_measured():
     f = check_trainer(View(_trainer_results({"diag/d1_gcpr": [0.3] * 3}, {"diag/d1_gcpr": [0.0] * 3})))
     assert f.verdict == "reproduced" and "D1" in f.text
     assert check_trainer(View(_trainer_results({}, {}))).verdict == "not measured"
+
+
+def test_common_prefix_entropy_is_not_measured_where_no_group_shared_a_prefix():
+    none = [None] * 3
+    f = check_entropy(View(_trainer_results({"diag/d1_gcpr": none, "diag/d7_entropy_common": [0.0] * 3},
+                                            {"diag/d1_gcpr": none, "diag/d7_entropy_common": [0.0] * 3})))
+    assert f.verdict == "not measured" and "no common-prefix positions" in f.text
+    f = check_entropy(View(_trainer_results({"diag/d1_gcpr": [0.3] * 5, "diag/d7_entropy_common": [0.2, 0.21, 0.2, 0.22, 0.2]},
+                                            {"diag/d1_gcpr": [0.0] * 5, "diag/d7_entropy_common": [0.6, 0.61, 0.6, 0.62, 0.6]})))
+    assert f.verdict == "reproduced"
 
 
 def test_trainer_claim_covers_every_task_and_needs_each_to_agree():
