@@ -326,6 +326,8 @@ def _d7(ent_head: np.ndarray, in_prefix: np.ndarray, row_prefix: np.ndarray, tok
     return {
         "diag/d7_entropy_common": common,
         "diag/d7_entropy_divergent": (first_div * diverges).sum() / max(diverges.sum(), 1),
+        "diag/d7_common_tokens": in_prefix.sum(),  # what the two means rest on (weights when pooling)
+        "diag/d7_divergent_rows": diverges.sum(),
     }
 
 

@@ -82,6 +82,17 @@ def test_micro_batches_sum_to_the_full_batch_gradient(tiny_spec, tiny_model_path
         torch.testing.assert_close(g_split[name], g_whole[name], rtol=1e-4, atol=1e-7)
 
 
+def test_prefix_entropies_pool_over_micro_batches_by_the_positions_they_average(tiny_spec, tiny_model_path, make_batch):
+    """D7's common-prefix and divergent entropies of a step split into micro-batches equal the whole batch's."""
+    batch = make_batch(n_groups=4)
+    batch.response_ids[0, 0] += 1  # group 0 no longer shares a prefix: its micro-batch has no common position
+    got = {mb: Learner(tiny_spec(**{"optim.micro_batch_size": mb}), tiny_model_path).train_step(batch)
+           for mb in (64, 4)}
+    assert got[64]["diag/d7_common_tokens"] > 0
+    for key in ("diag/d7_entropy_common", "diag/d7_entropy_divergent", "diag/d7_common_tokens"):
+        assert got[4][key] == pytest.approx(got[64][key], rel=1e-5), key
+
+
 def test_save_then_load_continues_identically(tiny_spec, tiny_model_path, make_batch, tmp_path):
     spec = tiny_spec(**{"optim.ppo_epochs": 2, "optim.mini_batches": 2, "optim.schedule": "cosine",
                         "optim.warmup_steps": 2, "steps": 4})
