@@ -11,11 +11,11 @@ by position class (needs entropies), D9 `diag/d9_*` |w| by old-probability bucke
 D10 `diag/d10_*` clip fractions by sign of A (needs clipped), D11 `diag/d11_*` length coupling.
 Undefined statistics (e.g. no group with a common prefix) are reported as 0 next to a count.
 
-Two stages: the passes over the whole (B, T) batch run in torch on w's device and leave per-response
-values (B,) and a few sums; everything per group and per shared node runs on the host in float64, in
-numba-compiled loops (rlcore.shared_nodes) over those and over the first columns only (as deep as some pair
-of responses agrees). The second stage is ~B x G values, where torch's per-call dispatch would cost more
-than the arithmetic.
+Two stages. Stage 1 is one pass over the whole (B, T) batch that leaves per-response sums (B,) and D9's
+bucket sums: a numba-compiled loop over zero-copy views on CPU, torch ops on other devices. Stage 2 is
+everything per group and per shared node, on the host in float64, in numba-compiled loops over those sums
+and over the first columns only (as deep as some pair of responses agrees): ~B x G values, where torch's
+per-call dispatch would cost more than the arithmetic.
 """
 
 from __future__ import annotations
@@ -116,7 +116,8 @@ def cancellation_diagnostics(w: Tensor, token_ids: Tensor, mask: Tensor, group_i
         ent_head = to_host(entropies[:, :min(width + 1, shape[1])], F64)
         out.update(_d7(ent_head, in_prefix, row_prefix, tokens, groups))
     if old_logprobs is not None:
-        out.update({f"diag/d9_absw_share_{k}": v / max(d9.sum(), 1e-30) for k, v in zip(_BUCKET_KEYS, d9, strict=True)})
+        total = max(d9.sum(), 1e-30)
+        out.update({f"diag/d9_absw_share_{k}": v / total for k, v in zip(_BUCKET_KEYS, d9, strict=True)})
     if clipped is not None:
         out.update(_d10(rows, to_host(clipped[:, :width], F64) * in_prefix, in_prefix))
     return {k: float(v) for k, v in out.items()}
@@ -149,9 +150,9 @@ def _token_sums(w: np.ndarray, mask: np.ndarray, adv: np.ndarray | None, ent: np
                 clipped: np.ndarray | None, p_minus_1: np.ndarray | None, old: np.ndarray | None,
                 log_edges: np.ndarray, zero: Any) -> tuple[np.ndarray, np.ndarray]:
     """(B, len(_ROW_SUMS)) sums over each response's masked tokens, and D9's sum |w| (1 - p) per bucket of
-    log pi_old (the three edges log_edges; p_minus_1 = pi_old - 1); a column whose input is None stays 0. A response's
-    sums run in w's precision (`zero`), as torch's reductions do, and then add up in float64; fastmath lets
-    them vectorise (reassociated additions only: NaN and inf still propagate)."""
+    log pi_old (the three edges log_edges; p_minus_1 = pi_old - 1); a column whose input is None stays 0.
+    A response's sums run in w's precision (`zero`), as torch's reductions do, then add up in float64;
+    fastmath lets them vectorise (reassociated additions only: NaN and inf still propagate)."""
     rows = np.zeros((w.shape[0], 6))
     d9 = np.zeros(4)
     e0, e1, e2 = log_edges[0], log_edges[1], log_edges[2]
@@ -181,7 +182,8 @@ def _token_sums(w: np.ndarray, mask: np.ndarray, adv: np.ndarray | None, ent: np
         d9[1] += s1 - s2
         d9[2] += s2 - s3
         d9[3] += s3
-        rows[i, 0], rows[i, 1], rows[i, 2], rows[i, 3], rows[i, 4], rows[i, 5] = sum_w, abs_w, tokens, a_sum, e_sum, c_sum
+        rows[i, 0], rows[i, 1], rows[i, 2] = sum_w, abs_w, tokens
+        rows[i, 3], rows[i, 4], rows[i, 5] = a_sum, e_sum, c_sum
     return rows, d9
 
 
@@ -219,7 +221,8 @@ def _d1(w_head: np.ndarray, prefix: np.ndarray, seq_adv: np.ndarray, groups: Hos
 
 
 @njit(cache=True)
-def _gcpr(w: np.ndarray, prefix: np.ndarray, seq_adv: np.ndarray, members: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _gcpr(w: np.ndarray, prefix: np.ndarray, seq_adv: np.ndarray,
+          members: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(rho, valid) per group; valid: a common prefix, weight on it and a response with A != 0."""
     rho = np.zeros(members.shape[0])
     valid = np.zeros(members.shape[0], dtype=np.bool_)
@@ -248,8 +251,8 @@ _ROW_KEYS = ("diag/d3_kappa_cv", "diag/d3_corr_kappa_adv", "diag/d3_corr_kappa_l
 def _row_families(rows: dict[str, np.ndarray], groups: HostGroups, group_size: int | None) -> dict[str, float]:
     """D3 (coefficient dispersion), D4 (group integrity), D11 (length coupling) from per-response values."""
     want = group_size if group_size is not None else int(groups.counts.max())
-    values = _row_stats(rows["sum_w"], rows["tokens"], rows["seq_adv"], rows["lengths"], groups.inverse, groups.n,
-                        want, _CV_NOISE)
+    values = _row_stats(rows["sum_w"], rows["tokens"], rows["seq_adv"], rows["lengths"], groups.inverse,
+                        groups.n, want, _CV_NOISE)
     return dict(zip(_ROW_KEYS, values, strict=True))
 
 
