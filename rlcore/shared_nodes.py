@@ -61,11 +61,6 @@ class HostGroups:
     def n(self) -> int:
         return int(self.counts.size)
 
-    def sum(self, x: np.ndarray) -> np.ndarray:
-        """Per-group sums of the rows of x: (B, ...) -> (n, ...)."""
-        real = (self.members >= 0).reshape(*self.members.shape, *([1] * (x.ndim - 1)))
-        return (x[np.maximum(self.members, 0)] * real).sum(1)
-
 
 @njit(cache=True)
 def _dense_groups(group_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
