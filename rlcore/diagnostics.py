@@ -24,10 +24,17 @@ from typing import Any
 
 import numpy as np
 import torch
-from numba import njit
 from torch import Tensor
 
-from rlcore.shared_nodes import F64, HostGroups, group_common_prefix, node_residual, pairwise_prefix, to_host
+from rlcore.shared_nodes import (
+    F64,
+    HostGroups,
+    compiled,
+    group_common_prefix,
+    node_residual,
+    pairwise_prefix,
+    to_host,
+)
 from rlcore.validation import as_mask, check_group_ids, check_tensor
 
 PROB_BUCKETS = (0.1, 0.5, 0.9)  # D9 buckets of pi_old: [0,.1) [.1,.5) [.5,.9) [.9,1]
@@ -145,7 +152,7 @@ def _token_sums_cpu(w: Tensor, mask: Tensor, adv: Tensor | None, ent: Tensor | N
                        w_np.dtype.type(0))
 
 
-@njit(cache=True, fastmath={"reassoc", "contract"})
+@compiled(fastmath={"reassoc", "contract"})
 def _token_sums(w: np.ndarray, mask: np.ndarray, adv: np.ndarray | None, ent: np.ndarray | None,
                 clipped: np.ndarray | None, p_minus_1: np.ndarray | None, old: np.ndarray | None,
                 log_edges: np.ndarray, zero: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -220,7 +227,7 @@ def _d1(w_head: np.ndarray, prefix: np.ndarray, seq_adv: np.ndarray, groups: Hos
     }
 
 
-@njit(cache=True)
+@compiled()
 def _gcpr(w: np.ndarray, prefix: np.ndarray, seq_adv: np.ndarray,
           members: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(rho, valid) per group; valid: a common prefix, weight on it and a response with A != 0."""
@@ -256,7 +263,7 @@ def _row_families(rows: dict[str, np.ndarray], groups: HostGroups, group_size: i
     return dict(zip(_ROW_KEYS, values, strict=True))
 
 
-@njit(cache=True)
+@compiled()
 def _row_stats(sum_w: np.ndarray, tokens: np.ndarray, adv: np.ndarray, length: np.ndarray, inverse: np.ndarray,
                n: int, want: int, cv_noise: float) -> tuple[float, ...]:
     """The values of `_ROW_KEYS`. kappa_i = mean_t w / A_i; its within-group coefficient of variation (D3),

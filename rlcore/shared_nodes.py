@@ -25,11 +25,24 @@ on first use (~10 s) and are cached beside the module afterwards.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from numba import njit
+
+
+def compiled(**options: Any) -> Callable[[Callable], Callable]:
+    """numba's `njit`, cached on disk (beside the module, else in the user's cache directory); where neither
+    is writable (a read-only install without a home) it compiles once per process instead of failing."""
+    def wrap(fn: Callable) -> Callable:
+        try:
+            return njit(cache=True, **options)(fn)
+        except RuntimeError:  # numba: "cannot cache function ...: no locator available"
+            return njit(**options)(fn)
+    return wrap
+
 
 _FIRST_CHUNK = 64  # columns compared first; each further chunk doubles (shared prefixes are short)
 F64 = np.float64
@@ -62,7 +75,7 @@ class HostGroups:
         return int(self.counts.size)
 
 
-@njit(cache=True)
+@compiled()
 def _dense_groups(group_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     ids = np.unique(group_ids)
     inverse = np.searchsorted(ids, group_ids)
@@ -104,7 +117,7 @@ def _real_pairs(members: np.ndarray) -> np.ndarray:
     return real[:, :, None] & real[:, None, :] & ~np.eye(members.shape[1], dtype=bool)
 
 
-@njit(cache=True)
+@compiled()
 def _scan_chunk(tok: np.ndarray, act: np.ndarray, members: np.ndarray, start: int, lcp: np.ndarray,
                 open_: np.ndarray) -> bool:
     """Advance `lcp` of the open pairs over columns start..start+c (tok, act: (B, c)); True while any pair is
@@ -158,7 +171,7 @@ def node_residual(w: np.ndarray, active: np.ndarray, advantages: np.ndarray, mem
     }
 
 
-@njit(cache=True)
+@compiled()
 def _node_sums(w: np.ndarray, active: np.ndarray, adv: np.ndarray, members: np.ndarray,
                lcp: np.ndarray) -> tuple[float, float, float, float, float]:
     """Sums over every node with >= 2 copies: |residual|, |credit|, gross |w|, node count, copy count.

@@ -116,3 +116,18 @@ def test_d2_equals_d1_when_the_only_shared_nodes_are_group_common():
     d1 = cancellation_diagnostics(torch.tensor(w, dtype=torch.float64), torch.tensor(ids),
                                   torch.ones(2, 3, dtype=torch.bool), torch.tensor([0, 0]), torch.tensor([1.0, -1.0]))
     assert got["diag/d2_residual"] == pytest.approx(d1["diag/d1_gcpr"])
+
+
+def test_kernels_compile_without_a_writable_cache(monkeypatch):
+    """A read-only install without a home: numba finds no cache location, and the kernels still compile."""
+    from numba.core import caching
+
+    from rlcore.shared_nodes import compiled
+
+    monkeypatch.setattr(caching.CacheImpl, "_locator_classes", [])
+
+    @compiled()
+    def twice(x):
+        return 2 * x
+
+    assert twice(21) == 42
