@@ -22,7 +22,7 @@ import torch
 from torch.profiler import profile
 
 import rlcore
-from rlcore.diagnostics import ascent_weights, cancellation_diagnostics
+from rlcore.diagnostics import _token_sums_cpu, _token_sums_torch, ascent_weights, cancellation_diagnostics
 
 
 def plain_grpo(lp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -137,6 +137,14 @@ def main() -> None:
               f"{core:8.2f} {core / loss_ms[n]:6.1%} {core / base:6.1%}  {objectives[n].preserves_cancellation}")
     print("diag: D1-D11 with old_logprobs, entropies and clipped; core: D1, D2, D3, D4, D11; added time relative to "
           "the preset's own loss + backward (/own) and to the plain GRPO loss + backward (/plain)")
+
+    # The diagnostics' pass over (B, T): the compiled CPU loop against the torch ops other devices run.
+    w, clipped = weights[names[0]]
+    stage1 = {path.__name__: (lambda f=path: lambda: f(w, mask, None, x["entropies"], clipped, old))
+              for path in (_token_sums_cpu, _token_sums_torch)}
+    s1 = interleaved_medians(stage1, args.repeats, clock)
+    print(f"stage 1 of the diagnostics (one pass over B x T, {names[0]}'s weights, all inputs): compiled CPU loop "
+          f"{s1['_token_sums_cpu']:.2f} ms, torch ops (the path of other devices) {s1['_token_sums_torch']:.2f} ms")
 
 
 if __name__ == "__main__":
