@@ -328,7 +328,7 @@ def _row_stats(sum_w: np.ndarray, tokens: np.ndarray, adv: np.ndarray, length: n
 def _d7(ent_head: np.ndarray, in_prefix: np.ndarray, row_prefix: np.ndarray, tokens: np.ndarray,
         groups: HostGroups) -> dict[str, float]:
     """D7 on the host part: mean entropy on group-common-prefix positions and at the first divergent position
-    (ent_head: the first min(width + 1, T) columns; the overall mean is a torch pass of stage 1)."""
+    (ent_head: the first min(width + 1, T) columns; the overall mean comes from stage 1's row sums)."""
     width = in_prefix.shape[1]
     common = (ent_head[:, :width] * in_prefix).sum() / max(in_prefix.sum(), 1)
     diverges = (row_prefix < tokens) & (groups.counts[groups.inverse] >= 2)

@@ -20,7 +20,7 @@ Everything here works on small host arrays (B rows, G x G pairs, the shared dept
 in loops compiled by numba: at these sizes each torch call would cost more in dispatch than its arithmetic,
 and on a GPU learner one transfer of a small slice replaces many tiny kernel launches. Inputs may be torch
 tensors on any device or numpy arrays; only the columns that are scanned are copied. The kernels compile
-on first use (~10 s) and are cached beside the module afterwards.
+on first use (~10 s) and are cached on disk afterwards (see `compiled`).
 """
 
 from __future__ import annotations
@@ -219,10 +219,7 @@ def shared_node_residual(w: Any, token_ids: Any, active: Any, advantages: Any, g
     """D2 of one optimizer step from the ascent weights w (B, T), response token ids, the response mask
     (B x T, bool or 0/1) and advantages (B,) or (B, T); tensors or arrays. `diag/d2_nodes` counts nodes."""
     members = HostGroups.of(group_ids).members
-    lcp = pairwise_prefix(token_ids, active, members)
-    depth = int(lcp.max()) if lcp.size else 0
     mask = to_host(active, F64)
     wm = to_host(w, F64) * mask
-    adv = to_host(advantages, F64)
-    return node_residual(wm[:, :depth], mask[:, :depth], adv[:, :depth] if adv.ndim == 2 else adv, members, lcp,
+    return node_residual(wm, mask, to_host(advantages, F64), members, pairwise_prefix(token_ids, active, members),
                          float(np.abs(wm).sum()))
