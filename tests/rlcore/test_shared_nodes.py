@@ -15,8 +15,7 @@ def d2(w, ids, adv, gids=None, mask=None):
     ids = torch.tensor(ids)
     mask = torch.ones_like(ids, dtype=torch.bool) if mask is None else torch.tensor(mask)
     gids = torch.zeros(len(ids), dtype=torch.long) if gids is None else torch.tensor(gids)
-    out = shared_node_residual(w, ids, mask, torch.tensor(adv, dtype=torch.float64), gids)
-    return out
+    return shared_node_residual(w, ids, mask, torch.tensor(adv, dtype=torch.float64), gids)
 
 
 def tree_batch(seed: int, n_groups: int = 4, group_size: int = 6, width: int = 7, vocab: int = 2):
