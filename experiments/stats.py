@@ -36,7 +36,7 @@ def _num(x: float, digits: int) -> str:
         return "0"
     if abs(x) >= 1e4 or abs(x) < 1e-3:
         return f"{x:.{max(digits - 1, 1)}e}"
-    return f"{x:.{digits}g}" if abs(x) >= 1 else f"{x:.{digits}f}".rstrip("0").rstrip(".") or "0"
+    return f"{x:.{digits}g}"  # significant digits: a small s.e. must not print as 0
 
 
 def finite(values: Sequence[float]) -> np.ndarray:

@@ -27,3 +27,11 @@ def test_comparison_reports_difference_and_combined_error():
     assert c.diff == 2.0
     assert c.se == pytest.approx(1.0)
     assert "p=" in c.fmt()
+
+
+def test_summary_keeps_significant_digits_of_a_small_standard_error():
+    # a seed-to-seed spread of 0.004 around 0.004 must not print as "± 0"
+    s = summarize([0.0, 0.0, 0.0117])
+    assert s.fmt() == "0.0039 ± 0.0039"
+    assert summarize([0.052, 0.0525, 0.0515]).fmt() == "0.052 ± 2.9e-04"
+    assert summarize([5e-9, 4e-9]).fmt() == "4.50e-09 ± 5.0e-10"
