@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from services.config import JobSpec
 from services.control import api_internal, api_jobs
 from services.control.db import make_engine
+from services.control.docs_ui import install_docs_ui
 from services.control.errors import install_error_handlers
 from services.control.limits import BodySizeLimit
 from services.control.migrations import migrate
@@ -92,7 +93,10 @@ def create_app(settings: ControlSettings | None = None) -> FastAPI:
                 await run_in_threadpool(scheduler.stop)
             engine.dispose()
 
-    app = FastAPI(title="tgc-rl control plane", version="1", description=API_DESCRIPTION, lifespan=lifespan)
+    # docs_url/redoc_url off: FastAPI's pages load their assets from a CDN; install_docs_ui serves local ones.
+    app = FastAPI(title="tgc-rl control plane", version="1", description=API_DESCRIPTION, lifespan=lifespan,
+                  docs_url=None, redoc_url=None)
+    install_docs_ui(app)
     app.state.cp = cp
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
