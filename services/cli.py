@@ -105,8 +105,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     except (SpecError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_INVALID
-    from services.trainer.main import ResourceError, run
+    from services.trainer.main import ResourceError, allow_unsafe_sandbox, run
 
+    if args.allow_unsafe_sandbox:
+        allow_unsafe_sandbox()
     run_dir = Path(args.run_dir or f"runs/{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
         state = run(spec, run_dir, args.resume)
@@ -418,6 +420,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr2.add_argument("--run-dir", type=Path, default=None, help="default runs/<name>-<time>")
     tr2.add_argument("--resume", nargs="?", const="latest", default=None,
                      help="resume from a checkpoint dir (default: the run dir's newest)")
+    tr2.add_argument("--allow-unsafe-sandbox", action="store_true",
+                     help="let the job run model-written code without the sandbox if its spec asks (trusted code only)")
     tr2.set_defaults(func=cmd_train)
 
     sc = sub.add_parser("schema", help="print the job spec's JSON schema")

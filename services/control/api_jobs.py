@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
+from fastapi import Path as FastApiPath
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
@@ -43,6 +44,11 @@ from services.control.tokens import Principal
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 Caller = Annotated[Principal, Depends(current_principal)]
+# Every number a client sends is typed and bounded here, so a value out of the database's range is a 422
+# naming the parameter, never an overflow inside a query.
+MAX_SEQ = 2**63 - 1
+MAX_ATTEMPT = 1_000_000
+JobId = Annotated[str, FastApiPath(max_length=64, description="The job's id (`job_...`).")]
 
 _ERRORS = {
     401: {"model": ErrorBody, "description": "Missing, invalid or revoked token."},
@@ -88,7 +94,7 @@ def submit_job(
 ) -> JobRecord | DryRunResult:
     cp = _cp(request)
     try:
-        check_spec(spec, cp.settings, caller.is_admin)
+        grants = check_spec(spec, cp.settings, caller.is_admin)
     except PolicyError as e:
         cp.telemetry.rejections.labels("policy").inc()
         raise ApiError(422, f"job spec refused by this server: {e}",
@@ -98,7 +104,7 @@ def submit_job(
         response.status_code = 200
         return DryRunResult(spec=data)
     try:
-        job, created = cp.store.create(caller.tenant, data, idempotency_key)
+        job, created = cp.store.create(caller.tenant, data, idempotency_key, grants)
     except IdempotencyConflict as e:
         raise ApiError(409, str(e)) from None
     if created:
@@ -117,26 +123,20 @@ def list_jobs(
     caller: Caller,
     state: Annotated[list[JobState] | None, Query(description="Only jobs in these states.")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    cursor: Annotated[str | None, Query(max_length=20, description="`next_cursor` of the previous page.")] = None,
+    cursor: Annotated[int | None, Query(ge=0, le=MAX_SEQ, description="`next_cursor` of the previous page.")] = None,
     tenant: Annotated[str | None, Query(max_length=64, description="Admin only: one tenant's jobs.")] = None,
 ) -> JobList:
-    before: int | None = None
-    if cursor is not None:
-        if not cursor.isdigit():
-            raise ApiError(422, "cursor: not a cursor from a previous page",
-                           [ErrorDetail(field="cursor", msg="use `next_cursor` from the previous page")])  # fmt: skip
-        before = int(cursor)
     if tenant is not None and not caller.is_admin and tenant != caller.tenant:
         raise ApiError(403, "only admin tokens can list other tenants' jobs")
     scope = tenant if (caller.is_admin or tenant) else caller.tenant
-    jobs = _cp(request).store.list(scope, state, limit + 1, before)
+    jobs = _cp(request).store.list(scope, state, limit + 1, cursor)
     more = len(jobs) > limit
     jobs = jobs[:limit]
     return JobList(jobs=[records.job_record(j) for j in jobs], next_cursor=str(jobs[-1].seq) if more else None)
 
 
 @router.get("/{job_id}", response_model=JobRecord, responses=_ERRORS, summary="Get a job")
-def get_job(request: Request, caller: Caller, job_id: str) -> JobRecord:
+def get_job(request: Request, caller: Caller, job_id: JobId) -> JobRecord:
     return records.job_record(_own_job(request, job_id, caller))
 
 
@@ -149,7 +149,7 @@ def get_job(request: Request, caller: Caller, job_id: str) -> JobRecord:
     summary="Cancel a job (graceful: checkpoint at the next step boundary, then stop)",
 )
 def cancel_job(
-    request: Request, caller: Caller, job_id: str, body: Annotated[CancelRequest | None, Body()] = None
+    request: Request, caller: Caller, job_id: JobId, body: Annotated[CancelRequest | None, Body()] = None
 ) -> JobRecord:
     job = _own_job(request, job_id, caller)
     cp = _cp(request)
@@ -164,7 +164,7 @@ def cancel_job(
     return records.job_record(job)
 
 
-_STEP_NAME = re.compile(r"^step_(\d+)$")
+_STEP_NAME = re.compile(r"step_(\d+)", re.ASCII)  # used with fullmatch
 
 
 @router.post(
@@ -175,7 +175,7 @@ _STEP_NAME = re.compile(r"^step_(\d+)$")
     summary="Resume a failed or cancelled job from a checkpoint (a new attempt)",
 )
 def resume_job(
-    request: Request, caller: Caller, job_id: str, body: Annotated[ResumeRequest | None, Body()] = None
+    request: Request, caller: Caller, job_id: JobId, body: Annotated[ResumeRequest | None, Body()] = None
 ) -> JobRecord:
     job = _own_job(request, job_id, caller)
     cp = _cp(request)
@@ -188,7 +188,7 @@ def resume_job(
     if body.checkpoint is None:
         chosen = max(ckpts, key=lambda c: (c.step, c.attempt))
     else:
-        m = _STEP_NAME.match(body.checkpoint)
+        m = _STEP_NAME.fullmatch(body.checkpoint)
         matches = [c for c in ckpts if (m and c.step == int(m.group(1))) or c.path == body.checkpoint]
         if not matches:
             raise ApiError(422, f"checkpoint: {body.checkpoint!r} is not one of this job's checkpoints",
@@ -207,9 +207,9 @@ def resume_job(
 def job_metrics(
     request: Request,
     caller: Caller,
-    job_id: str,
-    since_step: Annotated[int | None, Query(ge=0, description="Only steps >= this.")] = None,
-    attempt: Annotated[int | None, Query(ge=1, description="Only this attempt (default: all).")] = None,
+    job_id: JobId,
+    since_step: Annotated[int | None, Query(ge=0, le=MAX_SEQ, description="Only steps >= this.")] = None,
+    attempt: Annotated[int | None, Query(ge=1, le=MAX_ATTEMPT, description="Only this attempt (default: all).")] = None,
 ) -> MetricSeries:
     job = _own_job(request, job_id, caller)
     rows = progress.metric_rows(_cp(request).store, job.id, since_step, attempt)
@@ -217,7 +217,7 @@ def job_metrics(
 
 
 @router.get("/{job_id}/checkpoints", response_model=CheckpointList, responses=_ERRORS, summary="Checkpoints")
-def job_checkpoints(request: Request, caller: Caller, job_id: str) -> CheckpointList:
+def job_checkpoints(request: Request, caller: Caller, job_id: JobId) -> CheckpointList:
     job = _own_job(request, job_id, caller)
     out = []
     for c in progress.checkpoint_rows(_cp(request).store, job.id):
@@ -239,11 +239,11 @@ def job_checkpoints(request: Request, caller: Caller, job_id: str) -> Checkpoint
 def job_logs(
     request: Request,
     caller: Caller,
-    job_id: str,
-    since: Annotated[int, Query(ge=0, description="`next` of the previous page.")] = 0,
+    job_id: JobId,
+    since: Annotated[int, Query(ge=0, le=MAX_SEQ, description="`next` of the previous page.")] = 0,
     limit: Annotated[int, Query(ge=1, le=5000)] = 1000,
     source: Annotated[Literal["trainer", "driver"], Query()] = "trainer",
-    attempt: Annotated[int | None, Query(ge=1, description="driver: which attempt (default: current).")] = None,
+    attempt: Annotated[int | None, Query(ge=1, le=MAX_ATTEMPT, description="driver: which attempt (default: current).")] = None,
 ):
     job = _own_job(request, job_id, caller)
     cp = _cp(request)
@@ -264,14 +264,15 @@ def job_logs(
 async def job_events(
     request: Request,
     caller: Caller,
-    job_id: str,
-    since: Annotated[int, Query(ge=0, description="Only events after this seq.")] = 0,
+    job_id: JobId,
+    since: Annotated[int, Query(ge=0, le=MAX_SEQ, description="Only events after this seq.")] = 0,
     follow: Annotated[bool, Query(description="Keep streaming until the job ends.")] = True,
-    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=20)] = None,
+    last_event_id: Annotated[int | None, Header(alias="Last-Event-ID", ge=0, le=MAX_SEQ,
+                                                description="The `id:` of the last event received.")] = None,
 ) -> StreamingResponse:
     job = await run_in_threadpool(_own_job, request, job_id, caller)
-    if last_event_id and last_event_id.isdigit():
-        since = max(since, int(last_event_id))
+    if last_event_id is not None:
+        since = max(since, last_event_id)
     cp = _cp(request)
     return StreamingResponse(
         _event_stream(cp, job.id, since, follow),

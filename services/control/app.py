@@ -11,13 +11,14 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from services.config import JobSpec
 from services.control import api_internal, api_jobs
+from services.control.auth import metrics_reader
 from services.control.db import make_engine
 from services.control.docs_ui import install_docs_ui
 from services.control.errors import install_error_handlers
@@ -126,8 +127,9 @@ def create_app(settings: ControlSettings | None = None) -> FastAPI:
         ready = checks["db"] == "ok" and not checks["ray"].startswith("down")
         return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
 
-    @app.get("/metrics", tags=["ops"], summary="Prometheus metrics",
-             responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})  # fmt: skip
+    @app.get("/metrics", tags=["ops"], summary="Prometheus metrics (the metrics token or an admin token)",
+             responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}, 401: {"description": "No metrics token."}},
+             dependencies=[Depends(metrics_reader)])  # fmt: skip
     def metrics() -> Response:
         return Response(generate_latest(telemetry.registry), media_type=CONTENT_TYPE_LATEST)
 

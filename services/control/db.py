@@ -73,6 +73,7 @@ jobs = sa.Table(
     sa.Column("job_token_hash", sa.String(64), nullable=True),
     sa.Column("idempotency_key", sa.String(255), nullable=True),
     sa.Column("request_digest", sa.String(64), nullable=True),
+    sa.Column("grants", sa.Text, nullable=False, server_default=""),
     sa.UniqueConstraint("tenant", "idempotency_key", name="uq_jobs_tenant_idempotency_key"),
 )
 

@@ -7,6 +7,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from services.config import error_message
 from services.control.schemas import ErrorBody, ErrorDetail
 
 _CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
@@ -44,7 +45,7 @@ def _message(err: dict) -> str:
         return "unknown field; remove it or check its spelling (see `tgc schema`)"
     if err.get("type") == "missing" and err.get("loc", ())[:1] == ("body",) and len(err["loc"]) == 1:
         return "a JSON body is required"
-    return str(err.get("msg", "invalid value"))
+    return error_message(err)
 
 
 def install_error_handlers(app: FastAPI) -> None:

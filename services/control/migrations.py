@@ -126,9 +126,14 @@ def _v2_driver_logs_and_report_time(conn: Connection) -> None:
     conn.exec_driver_sql("ALTER TABLE jobs ADD COLUMN reported_at FLOAT")
 
 
+def _v3_job_grants(conn: Connection) -> None:
+    conn.exec_driver_sql("ALTER TABLE jobs ADD COLUMN grants TEXT NOT NULL DEFAULT ''")
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema: tenants, tokens, jobs, transitions, events, metrics, checkpoints", _v1_initial),
     Migration(2, "driver log tails; jobs.reported_at (last trainer report)", _v2_driver_logs_and_report_time),
+    Migration(3, "jobs.grants: the privileges the operator granted a job at submission", _v3_job_grants),
 )
 
 

@@ -1,19 +1,18 @@
 """Server-side admission rules for a job spec, beyond what the schema itself enforces.
 
 The schema (services.config) bounds each value; the operator may bound them tighter here, and a
-shared service must also bound the free-form mappings and decide who may run their own code.
+shared service must also bound the free-form mappings and decide who may use which privilege: run
+their own code, read host paths, or run model-written code without the sandbox (docs/security.md).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
 
-from services.config import JobSpec, is_entry_point
+from services.config import BUILTIN_MODEL_SOURCES, JobSpec
 from services.control.settings import ControlSettings
-
-BUILTIN_MODEL_SOURCES = frozenset({"smollm2-135m-instruct", "random"})
+from services.tasks.params import CUSTOM_CODE, HOST_PATHS, PRIVILEGES, UNSAFE_SANDBOX, encode_grants
 
 
 @dataclass(frozen=True)
@@ -28,16 +27,27 @@ class PolicyError(ValueError):
         super().__init__("; ".join(f"{v.field}: {v.msg}" for v in violations))
 
 
-def _json_depth(v: Any) -> int:
-    if isinstance(v, dict):
-        return 1 + max((_json_depth(x) for x in v.values()), default=0)
-    if isinstance(v, list):
-        return 1 + max((_json_depth(x) for x in v), default=0)
-    return 0
+_HOW_TO_GRANT = {
+    CUSTOM_CODE: "custom code (`module:function`) needs an admin token or the server setting allow_custom_code",
+    HOST_PATHS: "paths on the workers' hosts need an admin token or the server setting allow_custom_code; use "
+    f"one of {', '.join(sorted(BUILTIN_MODEL_SOURCES))} for model.source",
+    UNSAFE_SANDBOX: "running model-written code without the sandbox is the operator's decision: it needs an "
+    "admin token or the server setting allow_unsafe_sandbox",
+}
 
 
-def check_spec(spec: JobSpec, settings: ControlSettings, is_admin: bool) -> None:
-    """Raise PolicyError listing every rule the spec breaks (field path + what to do)."""
+def caller_grants(settings: ControlSettings, is_admin: bool) -> frozenset[str]:
+    """The privileges a caller may give its jobs: all for an admin token, what the operator allows otherwise."""
+    if is_admin:
+        return frozenset(PRIVILEGES)
+    allowed = {CUSTOM_CODE: settings.allow_custom_code, HOST_PATHS: settings.allow_custom_code,
+               UNSAFE_SANDBOX: settings.allow_unsafe_sandbox}  # fmt: skip
+    return frozenset(p for p, ok in allowed.items() if ok)
+
+
+def check_spec(spec: JobSpec, settings: ControlSettings, is_admin: bool) -> str:
+    """Raise PolicyError listing every rule the spec breaks (field path + what to do); else return the
+    job's grants (services.tasks.params.encode_grants): exactly the privileges the spec uses."""
     bad: list[Violation] = []
     if spec.steps > settings.max_steps:
         bad.append(Violation("steps", f"at most {settings.max_steps} on this server; lower it or split the job"))
@@ -60,29 +70,14 @@ def check_spec(spec: JobSpec, settings: ControlSettings, is_admin: bool) -> None
         ("task.params", spec.task.params),
         ("objective.overrides", spec.objective.overrides),
     ):
-        try:
-            size = len(json.dumps(value))
-        except (TypeError, ValueError):
-            bad.append(Violation(path, "must hold plain JSON values (numbers, strings, lists, mappings)"))
-            continue
+        size = len(json.dumps(value))  # the schema already refused what is not plain, finite, shallow JSON
         if size > settings.max_free_form_bytes:
             bad.append(Violation(path, f"{size} bytes of JSON; at most {settings.max_free_form_bytes}"))
-        if _json_depth(value) > 8:
-            bad.append(Violation(path, "nested deeper than 8 levels; flatten it"))
-    if not (is_admin or settings.allow_custom_code):
-        if is_entry_point(spec.task.name):
-            bad.append(Violation(
-                "task.name", "custom code (`module:function`) needs an admin token on this server; use a "
-                "built-in task or ask the operator to enable allow_custom_code",
-            ))  # fmt: skip
-        if spec.task.reward != "builtin":
-            bad.append(Violation("task.reward", "custom reward functions need an admin token on this server"))
-        if spec.model.source not in BUILTIN_MODEL_SOURCES:
-            bad.append(Violation(
-                "model.source", f"local model paths need an admin token on this server; use one of "
-                f"{', '.join(sorted(BUILTIN_MODEL_SOURCES))}",
-            ))  # fmt: skip
-        if spec.model.tokenizer is not None:
-            bad.append(Violation("model.tokenizer", "local tokenizer paths need an admin token on this server"))
+    needed = spec.privileges()
+    granted = caller_grants(settings, is_admin)
+    for field, privilege in needed.items():
+        if privilege not in granted:
+            bad.append(Violation(field, _HOW_TO_GRANT[privilege]))
     if bad:
         raise PolicyError(bad)
+    return encode_grants(set(needed.values()))

@@ -74,6 +74,16 @@ class ControlSettings(BaseModel):
         "paths). Admin tokens always may.",
     )
 
+    allow_unsafe_sandbox: bool = Field(
+        False,
+        description="Let non-admin tenants' jobs run model-written code WITHOUT the bubblewrap sandbox when their "
+        "spec asks (`task.params.sandbox: unsafe_local`). Only for a server whose every tenant is trusted.",
+    )
+    metrics_token: str | None = Field(
+        None, min_length=16, description="Bearer token that Prometheus sends to read /metrics (admin tokens may "
+        "too). Unset: /metrics needs an admin token.",
+    )
+
     @model_validator(mode="after")
     def _defaults(self) -> ControlSettings:
         if self.runs_dir is None:

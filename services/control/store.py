@@ -66,6 +66,7 @@ class JobRow:
     job_token_hash: str | None
     idempotency_key: str | None
     request_digest: str | None
+    grants: str  # comma-separated privileges granted at submission (services.tasks.params)
     transitions: list[TransitionRow] = field(default_factory=list)
 
     @classmethod
@@ -171,7 +172,7 @@ class JobStore:
 
     # -- create -----------------------------------------------------------------------------------
     def create(
-        self, tenant: str, spec: dict[str, Any], idempotency_key: str | None = None
+        self, tenant: str, spec: dict[str, Any], idempotency_key: str | None = None, grants: str = ""
     ) -> tuple[JobRow, bool]:
         """Store a new queued job; with a known Idempotency-Key return the existing job instead.
 
@@ -190,6 +191,7 @@ class JobStore:
                     id=job_id, tenant=tenant, name=spec.get("name", "tgc-job"), state=JobState.QUEUED.value,
                     reason="accepted", spec=canonical_json(spec), created_at=now, updated_at=now, attempt=1,
                     hard_stopped=False, ray_done=True, idempotency_key=idempotency_key, request_digest=digest,
+                    grants=grants,
                 ))  # fmt: skip
                 conn.execute(db.transitions.insert().values(
                     job_id=job_id, attempt=1, from_state=None, to_state=JobState.QUEUED.value,

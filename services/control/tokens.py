@@ -19,7 +19,7 @@ from services.control import db
 
 USER_PREFIX = "tgc_"
 JOB_PREFIX = "tgcj_"
-TENANT_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+TENANT_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")  # fullmatch: `$` would accept a trailing newline
 
 
 def mint(prefix: str = USER_PREFIX) -> str:
@@ -55,7 +55,7 @@ class TokenStore:
 
     def create(self, tenant: str, name: str = "", is_admin: bool = False) -> tuple[TokenInfo, str]:
         """Create a token; returns its record and the secret, which is shown once and never stored."""
-        if not TENANT_PATTERN.match(tenant):
+        if not TENANT_PATTERN.fullmatch(tenant):
             raise ValueError(
                 f"tenant {tenant!r} is not a valid tenant name: use 1-64 lowercase letters, digits, '-' or '_', "
                 "starting with a letter or digit"

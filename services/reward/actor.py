@@ -17,6 +17,7 @@ from ray.util import metrics as ray_metrics
 from services.config import TaskSpec
 from services.reward.pool import RewardPool
 from services.tasks.base import Score, TaskItem
+from services.tasks.params import LOCAL_GRANTS
 
 DEFAULT_MAX_CONCURRENCY = 4
 DEFAULT_MAX_PENDING_CALLS = 64
@@ -25,9 +26,10 @@ DEFAULT_MAX_PENDING_CALLS = 64
 class RewardPoolService:
     """The actor's body; a plain class so that tests can also drive it without Ray."""
 
-    def __init__(self, task: TaskSpec | dict[str, Any], seed: int = 0, max_pending: int = 10_000):
+    def __init__(self, task: TaskSpec | dict[str, Any], seed: int = 0, max_pending: int = 10_000,
+                 grants: frozenset[str] = LOCAL_GRANTS):
         self.task = task if isinstance(task, TaskSpec) else TaskSpec.model_validate(task)
-        self.pool = RewardPool(self.task, seed, max_pending=max_pending)
+        self.pool = RewardPool(self.task, seed, max_pending=max_pending, grants=grants)
         self._tags = {"task": self.task.name}
         self._count = ray_metrics.Counter(
             "tgc_reward_actor_verifications",
@@ -69,7 +71,8 @@ def start_reward_pool_actor(task: TaskSpec, seed: int = 0, *, name: str | None =
                             namespace: str | None = None, num_cpus: float | None = None,
                             max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
                             max_pending_calls: int = DEFAULT_MAX_PENDING_CALLS,
-                            label_selector: dict[str, str] | None = None, wait: bool = True) -> Any:
+                            label_selector: dict[str, str] | None = None, wait: bool = True,
+                            grants: frozenset[str] = LOCAL_GRANTS) -> Any:
     """Start a (named) reward actor and, with `wait`, block until its workers are up.
 
     `num_cpus` defaults to `task.reward_workers`: the worker processes are the actor's CPU use.
@@ -88,7 +91,7 @@ def start_reward_pool_actor(task: TaskSpec, seed: int = 0, *, name: str | None =
         options["namespace"] = namespace
     if label_selector:
         options["label_selector"] = label_selector
-    handle = RewardPoolActor.options(**options).remote(task.model_dump(), seed)
+    handle = RewardPoolActor.options(**options).remote(task.model_dump(), seed, grants=frozenset(grants))
     if wait:
         ray.get(handle.ready.remote())
     return handle

@@ -31,6 +31,7 @@ from typing import Any
 from services.config import TaskSpec
 from services.reward import metrics, wire
 from services.tasks.base import Score, TaskItem
+from services.tasks.params import LOCAL_GRANTS
 
 log = logging.getLogger(__name__)
 
@@ -109,19 +110,20 @@ class RewardPool:
     """Verifies (item, response) pairs in killable worker processes; usable without Ray.
 
     `RewardPool(task_spec, seed)` starts `task.reward_workers` workers, each building the task with
-    `load_task(task.name, task.params, seed)`, and waits until they are ready (or raises with the
+    `load_task(task.name, task.params, seed, grants)`, and waits until they are ready (or raises with the
     worker's error). `score(items, responses)` returns one Score per pair, in order.
     """
 
     def __init__(self, task: TaskSpec, seed: int = 0, *, max_pending: int = 10_000,
-                 start_timeout_s: float = 180.0):
+                 start_timeout_s: float = 180.0, grants: frozenset[str] = LOCAL_GRANTS):
         if max_pending < 1:
             raise ValueError(f"max_pending={max_pending}: must be >= 1")
         self.task = task
         self.timeout_s = float(task.reward_timeout_s)
         self.start_timeout_s = start_timeout_s
         self._label = task.name
-        self._init = {"task": task.name, "params": dict(task.params), "seed": seed, "reward": task.reward}
+        self._init = {"task": task.name, "params": dict(task.params), "seed": seed, "reward": task.reward,
+                      "grants": sorted(grants)}
         self._env = _worker_env()
         self._stats = metrics.StatsWindow()
         self._slots = threading.BoundedSemaphore(max_pending)

@@ -14,14 +14,18 @@ import numbers
 from collections.abc import Callable
 from typing import Any
 
-from services.tasks.base import Score, TaskItem, load_task
+from services.tasks.base import GrantError, Score, TaskItem, load_task
+from services.tasks.params import CUSTOM_CODE, LOCAL_GRANTS
 
 RewardFn = Callable[[TaskItem, str], Any]
 
 
 class Verifier:
-    def __init__(self, task: str, params: dict[str, Any], seed: int, reward: str = "builtin"):
-        self.task = load_task(task, params, seed)
+    def __init__(self, task: str, params: dict[str, Any], seed: int, reward: str = "builtin",
+                 grants: frozenset[str] = LOCAL_GRANTS):
+        self.task = load_task(task, params, seed, grants)
+        if reward != "builtin" and CUSTOM_CODE not in grants:
+            raise GrantError(f"task.reward {reward!r}: custom code needs the operator's grant '{CUSTOM_CODE}'")
         self.custom = None if reward == "builtin" else import_reward(reward)
 
     def __call__(self, item: TaskItem, response: str) -> Score:

@@ -6,6 +6,7 @@ import random
 
 from services.tasks.answers import last_number
 from services.tasks.base import Score, TaskItem
+from services.tasks.params import fill_template
 
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
@@ -28,7 +29,7 @@ class ArithmeticTask:
         a = rng.randint(self.min_operand, self.max_operand)
         b = rng.randint(self.min_operand, self.max_operand)
         op = rng.choice(self.ops)
-        return TaskItem(id=f"arith-{self.seed}-{index}", prompt=self.template.format(a=a, op=op, b=b),
+        return TaskItem(id=f"arith-{self.seed}-{index}", prompt=fill_template(self.template, a=a, op=op, b=b),
                         answer=str(_OPS[op](a, b)), kind="math")
 
     def score(self, item: TaskItem, response: str) -> Score:

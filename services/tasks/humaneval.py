@@ -12,9 +12,8 @@ import random
 from typing import Any
 
 from services.tasks.base import Score, TaskItem
-
-_INSTRUCTION = ("Complete the following Python function. Reply with the whole function in a ```python "
-                "code block.\n\n```python\n{prompt}```")
+from services.tasks.params import HUMANEVAL_INSTRUCTION as _INSTRUCTION
+from services.tasks.params import fill_template
 
 
 @functools.cache
@@ -60,7 +59,7 @@ class HumanEvalTask:
         tests = {"style": "function", "entry_point": p["entry_point"], "test": p["test"], "call_check": True,
                  "prompt": p["prompt"], "timeout_s": self.timeout_s}
         meta = {"tests": tests, "task_id": p["task_id"], "reference": p["prompt"] + p["canonical_solution"]}
-        prompt = self.instruction.format(prompt=p["prompt"])
+        prompt = fill_template(self.instruction, prompt=p["prompt"])
         return TaskItem(id=f"humaneval-{self.seed}-{index}", prompt=prompt, kind="code", meta=meta)
 
     def score(self, item: TaskItem, response: str) -> Score:

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-_STEP = re.compile(r"^step_(\d+)$")
+_STEP = re.compile(r"step_(\d+)", re.ASCII)  # used with fullmatch
 TRAINER_STATE = "trainer_state.json"
 
 
@@ -35,7 +35,7 @@ class Checkpoints:
 
     def complete(self) -> list[Path]:
         found = [(int(m.group(1)), p) for p in self.root.iterdir()
-                 if (m := _STEP.match(p.name)) and (p / TRAINER_STATE).exists()]
+                 if (m := _STEP.fullmatch(p.name)) and (p / TRAINER_STATE).exists()]
         return [p for _, p in sorted(found)]
 
     def latest(self) -> Path | None:

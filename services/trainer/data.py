@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from services.config import JobSpec
 from services.tasks import TaskItem, load_task
+from services.tasks.params import job_grants
 
 
 @dataclass
@@ -18,7 +19,7 @@ class Prompt:
 class PromptSource:
     def __init__(self, spec: JobSpec, tokenizer, position: int = 0):
         self.spec, self.tokenizer, self.position = spec, tokenizer, position
-        self.task = load_task(spec.task.name, spec.task.params, spec.seed)
+        self.task = load_task(spec.task.name, spec.task.params, spec.seed, job_grants())
 
     def take(self, n: int) -> list[Prompt]:
         """The next n prompts of the stream; the position only moves forward (it is checkpointed)."""

@@ -50,8 +50,9 @@ class RemoteRewards:
 
     def __init__(self, spec: JobSpec, job_name: str):
         from services.reward import start_reward_pool_actor
+        from services.tasks.params import job_grants
 
-        self.actor = start_reward_pool_actor(spec.task, spec.seed, name=f"{job_name}-reward")
+        self.actor = start_reward_pool_actor(spec.task, spec.seed, name=f"{job_name}-reward", grants=job_grants())
 
     def score(self, items: list, responses: list[str]) -> list[Score]:
         import ray

@@ -22,11 +22,31 @@ from services.trainer.reporting import Reporter
 
 log = logging.getLogger("tgc.trainer")
 
-LOCAL_OVERSUBSCRIPTION = 4  # a local cluster may promise this many logical CPUs per core, no more
+LOCAL_OVERSUBSCRIPTION = 4
+UNSAFE_HELP = ("let this job run model-written code WITHOUT the bubblewrap sandbox when its spec asks for "
+               "`task.params.sandbox: unsafe_local` (trusted code only; a spec alone never can)")  # a local cluster may promise this many logical CPUs per core, no more
 
 
 class ResourceError(ValueError):
-    """The spec asks for resources the cluster cannot provide."""
+    """The spec asks for resources the cluster cannot provide (or privileges this job was not granted)."""
+
+
+def check_grants(spec: JobSpec) -> None:
+    """Refuse a spec that needs a privilege this job lacks: the worker's own check, behind the control plane's."""
+    from services.tasks.params import job_grants
+
+    grants = job_grants()
+    missing = {f: p for f, p in spec.privileges().items() if p not in grants}
+    if missing:
+        raise ResourceError("not allowed for this job: " + "; ".join(
+            f"{f} needs the grant '{p}'" for f, p in missing.items()) + " (the operator decides; see docs/security.md)")
+
+
+def allow_unsafe_sandbox() -> None:
+    """`--allow-unsafe-sandbox`: the operator running this process lets its job run code unconfined."""
+    from services.tasks.params import GRANTS_ENV, UNSAFE_SANDBOX, encode_grants, job_grants
+
+    os.environ[GRANTS_ENV] = encode_grants(job_grants() | {UNSAFE_SANDBOX})
 
 
 def required_resources(spec: JobSpec) -> dict[str, float]:
@@ -100,6 +120,7 @@ def run(spec: JobSpec, run_dir: Path, resume: str | Path | None = None, progress
     started_ray = False
     previous = _install_stop_handlers(lambda reason: setattr(trainer, "stop_reason", reason) if trainer else None)
     try:
+        check_grants(spec)
         started_ray = init_ray(spec)
         from services.trainer.loop import Trainer
 
@@ -155,7 +176,10 @@ def cli(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", default=None, help="run directory (default runs/<name>-<time>)")
     parser.add_argument("--resume", nargs="?", const="latest", default=None,
                         help="resume from a checkpoint directory (default: the run dir's latest)")
+    parser.add_argument("--allow-unsafe-sandbox", action="store_true", help=UNSAFE_HELP)
     args = parser.parse_args(argv)
+    if args.allow_unsafe_sandbox:
+        allow_unsafe_sandbox()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         spec = JobSpec.from_yaml(args.spec)

@@ -316,7 +316,7 @@ def test_prometheus_metrics_count_jobs_requests_and_training_gauges(http, api_se
     rep = reporter(api_server, job_id, arm(api_server, job_id, tmp_path), tmp_path)
     rep.state("running", "started", 0)
     rep.emit("step", step=1, metrics={"reward_mean": 0.75})
-    text = http.get("/metrics").text
+    text = http.get("/metrics", headers=auth(api_server.admin)).text
     assert 'tgc_jobs{state="queued"}' in text and 'tgc_job_submissions_total{tenant="acme"}' in text
     assert 'tgc_http_request_duration_seconds_count{method="POST",route="/v1/jobs",status="201"}' in text
     assert f'tgc_job_train_metric{{job_id="{job_id}",metric="reward_mean",tenant="acme"}} 0.75' in text

@@ -1,6 +1,6 @@
 import pytest
 
-from services.config import JobSpec
+from services.config import JobSpec, SpecError
 from services.control.policy import PolicyError, check_spec
 from services.control.settings import ControlSettings
 
@@ -26,7 +26,7 @@ def test_server_limits_are_reported_by_field():
 
 def test_oversized_free_form_mapping_is_refused():
     big = {f"k{i}": "x" * 100 for i in range(1000)}
-    assert fields({"task": {"params": big}}) == {"task.params"}
+    assert fields({"task": {"name": "mymod:make", "params": big}}, admin=True) == {"task.params"}
 
 
 def test_deeply_nested_free_form_mapping_is_refused():
@@ -35,7 +35,8 @@ def test_deeply_nested_free_form_mapping_is_refused():
     for _ in range(12):
         node["a"] = {}
         node = node["a"]
-    assert fields({"task": {"params": deep}}) == {"task.params"}
+    with pytest.raises(SpecError, match=r"task.params: nested deeper than 8 levels"):
+        JobSpec.parse({"task": {"name": "mymod:make", "params": deep}})
 
 
 @pytest.mark.parametrize("spec, field", [

@@ -3,15 +3,20 @@
 What the sandbox sees: read-only /usr (and the merged-/usr symlinks or dirs), the dynamic loader's
 /etc files, the interpreter's prefix when it lives outside /usr, a private /proc and minimal /dev,
 and a fresh size-capped tmpfs at /tmp: the only writable place. New user, pid, net, ipc, uts and
-cgroup namespaces; no capabilities; no nested user namespaces; a clean environment; uid/gid 65534.
+cgroup namespaces; no capabilities; no nested user namespaces; a clean environment; uid/gid 65534;
+a seccomp filter that denies the kernel keyring (every run shares one host uid, and the keyring is
+per uid, so keys one run adds would be visible to another through /proc/keys).
 """
 
 from __future__ import annotations
 
+import errno
+import functools
 import os
 import shutil
 import stat
 import sys
+import tempfile
 from pathlib import Path
 
 from services.reward.sandbox.limits import SandboxLimits
@@ -45,6 +50,27 @@ USERNS_HINT = (
 
 class SandboxUnavailable(RuntimeError):
     """bwrap cannot run here; the message says how to make it run."""
+
+
+DENIED_SYSCALLS = ("add_key", "request_key", "keyctl")  # the kernel keyring: shared per host uid
+
+
+@functools.cache
+def seccomp_program() -> bytes:
+    """The compiled BPF filter bwrap installs (`--seccomp FD`): DENIED_SYSCALLS fail with EPERM, the rest
+    run; a syscall of another architecture (e.g. int 0x80 from a 64-bit process) kills the program."""
+    try:
+        import pyseccomp
+    except (ImportError, OSError) as e:  # the module, or libseccomp.so.2 it loads
+        raise SandboxUnavailable(f"the sandbox's seccomp filter needs libseccomp (`apt-get install "
+                                 f"libseccomp2`) and the pyseccomp package: {e}") from None
+    f = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
+    for name in DENIED_SYSCALLS:
+        f.add_rule(pyseccomp.ERRNO(errno.EPERM), name)
+    with tempfile.TemporaryFile() as out:
+        f.export_bpf(out)
+        out.seek(0)
+        return out.read()
 
 
 def find_bwrap() -> str:
@@ -163,10 +189,11 @@ def system_binds(python: str) -> list[str]:
 
 
 def bwrap_argv(bwrap: str, python: str, limits: SandboxLimits, files: list[tuple[int, str]],
-               status_fd: int) -> list[str]:
-    """The bwrap command up to (not including) the command it runs; `files` are (fd, path in sandbox)."""
+               status_fd: int, seccomp_fd: int) -> list[str]:
+    """The bwrap command up to (not including) the command it runs; `files` are (fd, path in sandbox),
+    `seccomp_fd` holds seccomp_program()."""
     args = [
-        bwrap, "--unshare-all", "--unshare-user", "--disable-userns",
+        bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--seccomp", str(seccomp_fd),
         "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox",
         "--cap-drop", "ALL", "--die-with-parent", "--new-session",
         *system_binds(python),

@@ -161,6 +161,8 @@ class Sandbox:
                 files.append((fds[-1], f"{bw.WORKDIR}/{rel}"))
             stdin_fd = _memfd("stdin", _as_bytes(stdin))
             fds.append(stdin_fd)
+            seccomp_fd = _memfd("seccomp", bw.seccomp_program())
+            fds.append(seccomp_fd)
             status_r, status_w = os.pipe()
             fds.append(status_r)
             fetch_r = fetch_w = None
@@ -169,8 +171,8 @@ class Sandbox:
                 fds.append(fetch_r)
             command = self._command(language, f"{bw.WORKDIR}/{main}", bw.WORKDIR, limits,
                                     [f"{bw.WORKDIR}/{p}" for p in fetch], fetch_w)
-            argv = [*bw.bwrap_argv(self._bwrap, self.python, limits, files, status_w), *command]
-            keep = tuple(fd for fd, _ in files) + (status_w,) + ((fetch_w,) if fetch_w is not None else ())
+            argv = [*bw.bwrap_argv(self._bwrap, self.python, limits, files, status_w, seccomp_fd), *command]
+            keep = (*(fd for fd, _ in files), status_w, seccomp_fd, *((fetch_w,) if fetch_w is not None else ()))
             outcome = _supervise(argv, stdin_fd, keep, limits, self._uid, cwd="/",
                                  extra_reads={"status": status_r, **({"fetch": fetch_r} if fetch_r else {})},
                                  close_after_start=[status_w, *([fetch_w] if fetch_w is not None else [])])

@@ -12,7 +12,7 @@ import base64
 import binascii
 import os
 import threading
-from typing import Literal
+from typing import Annotated, Literal
 
 from fastapi import FastAPI, HTTPException
 from prometheus_client import make_asgi_app
@@ -23,22 +23,28 @@ from services.reward.sandbox.limits import SandboxLimits
 
 MAX_RUN_TIMEOUT_S = 300.0
 MAX_MEMORY_MB = 16_384
+MAX_FILES = 256  # each file is an open descriptor while the work dir is written
+MAX_PATH_CHARS = 1024
 
 
 class RunCodeRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    code: str = Field(..., description="The program text.")
-    language: str = Field("python", description=f"One of: {', '.join(LANGUAGES)}.")
-    compile_timeout: float = Field(10, gt=0, description="Accepted for compatibility; nothing here compiles.")
+    code: str = Field(..., max_length=4 * 2**20, description="The program text.")
+    language: str = Field("python", max_length=32, description=f"One of: {', '.join(LANGUAGES)}.")
+    compile_timeout: float = Field(10, gt=0, le=MAX_RUN_TIMEOUT_S,
+                                   description="Accepted for compatibility; nothing here compiles.")
     run_timeout: float = Field(10, gt=0, le=MAX_RUN_TIMEOUT_S, description="Wall-clock deadline (s).")
     memory_limit_MB: int = Field(-1, ge=-1, le=MAX_MEMORY_MB, description="Address-space limit; -1: default.")
-    stdin: str | None = Field(None, description="Text fed to the program's stdin.")
-    files: dict[str, str | None] = Field(
-        default_factory=dict, description="Relative path in the work dir -> base64 content, written first."
+    stdin: str | None = Field(None, max_length=16 * 2**20, description="Text fed to the program's stdin.")
+    files: dict[Annotated[str, Field(max_length=MAX_PATH_CHARS)], str | None] = Field(
+        default_factory=dict, max_length=MAX_FILES,
+        description=f"Relative path in the work dir -> base64 content, written first (at most {MAX_FILES}).",
     )
-    fetch_files: list[str] = Field(default_factory=list, description="Relative paths sent back (base64).")
-    args: list[str] = Field(default_factory=list, description="SandboxFusion's pytest arguments; keep empty.")
+    fetch_files: list[Annotated[str, Field(max_length=MAX_PATH_CHARS)]] = Field(
+        default_factory=list, max_length=MAX_FILES, description="Relative paths sent back (base64).")
+    args: list[str] = Field(default_factory=list, max_length=64,
+                            description="SandboxFusion's pytest arguments; keep empty.")
 
 
 class CommandRunResult(BaseModel):

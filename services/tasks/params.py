@@ -1,0 +1,244 @@
+"""Each built-in task's declared `task.params`: a typed, bounded schema checked where the spec is parsed.
+
+A spec that the API accepts must be one that can start, so the control plane validates `task.params`
+against these models at submit time (the same models build the task on the worker), and `tgc schema`
+publishes them. Fields that only the operator may switch carry `json_schema_extra={"privilege": ...}`;
+`privileged_fields` lists the ones a params mapping sets away from their safe default.
+
+This module imports pydantic only (reasoning-gym lazily), so the control plane and the SDK can use it.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import datetime
+import enum
+import os
+import types
+import typing
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+
+# Privileges a job spec can need; an admin token has all, operator settings grant some (see policy.py).
+CUSTOM_CODE = "custom_code"  # import and run code named by the spec (`module:function`)
+HOST_PATHS = "host_paths"  # read files or directories of the worker host named by the spec
+UNSAFE_SANDBOX = "unsafe_sandbox"  # run model-written code without the bubblewrap sandbox
+PRIVILEGES = (CUSTOM_CODE, HOST_PATHS, UNSAFE_SANDBOX)
+# What a process started by its own operator may do unasked: run the operator's code, read the operator's
+# files. An unconfined sandbox is never implied; the control plane's jobs carry exactly their grants.
+LOCAL_GRANTS = frozenset({CUSTOM_CODE, HOST_PATHS})
+GRANTS_ENV = "TGC_GRANTS"  # set by the control plane for each job it runs (comma-separated; may be empty)
+
+
+def job_grants() -> frozenset[str]:
+    """This job's grants: `TGC_GRANTS` where the control plane (or `tgc train --allow-unsafe-sandbox`) set it,
+    else LOCAL_GRANTS."""
+    raw = os.environ.get(GRANTS_ENV)
+    if raw is None:
+        return LOCAL_GRANTS
+    return frozenset(g for g in raw.split(",") if g in PRIVILEGES)
+
+
+def encode_grants(grants: frozenset[str] | set[str]) -> str:
+    return ",".join(sorted(g for g in grants if g in PRIVILEGES))
+
+MAX_TEMPLATE_CHARS = 4096
+
+
+class TaskParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
+
+
+def _needs(privilege: str) -> dict[str, str]:
+    return {"privilege": privilege}
+
+
+def _placeholders_only(template: str, allowed: tuple[str, ...]) -> str:
+    """A prompt template may hold only `{name}` slots of `allowed` (filled by `fill_template`, never format)."""
+    for name in allowed:
+        template = template.replace("{" + name + "}", "")
+    if "{" in template or "}" in template:
+        raise ValueError(f"only the placeholders {', '.join('{' + a + '}' for a in allowed)} may appear in braces")
+    return template
+
+
+def fill_template(template: str, **values: object) -> str:
+    """Substitute `{name}` slots literally: a tenant's template can never reach attributes the way format() can."""
+    for name, value in values.items():
+        template = template.replace("{" + name + "}", str(value))
+    return template
+
+
+class ArithmeticParams(TaskParams):
+    max_operand: int = Field(9, ge=0, le=10**9, description="Largest operand.")
+    min_operand: int = Field(0, ge=0, le=10**9, description="Smallest operand (<= max_operand).")
+    ops: list[Literal["+", "-", "*"]] = Field(["+"], min_length=1, max_length=3, description="Operators.")
+    template: str = Field("What is {a} {op} {b}? Reply with just the number.", min_length=1,
+                          max_length=MAX_TEMPLATE_CHARS, description="Question; slots {a}, {op}, {b}.")
+
+    @field_validator("template")
+    @classmethod
+    def _slots(cls, v: str) -> str:
+        _placeholders_only(v, ("a", "op", "b"))
+        return v
+
+    @field_validator("min_operand")
+    @classmethod
+    def _ordered(cls, v: int, info) -> int:
+        if "max_operand" in info.data and v > info.data["max_operand"]:
+            raise ValueError("need min_operand <= max_operand")
+        return v
+
+
+SandboxMode = Literal["bwrap", "unsafe_local"]
+_SANDBOX_DOC = ("`bwrap` (default): model-written code runs in the bubblewrap sandbox. `unsafe_local` runs it "
+                "WITHOUT isolation; only the operator can allow it (server setting or admin token).")
+
+
+class CodeParams(TaskParams):
+    families: list[str] | None = Field(None, min_length=1, max_length=64, description="Problem families (default all).")
+    cases: int = Field(3, ge=1, le=100, description="Test cases per problem.")
+    timeout_s: float = Field(5.0, gt=0, le=120, description="Wall-clock limit of one test run.")
+    sandbox: SandboxMode = Field("bwrap", description=_SANDBOX_DOC, json_schema_extra=_needs(UNSAFE_SANDBOX))
+    memory_mb: int | None = Field(None, ge=16, le=65_536, description="Address-space limit of a test run.")
+    partial_credit: bool = Field(False, description="Reward the share of passed cases instead of all-or-nothing.")
+
+
+HUMANEVAL_INSTRUCTION = ("Complete the following Python function. Reply with the whole function in a ```python "
+                         "code block.\n\n```python\n{prompt}```")
+
+
+class HumanEvalParams(TaskParams):
+    shuffle: bool = Field(True, description="A seeded permutation of the 164 problems, redrawn every pass.")
+    timeout_s: float = Field(10.0, gt=0, le=120, description="Wall-clock limit of one test run.")
+    sandbox: SandboxMode = Field("bwrap", description=_SANDBOX_DOC, json_schema_extra=_needs(UNSAFE_SANDBOX))
+    memory_mb: int | None = Field(None, ge=16, le=65_536, description="Address-space limit of a test run.")
+    instruction: str = Field(HUMANEVAL_INSTRUCTION, max_length=MAX_TEMPLATE_CHARS,
+                             description="Prompt around the problem; must hold the slot {prompt}.")
+
+    @field_validator("instruction")
+    @classmethod
+    def _slot(cls, v: str) -> str:
+        if "{prompt}" not in v:
+            raise ValueError("must contain '{prompt}' where the function goes")
+        _placeholders_only(v, ("prompt",))
+        return v
+
+
+class ReasoningGymParams(TaskParams):
+    """`size`, `instruction`, and the dataset's own config fields (checked against its config class)."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, frozen=True)
+    size: int = Field(10_000, ge=1, le=10_000_000, description="Items before the stream repeats.")
+    instruction: str = Field("\nReply with just the answer.", max_length=MAX_TEMPLATE_CHARS,
+                             description="Appended to each question.")
+
+    def dataset_config(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+# Types of reasoning-gym config fields that hold plain data. A `str` field may name a file the dataset
+# reads (spell_backward's `data_file` reads any path), so str fields are accepted only where listed here.
+_GYM_SAFE_SCALARS = (int, float, bool, datetime.date, datetime.time)
+_GYM_SAFE_STR_FIELDS = frozenset({("caesar_cipher", "delimiter"), ("figlet_font", "static_word")})
+_GYM_REFUSED_DATASETS = {"composite": "it composes other datasets with free configs; use one dataset a job"}
+
+
+def _plain_data_type(tp: Any) -> bool:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return all(a is type(None) or _plain_data_type(a) for a in typing.get_args(tp))
+    if origin in (list, tuple, collections.abc.Sequence):
+        return all(a is Ellipsis or _plain_data_type(a) or a is str for a in typing.get_args(tp))
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return True
+    return tp in _GYM_SAFE_SCALARS or tp is tuple
+
+
+def check_gym_config(dataset: str, config: dict[str, Any]) -> None:
+    """Raise ValueError naming the field if `config` is not plain data the dataset's config class accepts.
+
+    Without reasoning-gym installed (a thin SDK install) only the field names' syntax is checked here;
+    the worker checks again when it builds the dataset.
+    """
+    if dataset in _GYM_REFUSED_DATASETS:
+        raise ValueError(f"task.name: reasoning_gym:{dataset} is not accepted: {_GYM_REFUSED_DATASETS[dataset]}")
+    try:
+        from reasoning_gym.factory import DATASETS
+    except ImportError:
+        return
+    if dataset not in DATASETS:
+        raise ValueError(f"task.name: no reasoning-gym dataset {dataset!r}; e.g. basic_arithmetic, chain_sum, "
+                         "leg_counting (reasoning_gym.factory.DATASETS lists them)")
+    config_cls = DATASETS[dataset][1]
+    hints = typing.get_type_hints(config_cls)
+    fields = {f.name: hints.get(f.name, f.type) for f in dataclasses.fields(config_cls)}
+    for key, value in config.items():
+        path = f"task.params.{key}"
+        if key in ("seed", "size") or key not in fields:
+            known = sorted(k for k in fields if k not in ("seed", "size"))
+            raise ValueError(f"{path}: not a field of reasoning-gym's {config_cls.__name__}; known: {known}")
+        tp = fields[key]
+        if not (_plain_data_type(tp) or ((dataset, key) in _GYM_SAFE_STR_FIELDS)):
+            raise ValueError(f"{path}: this field ({tp}) can name files or objects on the worker; it is not "
+                             "accepted in a job spec")
+        try:
+            TypeAdapter(tp).validate_python(value, strict=False)
+        except ValidationError as e:
+            raise ValueError(f"{path}: {e.errors()[0]['msg']}") from None
+    try:
+        cfg = config_cls(**config)
+        if hasattr(cfg, "validate"):
+            cfg.validate()
+    except (AssertionError, ValueError, TypeError) as e:
+        raise ValueError(f"task.params: reasoning-gym's {config_cls.__name__} refuses {config}: {e}") from None
+
+
+TASK_PARAMS: dict[str, type[TaskParams]] = {
+    "arithmetic": ArithmeticParams,
+    "code": CodeParams,
+    "humaneval": HumanEvalParams,
+}
+
+
+def params_model(task_name: str) -> type[TaskParams] | None:
+    """The params model of a built-in task; None for custom `module:function` tasks (free-form params)."""
+    if task_name.startswith("reasoning_gym:"):
+        return ReasoningGymParams
+    return TASK_PARAMS.get(task_name)
+
+
+def parse_params(task_name: str, params: dict[str, Any]) -> TaskParams | None:
+    """Validate `params` for `task_name`; raises ValueError whose lines start with `task.params.<field>`."""
+    model = params_model(task_name)
+    if model is None:
+        return None
+    try:
+        parsed = model.model_validate(params)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            loc = ".".join(str(p) for p in err["loc"])
+            msg = "unknown field; known: " + ", ".join(model.model_fields) if err["type"] == "extra_forbidden" \
+                else str(err["msg"]).removeprefix("Value error, ")  # fmt: skip
+            lines.append(f"task.params.{loc}: {msg}" if loc else f"task.params: {msg}")
+        raise ValueError("; ".join(lines)) from None
+    if isinstance(parsed, ReasoningGymParams):
+        check_gym_config(task_name.split(":", 1)[1], parsed.dataset_config())
+    return parsed
+
+
+def privileged_fields(parsed: TaskParams | None) -> dict[str, str]:
+    """{`task.params.<field>`: privilege} for each privileged field set away from its default."""
+    if parsed is None:
+        return {}
+    out = {}
+    for name, info in type(parsed).model_fields.items():
+        extra = info.json_schema_extra
+        if isinstance(extra, dict) and "privilege" in extra and getattr(parsed, name) != info.default:
+            out[f"task.params.{name}"] = str(extra["privilege"])
+    return out
