@@ -23,6 +23,8 @@ from pydantic import (
     model_validator,
 )
 
+from services.tasks.dataset import DatasetParams
+
 # Hard limits a submitted spec must respect (the control plane enforces them; the trainer too).
 MAX_STEPS = 1_000_000
 MAX_GROUP_SIZE = 256
@@ -181,6 +183,7 @@ class TaskSpec(_Strict):
         "arithmetic",
         max_length=256,
         description="`arithmetic` (built-in generator), `code` (generated programs with tests), `humaneval`, "
+        "`dataset` (your own JSONL / Parquet / CSV file, see `tgc schema --task dataset`), "
         "`reasoning_gym:<dataset>`, or a custom task factory `module:function`.",
     )
     params: dict[str, Any] = Field(
@@ -340,6 +343,32 @@ class AsyncSpec(_Strict):
     max_staleness: int = Field(1, ge=0, le=64, description="Max policy-version lag of a trained sample.")
 
 
+class EvalSpec(_Strict):
+    """Held-out evaluation: run through the job's rollout replicas (current weights) and reward pool."""
+
+    dataset: DatasetParams | None = Field(
+        None, description="The evaluation rows (the same fields as `task.params` of a `dataset` task; every row, in "
+        "file order). Default: the training dataset's held-out rows (`task.params.holdout`).")
+    every_steps: int = Field(0, ge=0, le=MAX_STEPS, description="Evaluate every N optimizer steps (0: only at "
+                             "the start and the end).")
+    at_start: bool = Field(True, description="Evaluate the initial weights too (step 0): the baseline.")
+    samples_per_prompt: int = Field(1, ge=1, le=MAX_GROUP_SIZE,
+                                    description="k: samples per prompt; reported as `eval/pass@k` and mean accuracy.")
+    greedy: bool = Field(True, description="Greedy decoding (then samples_per_prompt must be 1); else sampled at "
+                         "`temperature` / `top_p`.")
+    temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature when not greedy.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus mass when not greedy.")
+    max_new_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS, description="Response budget; default and "
+                                       "maximum: sampling.max_new_tokens.")
+    max_prompts: int = Field(256, ge=1, le=100_000, description="Evaluate at most the first N rows.")
+
+    @model_validator(mode="after")
+    def _greedy_means_one_sample(self) -> EvalSpec:
+        if self.greedy and self.samples_per_prompt > 1:
+            raise ValueError("samples_per_prompt > 1 needs greedy: false (greedy samples are all the same)")
+        return self
+
+
 class JobSpec(_Strict):
     """A whole RL job: model, task, objective, batch shape, optimizer, resources, checkpoints."""
 
@@ -352,9 +381,12 @@ class JobSpec(_Strict):
     resources: ResourceSpec = Field(default_factory=ResourceSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     async_: AsyncSpec = Field(default_factory=AsyncSpec, alias="async")
+    eval: EvalSpec | None = Field(None, description="Held-out evaluation at the start, every N steps and at the end "
+                                  "(`eval/...` metrics).")
     group_size: int = Field(8, ge=2, le=MAX_GROUP_SIZE, description="G: responses sampled per prompt.")
     prompts_per_step: int = Field(8, ge=1, le=MAX_PROMPTS_PER_STEP, description="Groups per optimizer step.")
-    steps: int = Field(20, ge=1, le=MAX_STEPS, description="Rollout/update iterations.")
+    steps: int = Field(20, ge=0, le=MAX_STEPS, description="Rollout/update iterations (0: evaluate only, needs "
+                       "`eval`).")
     seed: int = Field(0, ge=0, le=MAX_SEED, description="Seeds data order, sampling and init.")
     dynamic_sampling: bool = Field(
         False, description="Drop groups whose rewards are all equal and refill (DAPO); max 4 refill rounds."
@@ -388,6 +420,15 @@ class JobSpec(_Strict):
                              "engine has no weight-transfer API); use weight_sync 'object_store'")
         if self.model.source == "random" and not self.model.config_overrides:
             raise ValueError("model.config_overrides is required when model.source is 'random'")
+        if self.steps == 0 and self.eval is None:
+            raise ValueError("steps: 0 evaluates only; add an `eval` section (or set steps >= 1)")
+        if self.eval is not None:
+            if self.eval.dataset is None and (self.task.name != "dataset" or not self.task.params.get("holdout")):
+                raise ValueError("eval.dataset: name the evaluation rows, or train on a `dataset` task with "
+                                 "task.params.holdout > 0 (its held-out rows are evaluated)")
+            if (self.eval.max_new_tokens or 0) > self.sampling.max_new_tokens:
+                raise ValueError(f"eval.max_new_tokens ({self.eval.max_new_tokens}) exceeds sampling.max_new_tokens "
+                                 f"({self.sampling.max_new_tokens}), the rollout engines' length budget")
         return self
 
     def privileges(self) -> dict[str, str]:
@@ -405,6 +446,9 @@ class JobSpec(_Strict):
         if self.model.tokenizer is not None:
             out["model.tokenizer"] = HOST_PATHS
         out.update(privileged_fields(self.task.parsed_params()))
+        if self.eval is not None and self.eval.dataset is not None:
+            out.update({f"eval.dataset.{k.rsplit('.', 1)[1]}": v
+                        for k, v in privileged_fields(self.eval.dataset).items()})
         return out
 
     def actor_threads(self, role: Literal["learner", "rollout"]) -> int:
@@ -455,7 +499,7 @@ def error_message(err: Any) -> str:
     return msg.removeprefix("Value error, ")
 
 
-BUILTIN_TASKS = ("arithmetic", "code", "humaneval")
+BUILTIN_TASKS = ("arithmetic", "code", "humaneval", "dataset")
 BUILTIN_MODEL_SOURCES = frozenset({"smollm2-135m-instruct", "random"})
 # fullmatch, never `$` with match: `$` also matches before a trailing newline
 _ENTRY_POINT = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*", re.ASCII)

@@ -24,6 +24,8 @@ class Verifier:
     def __init__(self, task: str, params: dict[str, Any], seed: int, reward: str = "builtin",
                  grants: frozenset[str] = LOCAL_GRANTS):
         self.task = load_task(task, params, seed, grants)
+        self.grants = grants
+        self._sandboxes: dict[tuple[str, int | None], Any] = {}
         if reward != "builtin" and CUSTOM_CODE not in grants:
             raise GrantError(f"task.reward {reward!r}: custom code needs the operator's grant '{CUSTOM_CODE}'")
         self.custom = None if reward == "builtin" else import_reward(reward)
@@ -31,6 +33,10 @@ class Verifier:
     def __call__(self, item: TaskItem, response: str) -> Score:
         if self.custom is not None:
             return as_score(self.custom(item, response), "task.reward")
+        if item.kind == "dataset":  # rows carry their verifier: any worker scores any dataset's items (eval sets)
+            from services.tasks.dataset import score_row
+
+            return as_score(score_row(item, response, self.sandbox), "dataset verifier")
         score = as_score(self.task.score(item, response), f"{type(self.task).__name__}.score")
         if item.kind == "math" and item.answer is not None and score.status == "ok" and score.reward < 1.0:
             from services.reward.math_verifier import verify_math
@@ -46,10 +52,22 @@ class Verifier:
             return
         if hasattr(self.task, "warm_up"):
             self.task.warm_up()
-        if self.task.item(0).kind == "math":
+        elif self.task.item(0).kind == "math":
             from services.reward import math_verifier
 
             math_verifier.warm_up()
+
+    def sandbox(self, mode: str = "bwrap", memory_mb: int | None = None):
+        """The code sandbox for dataset rows; an unconfined one only with the operator's grant."""
+        from services.tasks.params import UNSAFE_SANDBOX
+
+        if mode != "bwrap" and UNSAFE_SANDBOX not in self.grants:
+            raise GrantError(f"sandbox {mode!r} needs the operator's grant '{UNSAFE_SANDBOX}'")
+        if (mode, memory_mb) not in self._sandboxes:
+            from services.reward.code_verifier import make_sandbox
+
+            self._sandboxes[(mode, memory_mb)] = make_sandbox(mode, memory_mb)
+        return self._sandboxes[(mode, memory_mb)]
 
 
 def import_reward(spec: str) -> RewardFn:

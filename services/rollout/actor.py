@@ -8,6 +8,7 @@ from pathlib import Path
 
 from services.batch import Completion
 from services.config import JobSpec
+from services.rollout.engine import Sampling
 
 
 class RolloutActor:
@@ -35,9 +36,10 @@ class RolloutActor:
         children = [c.pid for c in psutil.Process().children(recursive=True)]
         return {"pid": os.getpid(), "children": children, "engine": self.kind, "version": self.engine.version}
 
-    def generate(self, prompts: list[list[int]], n: int, seeds: list[int]) -> list[list[Completion]]:
+    def generate(self, prompts: list[list[int]], n: int, seeds: list[int],
+                 sampling: Sampling | None = None) -> list[list[Completion]]:
         t0 = time.perf_counter()
-        out = self.engine.generate(prompts, n, seeds)
+        out = self.engine.generate(prompts, n, seeds, sampling)
         self.generate_s += time.perf_counter() - t0
         self.tokens += sum(len(c.token_ids) for cs in out for c in cs)
         return out

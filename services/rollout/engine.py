@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
 
 from services.batch import Completion
@@ -19,14 +20,25 @@ from services.rollout.weights import Weights
 _MASK64 = (1 << 64) - 1
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling for one generate() call that differs from the spec's (evaluation); temperature 0 is greedy."""
+
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+
+
 class RolloutEngine(ABC):
     """One generation engine. `version` is the policy version of the weights it currently holds."""
 
     version: int = 0
 
     @abstractmethod
-    def generate(self, prompts: list[list[int]], n: int, seeds: list[int]) -> list[list[Completion]]:
-        """`n` samples for each prompt; `seeds[i]` makes prompt i's samples reproducible."""
+    def generate(self, prompts: list[list[int]], n: int, seeds: list[int],
+                 sampling: Sampling | None = None) -> list[list[Completion]]:
+        """`n` samples for each prompt; `seeds[i]` makes prompt i's samples reproducible; `sampling` replaces
+        the spec's temperature, top-p and length for this call (max_new_tokens at most the spec's)."""
 
     @abstractmethod
     def update_weights(self, weights: Weights, version: int) -> float:

@@ -16,7 +16,7 @@ import torch
 from services.batch import Completion
 from services.config import JobSpec
 from services.models import load_tokenizer
-from services.rollout.engine import RolloutEngine, check_requests, prompt_lengths, sample_seed
+from services.rollout.engine import RolloutEngine, Sampling, check_requests, prompt_lengths, sample_seed
 from services.rollout.weights import Weights, named_tensors
 
 
@@ -45,7 +45,8 @@ class HFEngine(RolloutEngine):
 
     # -- generation -------------------------------------------------------------------------------
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], n: int, seeds: list[int]) -> list[list[Completion]]:
+    def generate(self, prompts: list[list[int]], n: int, seeds: list[int],
+                 sampling: Sampling | None = None) -> list[list[Completion]]:
         check_requests(prompts, n, seeds, self.spec.sampling.max_prompt_tokens)
         rows = [(p, sample_seed(seed, j)) for p, seed in zip(prompts, seeds, strict=True) for j in range(n)]
         # similar lengths together: less padding per batch
@@ -53,12 +54,13 @@ class HFEngine(RolloutEngine):
         done: list[Completion | None] = [None] * len(rows)
         for start in range(0, len(order), self.batch_rows):
             chunk = order[start:start + self.batch_rows]
-            for r, comp in zip(chunk, self._decode([rows[r] for r in chunk]), strict=True):
+            for r, comp in zip(chunk, self._decode([rows[r] for r in chunk], sampling), strict=True):
                 done[r] = comp
         return [done[i * n:(i + 1) * n] for i in range(len(prompts))]  # type: ignore[misc]
 
-    def _decode(self, rows: list[tuple[list[int], int]]) -> list[Completion]:
-        s = self.spec.sampling
+    def _decode(self, rows: list[tuple[list[int], int]], sampling: Sampling | None = None) -> list[Completion]:
+        s = sampling or self.spec.sampling
+        greedy = s.temperature == 0
         B, P = len(rows), max(len(p) for p, _ in rows)
         ids = torch.full((B, P), self.pad_id, dtype=torch.long)
         mask = torch.zeros((B, P), dtype=torch.long)
@@ -72,14 +74,14 @@ class HFEngine(RolloutEngine):
         finished = [False] * B
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
         for step in range(s.max_new_tokens):
-            scores = top_p_mask(out.logits[:, -1, :].float() / s.temperature, s.top_p)
+            scores = top_p_mask(out.logits[:, -1, :].float() / (s.temperature or 1.0), s.top_p)
             logp = scores.log_softmax(dim=-1)
             probs = logp.exp()
             nxt = torch.full((B,), self.pad_id, dtype=torch.long)
             for b in range(B):
                 if finished[b]:
                     continue
-                tok = int(torch.multinomial(probs[b], 1, generator=gens[b]))
+                tok = int(probs[b].argmax()) if greedy else int(torch.multinomial(probs[b], 1, generator=gens[b]))
                 nxt[b] = tok
                 tokens[b].append(tok)
                 logps[b].append(float(logp[b, tok]))

@@ -21,7 +21,7 @@ from ray.exceptions import RayActorError
 from services.batch import Completion
 from services.config import JobSpec
 from services.rollout.actor import RolloutActor
-from services.rollout.engine import engine_kind
+from services.rollout.engine import Sampling, engine_kind
 from services.rollout.weights import FlatWeights, publish_weights
 
 log = logging.getLogger(__name__)
@@ -126,10 +126,11 @@ class RolloutPool:
         return results
 
     # -- the trainer's calls ---------------------------------------------------------------------------
-    def generate(self, prompts: list[list[int]], n: int, seeds: list[int]) -> list[list[Completion]]:
+    def generate(self, prompts: list[list[int]], n: int, seeds: list[int],
+                 sampling: Sampling | None = None) -> list[list[Completion]]:
         if len(seeds) != len(prompts):
             raise ValueError(f"generate: got {len(prompts)} prompts but {len(seeds)} seeds; pass one seed per prompt")
-        calls = {i: (lambda h, a=a, b=b: h.generate.remote(prompts[a:b], n, seeds[a:b]))
+        calls = {i: (lambda h, a=a, b=b: h.generate.remote(prompts[a:b], n, seeds[a:b], sampling))
                  for i, (a, b) in enumerate(split_evenly(len(prompts), self.replicas)) if b > a}
         results = self._call_all(calls)
         return [c for i in sorted(results) for c in results[i]]

@@ -19,7 +19,7 @@ import torch
 from services.batch import Completion
 from services.config import JobSpec
 from services.models import load_tokenizer
-from services.rollout.engine import RolloutEngine, check_requests, prompt_lengths, sample_seed
+from services.rollout.engine import RolloutEngine, Sampling, check_requests, prompt_lengths, sample_seed
 from services.rollout.weights import Weights
 
 _EXTENSION = "services.rollout.vllm_extension.WeightLoader"
@@ -86,11 +86,12 @@ def engine_args(spec: JobSpec, model_path: Path | str) -> dict:
     return args
 
 
-def sampling_params(spec: JobSpec, seed: int, eos_id: int):
-    """One sample's vLLM SamplingParams: the spec's sampling, its own seed, the sampled token's log-prob."""
+def sampling_params(spec: JobSpec, seed: int, eos_id: int, sampling: Sampling | None = None):
+    """One sample's vLLM SamplingParams: the spec's sampling (or `sampling`), its own seed, the sampled token's
+    log-prob."""
     from vllm import SamplingParams
 
-    s = spec.sampling
+    s = sampling or spec.sampling
     return SamplingParams(n=1, temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_new_tokens,
                           seed=seed, logprobs=0, stop_token_ids=[eos_id], detokenize=False)
 
@@ -146,12 +147,14 @@ class VLLMEngine(RolloutEngine):
         self._closed = False
 
     # -- generation -------------------------------------------------------------------------------
-    def generate(self, prompts: list[list[int]], n: int, seeds: list[int]) -> list[list[Completion]]:
+    def generate(self, prompts: list[list[int]], n: int, seeds: list[int],
+                 sampling: Sampling | None = None) -> list[list[Completion]]:
         check_requests(prompts, n, seeds, self.spec.sampling.max_prompt_tokens)
         if not prompts:
             return []
         requests = [{"prompt_token_ids": list(p)} for p in prompts for _ in range(n)]
-        params = [sampling_params(self.spec, sample_seed(seed, j), self.eos_id) for seed in seeds for j in range(n)]
+        params = [sampling_params(self.spec, sample_seed(seed, j), self.eos_id, sampling)
+                  for seed in seeds for j in range(n)]
         outs = self.llm.generate(requests, params, use_tqdm=False)
         comps = [self._completion(o.outputs[0]) for o in outs]
         return [comps[i * n:(i + 1) * n] for i in range(len(prompts))]

@@ -18,7 +18,7 @@ class TaskItem:
     id: str
     prompt: str
     answer: str | None = None
-    kind: Literal["math", "code", "custom", "gym"] = "math"
+    kind: Literal["math", "code", "custom", "gym", "dataset"] = "math"
     meta: dict[str, Any] = field(default_factory=dict)
 
 
@@ -67,6 +67,10 @@ def load_task(name: str, params: dict[str, Any] | None = None, seed: int = 0,
         from services.tasks.humaneval import HumanEvalTask
 
         return HumanEvalTask(seed=seed, **params)
+    if name == "dataset":
+        from services.tasks.dataset import DatasetTask
+
+        return DatasetTask(seed=seed, params=parsed)  # type: ignore[arg-type]
     if name == "code":
         from services.tasks.code import CodeTask
 
@@ -85,6 +89,6 @@ def load_task(name: str, params: dict[str, Any] | None = None, seed: int = 0,
             raise ValueError(f"task.name {name!r}: cannot import {attr} from {module} ({e})") from None
         return factory(seed=seed, **params)
     raise ValueError(
-        f"unknown task.name {name!r}; use 'arithmetic', 'code', 'humaneval', 'reasoning_gym:<dataset>' "
+        f"unknown task.name {name!r}; use 'arithmetic', 'code', 'humaneval', 'dataset', 'reasoning_gym:<dataset>' "
         "or 'module:function'"
     )

@@ -209,6 +209,10 @@ def params_model(task_name: str) -> type[TaskParams] | None:
     """The params model of a built-in task; None for custom `module:function` tasks (free-form params)."""
     if task_name.startswith("reasoning_gym:"):
         return ReasoningGymParams
+    if task_name == "dataset":  # defined beside its task, which imports this module
+        from services.tasks.dataset import DatasetParams
+
+        return DatasetParams
     return TASK_PARAMS.get(task_name)
 
 

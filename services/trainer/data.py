@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.config import JobSpec
+from services.config import JobSpec, ModelSpec
 from services.tasks import TaskItem, load_task
 from services.tasks.params import job_grants
 
@@ -20,6 +20,15 @@ class PromptSource:
     def __init__(self, spec: JobSpec, tokenizer, position: int = 0):
         self.spec, self.tokenizer, self.position = spec, tokenizer, position
         self.task = load_task(spec.task.name, spec.task.params, spec.seed, job_grants())
+        self.dropped_too_long = 0
+        if hasattr(self.task, "filter_prompts"):  # a dataset: long prompts are dropped (and counted), not refused
+            limit = spec.sampling.max_prompt_tokens
+            self.dropped_too_long = self.task.filter_prompts(lambda item: len(self.encode_item(item)) <= limit)
+
+    def available(self, n: int) -> bool:
+        """Whether the next n prompts exist (a dataset with `epochs` runs out)."""
+        check = getattr(self.task, "available", None)
+        return check is None or check(self.position + n - 1)
 
     def take(self, n: int) -> list[Prompt]:
         """The next n prompts of the stream; the position only moves forward (it is checkpointed)."""
@@ -29,7 +38,7 @@ class PromptSource:
 
     def prompt(self, index: int) -> Prompt:
         item = self.task.item(index)
-        ids = self.encode(item.prompt)
+        ids = self.encode_item(item)
         if len(ids) > self.spec.sampling.max_prompt_tokens:
             raise ValueError(
                 f"task item {item.id} has {len(ids)} prompt tokens, more than sampling.max_prompt_tokens "
@@ -38,10 +47,24 @@ class PromptSource:
         return Prompt(index, item, ids)
 
     def encode(self, text: str) -> list[int]:
-        m = self.spec.model
-        if not m.chat_template:
-            return self.tokenizer(text, add_special_tokens=True)["input_ids"]
-        messages = ([{"role": "system", "content": m.system_prompt}] if m.system_prompt else [])
-        messages.append({"role": "user", "content": text})
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        return encode_item(self.tokenizer, self.spec.model, TaskItem(id="", prompt=text))
+
+    def encode_item(self, item: TaskItem) -> list[int]:
+        return encode_item(self.tokenizer, self.spec.model, item)
+
+
+def encode_item(tokenizer, model: ModelSpec, item: TaskItem) -> list[int]:
+    """A prompt's token ids: its own chat messages (dataset rows) or its text as the user turn, after the
+    model's system prompt, through the chat template; the bare text when the template is off."""
+    messages = item.meta.get("messages")
+    if not model.chat_template:
+        if messages is not None:
+            raise ValueError(f"item {item.id}: chat messages need model.chat_template: true")
+        return tokenizer(item.prompt, add_special_tokens=True)["input_ids"]
+    if messages is None:
+        messages = ([{"role": "system", "content": model.system_prompt}] if model.system_prompt else [])
+        messages.append({"role": "user", "content": item.prompt})
+    elif model.system_prompt and messages[0]["role"] != "system":
+        messages = [{"role": "system", "content": model.system_prompt}, *messages]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)

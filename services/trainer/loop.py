@@ -98,6 +98,11 @@ class Trainer:
             self.metrics.truncate_after(self.step)
         self.data = PromptSource(spec, self.tokenizer, position)
         self.trained_position = position
+        self.evaluator = None
+        if spec.eval is not None:
+            from services.trainer.evaluation import Evaluator
+
+            self.evaluator = Evaluator(spec, self.data.encode_item, run_dir)
         self._start_actors(model_path, resume)
 
     # -- actors --------------------------------------------------------------------------------------
@@ -154,7 +159,7 @@ class Trainer:
                 kept = [g for g in groups if g.informative]
                 dropped += len(groups) - len(kept)
                 groups = kept
-                if len(groups) >= want:
+                if len(groups) >= want or not self.data.available(want - len(groups)):
                     break
                 more, t = self._generate_groups(self.data.take(want - len(groups)), attempt)
                 groups += more
@@ -187,7 +192,7 @@ class Trainer:
         self.trained_position = rollout.end_position
         sync = self.weight_sync(self.version)
         t3 = time.perf_counter()
-        m = {**rollout.metrics, **learner_metrics, **_rollout_metrics(rollout, batch),
+        m = {**rollout.metrics, **learner_metrics, **_rollout_metrics(rollout, batch), **self._data_metrics(),
              **_prefixed("rollout/", self.rollout.stats()), **_prefixed("reward/", self.rewards.stats())}
         m.update({
             "timing/train_s": t2 - t1, "timing/sync_s": t3 - t2, "timing/prepare_s": t1 - t0,
@@ -204,18 +209,32 @@ class Trainer:
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout") if asynchronous else None
         pending: Future | None = None
         self.reporter.state("running", "resumed" if self.step else "started", self.step)
+        finished = "completed all steps"
         try:
-            while self.step < spec.steps and not self._should_stop():
+            if self.evaluator is not None and spec.eval.at_start and self.step == 0:
+                baseline = self.evaluate()
+                self.metrics.log(0, baseline)
+                self.reporter.emit("step", step=0, metrics=baseline)
+            if not self.data.available(spec.prompts_per_step):
+                finished = self._data_done()
+            while finished == "completed all steps" and self.step < spec.steps and not self._should_stop():
                 t0 = time.perf_counter()
                 rollout = pending.result() if pending is not None else self._rollout()
                 lag = self.version - min(c.version for g in rollout.groups for c in g.completions)
                 if lag > spec.async_.max_staleness:  # too old for the bound: drop and sample afresh
                     rollout = self._rollout()
-                pending = pool.submit(self._rollout) if pool and self.step + 1 < spec.steps else None
+                # decided before a prefetch moves the data position; a dataset's `epochs` may end the job early
+                more = self.step + 1 < spec.steps and self.data.available(spec.prompts_per_step)
+                pending = pool.submit(self._rollout) if pool and more else None
                 metrics = self.train_step(rollout)
                 self.step += 1
                 metrics["timing/step_s"] = time.perf_counter() - t0
                 metrics["throughput/tokens_per_s"] = metrics["response/tokens"] / metrics["timing/step_s"]
+                every = spec.eval.every_steps if spec.eval is not None else 0
+                if self.evaluator is not None and (not more or (every and self.step % every == 0)):
+                    metrics.update(self.evaluate())
+                if not more and self.step < spec.steps:
+                    finished = self._data_done()
                 self.metrics.log(self.step, metrics)
                 self.reporter.emit("step", step=self.step, metrics=metrics)
                 every = spec.checkpoint.every_steps
@@ -227,11 +246,26 @@ class Trainer:
             if self.stop_reason:
                 self.reporter.state("cancelled", self.stop_reason, self.step)
                 return "cancelled"
-            self.reporter.state("succeeded", "completed all steps", self.step)
+            self.reporter.state("succeeded", finished, self.step)
             return "succeeded"
         finally:
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
+
+    def evaluate(self) -> dict[str, float]:
+        """Held-out evaluation of the replicas' current weights (`eval` in the spec)."""
+        return self.evaluator.run(self.rollout, self.rewards, self.step, self.tokenizer)
+
+    def _data_done(self) -> str:
+        reason = f"trained on all {self.spec.task.params.get('epochs')} epoch(s) of the dataset at step {self.step}"
+        self.reporter.emit("log", message=reason)
+        return reason
+
+    def _data_metrics(self) -> dict[str, float]:
+        out = {"data/dropped_too_long": float(self.data.dropped_too_long)}
+        if hasattr(self.data.task, "__len__"):
+            out["data/epoch"] = self.trained_position / len(self.data.task)
+        return out
 
     def _should_stop(self) -> bool:
         if self.reporter.cancel_requested and not self.stop_reason:

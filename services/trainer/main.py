@@ -122,6 +122,13 @@ def run(spec: JobSpec, run_dir: Path, resume: str | Path | None = None, progress
     try:
         check_grants(spec)
         started_ray = init_ray(spec)
+        if spec.steps == 0:  # evaluate only: the spec's model, or the checkpoint's
+            from services.trainer.evaluation import run_eval_only
+
+            reporter.state("running", "evaluating", 0)
+            run_eval_only(spec, run_dir, checkpoint / "model" if checkpoint else None, reporter)
+            reporter.state("succeeded", "evaluated" + (f" {checkpoint}" if checkpoint else ""), 0)
+            return "succeeded"
         from services.trainer.loop import Trainer
 
         trainer = Trainer(spec, run_dir, reporter, checkpoint, progress)

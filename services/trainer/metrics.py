@@ -10,7 +10,7 @@ from pathlib import Path
 
 # The figures the progress line shows, in order (name in the metrics dict, label).
 _PROGRESS = [("reward/mean", "reward"), ("reward/accuracy", "acc"), ("diag/d1_gcpr", "D1"), ("diag/d2_residual", "D2"),
-             ("response/length_mean", "len"), ("timing/step_s", "s/step")]
+             ("response/length_mean", "len"), ("eval/accuracy", "eval acc"), ("timing/step_s", "s/step")]
 
 
 class MetricsSink:

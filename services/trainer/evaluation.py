@@ -1,0 +1,142 @@
+"""Held-out evaluation (`eval:` in the job spec): the evaluation rows answered by the job's own rollout
+replicas with the current weights, scored by the job's own reward pool.
+
+The same prompts and the same sampling seeds every time, so two evaluations differ only by the weights.
+Metrics are `eval/...` (accuracy = the mean over samples, i.e. pass@1; `eval/pass@k` = share of prompts with
+at least one correct sample among k); each sample's verdict goes to `eval/step_<N>.jsonl` in the run dir.
+`run_eval_only` evaluates a model or checkpoint without training (`tgc eval`, a job with `steps: 0`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from services.config import JobSpec
+from services.rollout.engine import Sampling
+from services.tasks import TaskItem
+from services.tasks.dataset import DatasetTask
+
+log = logging.getLogger("tgc.trainer")
+
+_EVAL_SEED_SALT = 0x65766131  # eval sampling seeds never coincide with training ones
+
+
+@dataclass
+class EvalPrompt:
+    index: int
+    item: TaskItem
+    token_ids: list[int]
+
+
+def eval_task(spec: JobSpec) -> DatasetTask:
+    """The evaluation rows: `eval.dataset` whole, else the training dataset's held-out rows."""
+    ev = spec.eval
+    if ev is None:
+        raise ValueError("the job spec has no `eval` section")
+    if ev.dataset is not None:
+        return DatasetTask(seed=spec.seed, role="all", params=ev.dataset)
+    return DatasetTask(seed=spec.seed, role="holdout", params=spec.task.parsed_params())
+
+
+class Evaluator:
+    """Builds the evaluation prompts once; `run(rollout, rewards)` evaluates the replicas' current weights."""
+
+    def __init__(self, spec: JobSpec, encode, run_dir: Path | None = None):
+        self.spec, self.run_dir = spec, run_dir
+        ev = spec.eval
+        self.task = eval_task(spec)
+        limit = spec.sampling.max_prompt_tokens
+        self.task.filter_prompts(lambda item: len(encode(item)) <= limit)
+        n = min(len(self.task), ev.max_prompts)
+        self.prompts = [EvalPrompt(i, item, encode(item)) for i in range(n) for item in [self.task.eval_item(i)]]
+        self.k = ev.samples_per_prompt
+        self.sampling = Sampling(0.0 if ev.greedy else ev.temperature, 1.0 if ev.greedy else ev.top_p,
+                                 ev.max_new_tokens or spec.sampling.max_new_tokens)
+        self.seeds = [(spec.seed * 1_000_003 + p.index * 7_919 + _EVAL_SEED_SALT) % (2**31 - 1) for p in self.prompts]
+        log.info("evaluation: %d prompts x %d samples (%s), %d dropped as longer than %d prompt tokens",
+                 len(self.prompts), self.k, "greedy" if ev.greedy else f"T={ev.temperature}",
+                 self.task.dropped_too_long, limit)
+
+    def run(self, rollout, rewards, step: int, tokenizer) -> dict[str, float]:
+        t0 = time.perf_counter()
+        outs = rollout.generate([p.token_ids for p in self.prompts], self.k, self.seeds, self.sampling)
+        texts = [tokenizer.decode(c.token_ids, skip_special_tokens=True) for cs in outs for c in cs]
+        items = [p.item for p in self.prompts for _ in range(self.k)]
+        scores = rewards.score(items, texts)
+        metrics = summarise(scores, [c for cs in outs for c in cs], self.k)
+        metrics["eval/dropped_too_long"] = float(self.task.dropped_too_long)
+        metrics["timing/eval_s"] = time.perf_counter() - t0
+        if self.run_dir is not None:
+            self._write_samples(step, items, texts, scores)
+        return metrics
+
+    def _write_samples(self, step: int, items, texts, scores) -> None:
+        folder = self.run_dir / "eval"
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / f"step_{step}.jsonl", "w") as fh:
+            for item, text, score in zip(items, texts, scores, strict=True):
+                fh.write(json.dumps({"id": item.id, "row": item.meta.get("row"), "reward": score.reward,
+                                     "status": score.status, "detail": score.detail, "response": text}) + "\n")
+
+
+def summarise(scores, completions, k: int) -> dict[str, float]:
+    """eval/ metrics of samples laid out prompt by prompt, k each."""
+    n = len(scores)
+    correct = [s.reward >= 1.0 for s in scores]
+    prompts = n // k if k else 0
+    lengths = [len(c.token_ids) for c in completions]
+    return {
+        "eval/accuracy": sum(correct) / max(n, 1),
+        "eval/reward_mean": sum(s.reward for s in scores) / max(n, 1),
+        f"eval/pass@{k}": sum(any(correct[i * k:(i + 1) * k]) for i in range(prompts)) / max(prompts, 1),
+        "eval/prompts": float(prompts),
+        "eval/samples": float(n),
+        "eval/timeouts": float(sum(s.status == "timeout" for s in scores)),
+        "eval/errors": float(sum(s.status == "error" for s in scores)),
+        "eval/response_length_mean": sum(lengths) / max(n, 1),
+        "eval/truncated_frac": sum(c.finish_reason == "length" for c in completions) / max(n, 1),
+    }
+
+
+def run_eval_only(spec: JobSpec, run_dir: Path, model_path: Path | None = None, reporter=None) -> dict[str, float]:
+    """Evaluate a model (the spec's, or `model_path`, e.g. a checkpoint's `model` dir) without training: rollout
+    replicas and a reward pool only, no learner. Writes metrics.jsonl (step 0) and eval/step_0.jsonl."""
+    from services.models import load_tokenizer, model_dir
+    from services.rollout import RolloutPool
+    from services.trainer.data import encode_item
+    from services.trainer.loop import RemoteRewards
+    from services.trainer.metrics import MetricsSink
+
+    tokenizer = load_tokenizer(spec.model)
+    evaluator = Evaluator(spec, lambda item: encode_item(tokenizer, spec.model, item), run_dir)
+    path = model_path or model_dir(spec.model, spec.seed)
+    sink = MetricsSink(run_dir, spec.name, 1, progress=False)
+    rollout = rewards = None
+    try:
+        rewards = RemoteRewards(spec, spec.name)
+        rollout = RolloutPool(spec, path, spec.name)
+        metrics = evaluator.run(rollout, rewards, 0, tokenizer)
+        sink.log(0, metrics)
+        if reporter is not None:
+            reporter.emit("step", step=0, metrics=metrics)
+        return metrics
+    finally:
+        for part in (rollout, rewards):
+            if part is not None:
+                try:
+                    part.shutdown()
+                except Exception as e:  # teardown keeps going
+                    log.warning("shutdown failed: %s", e)
+        sink.close()
+
+
+def format_table(metrics: dict[str, Any]) -> str:
+    """The eval/ metrics as an aligned two-column table."""
+    rows = [(k, v) for k, v in metrics.items() if k.startswith("eval/") or k == "timing/eval_s"]
+    width = max((len(k) for k, _ in rows), default=0)
+    return "\n".join(f"{k:<{width}}  {v:.4g}" if isinstance(v, float) else f"{k:<{width}}  {v}" for k, v in rows)
