@@ -25,6 +25,19 @@ app.kubernetes.io/component: control-plane
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
 
+{{- define "tgc-rl.raySelectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "tgc-rl.rayServiceAccountName" -}}
+{{- printf "%s-ray" (include "tgc-rl.fullname" .) -}}
+{{- end -}}
+
+{{- define "tgc-rl.metricsSecret" -}}
+{{- default (printf "%s-metrics" (include "tgc-rl.fullname" .)) .Values.metrics.token.existingSecret -}}
+{{- end -}}
+
 {{- define "tgc-rl.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
 {{- default (include "tgc-rl.fullname" .) .Values.serviceAccount.name -}}

