@@ -126,6 +126,85 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    """Evaluate the spec's model (or a checkpoint) on its `eval` rows, locally or (`--remote`) as a job."""
+    from services.config import JobSpec, SpecError
+
+    try:
+        spec = JobSpec.from_yaml(args.spec)
+        spec = JobSpec.parse({**spec.to_dict(), "steps": 0}, source=str(args.spec))
+    except (SpecError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    if args.remote:
+        with _client(args) as client:
+            job = client.evaluate(spec).wait()
+            if job.state.value != "succeeded":
+                print(f"error: evaluation job {job.id} {job.state.value}: {job.reason}", file=sys.stderr)
+                return EXIT_FAILED
+            metrics = job.metrics()[0].metrics
+    else:
+        from services.trainer.main import ResourceError, run
+
+        run_dir = Path(args.run_dir or f"runs/{spec.name}-eval-{time.strftime('%Y%m%d-%H%M%S')}")
+        try:
+            state = run(spec, run_dir, args.checkpoint)
+        except ResourceError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return EXIT_INVALID
+        if state != "succeeded":
+            print(f"error: evaluation {state} (see {run_dir}/events.jsonl)", file=sys.stderr)
+            return EXIT_FAILED
+        metrics = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+        print(f"run dir {run_dir} (each sample's verdict: {run_dir}/eval/step_0.jsonl)")
+    from services.trainer.evaluation import format_table
+
+    print(format_table(metrics))
+    return EXIT_OK
+
+
+def cmd_data_export(args: argparse.Namespace) -> int:
+    from services.tasks.export import export_rows, write_rows
+
+    try:
+        params = json.loads(args.params) if args.params else {}
+        rows = export_rows(args.task, params, args.rows, args.seed)
+        path = write_rows(rows, args.out)
+    except (ValueError, OSError) as e:  # json.JSONDecodeError is a ValueError
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    print(f"{path}: {len(rows)} rows of {args.task}")
+    return EXIT_OK
+
+
+def cmd_data_upload(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        d = client.upload_dataset(args.file, args.name)
+    print(f"{d.id}  {d.name}  {d.rows} rows  {d.size_bytes:,} bytes  sha256 {d.sha256[:12]}")
+    print(f"use it as  task: {{name: dataset, params: {{dataset_id: {d.id}}}}}")
+    return EXIT_OK
+
+
+def cmd_data_list(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        found = client.datasets()
+    if args.json:
+        print(json.dumps([d.model_dump(mode="json") for d in found], indent=2))
+        return EXIT_OK
+    for d in found:
+        print(f"{d.id}  {d.name:<32} {d.rows:>8} rows  {d.size_bytes:>12,} bytes  {_ts(d.created_at)}  "
+              f"columns: {', '.join(d.columns)}")
+    return EXIT_OK
+
+
+def cmd_data_rm(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        for dataset_id in args.dataset_ids:
+            client.delete_dataset(dataset_id)
+            print(f"{dataset_id}: deleted")
+    return EXIT_OK
+
+
 # -- client commands ------------------------------------------------------------------------------
 def _client(args: argparse.Namespace):
     from services.sdk import Client
@@ -423,6 +502,34 @@ def build_parser() -> argparse.ArgumentParser:
     tr2.add_argument("--allow-unsafe-sandbox", action="store_true",
                      help="let the job run model-written code without the sandbox if its spec asks (trusted code only)")
     tr2.set_defaults(func=cmd_train)
+
+    ev = sub.add_parser("eval", parents=[api], help="evaluate a model or checkpoint on the spec's `eval` rows "
+                        "without training; prints a table")
+    ev.add_argument("spec", type=Path)
+    ev.add_argument("--checkpoint", type=Path, default=None, help="a checkpoint dir (default: the spec's model)")
+    ev.add_argument("--run-dir", type=Path, default=None, help="default runs/<name>-eval-<time>")
+    ev.add_argument("--remote", action="store_true", help="run it as a job on the control plane (--url/--token)")
+    ev.set_defaults(func=cmd_eval)
+
+    dt = sub.add_parser("data", help="datasets: export a built-in task to a file; upload, list, remove yours")
+    dsub = dt.add_subparsers(dest="data_command", required=True, metavar="ACTION")
+    de = dsub.add_parser("export", help="write a built-in task's items as a JSONL or Parquet dataset")
+    de.add_argument("--task", required=True, help="arithmetic, code, humaneval or reasoning_gym:<name>")
+    de.add_argument("--params", default=None, help="the task's params as JSON, e.g. '{\"max_operand\": 20}'")
+    de.add_argument("--rows", type=int, default=100)
+    de.add_argument("--seed", type=int, default=0)
+    de.add_argument("--out", type=Path, required=True, help="a .jsonl or .parquet file")
+    de.set_defaults(func=cmd_data_export)
+    du = dsub.add_parser("upload", parents=[api], help="upload a JSONL / Parquet / CSV file; prints its id")
+    du.add_argument("file", type=Path)
+    du.add_argument("--name", default=None, help="name on the server (default: the file's; the suffix is the format)")
+    du.set_defaults(func=cmd_data_upload)
+    dl = dsub.add_parser("list", parents=[api], help="list your datasets")
+    dl.add_argument("--json", action="store_true")
+    dl.set_defaults(func=cmd_data_list)
+    dr = dsub.add_parser("rm", parents=[api], help="delete datasets")
+    dr.add_argument("dataset_ids", nargs="+")
+    dr.set_defaults(func=cmd_data_rm)
 
     sc = sub.add_parser("schema", help="print the job spec's JSON schema")
     sc.add_argument("--indent", type=int, default=2)

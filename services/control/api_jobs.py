@@ -94,7 +94,8 @@ def submit_job(
 ) -> JobRecord | DryRunResult:
     cp = _cp(request)
     try:
-        grants = check_spec(spec, cp.settings, caller.is_admin)
+        owner = None if caller.is_admin else caller.tenant
+        grants = check_spec(spec, cp.settings, caller.is_admin, lambda ds: cp.datasets.get(ds, owner) is not None)
     except PolicyError as e:
         cp.telemetry.rejections.labels("policy").inc()
         raise ApiError(422, f"job spec refused by this server: {e}",

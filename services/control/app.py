@@ -17,8 +17,9 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from services.config import JobSpec
-from services.control import api_internal, api_jobs
+from services.control import api_datasets, api_internal, api_jobs
 from services.control.auth import metrics_reader
+from services.control.datasets import DatasetStore
 from services.control.db import make_engine
 from services.control.docs_ui import install_docs_ui
 from services.control.errors import install_error_handlers
@@ -50,6 +51,7 @@ class ControlPlane:
     token_store: TokenStore
     telemetry: Telemetry
     scheduler: Scheduler | None
+    datasets: DatasetStore | None = None
 
     def wake_scheduler(self) -> None:
         if self.scheduler is not None:
@@ -81,7 +83,7 @@ def create_app(settings: ControlSettings | None = None) -> FastAPI:
     scheduler = None
     if settings.scheduler and settings.ray_address != "none":
         scheduler = Scheduler(store, token_store, settings, telemetry)
-    cp = ControlPlane(settings, store, token_store, telemetry, scheduler)
+    cp = ControlPlane(settings, store, token_store, telemetry, scheduler, DatasetStore(engine, settings.datasets_dir))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -100,9 +102,11 @@ def create_app(settings: ControlSettings | None = None) -> FastAPI:
     install_docs_ui(app)
     app.state.cp = cp
     install_error_handlers(app)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes,
+                       paths={"/v1/datasets": settings.max_dataset_bytes})
     app.add_middleware(RequestMetricsMiddleware, telemetry=telemetry)
     app.include_router(api_jobs.router)
+    app.include_router(api_datasets.router)
     app.include_router(api_internal.router)
 
     @app.get("/healthz", tags=["ops"], summary="Liveness: the process answers")

@@ -136,6 +136,21 @@ driver_logs = sa.Table(
     sa.Column("time", sa.Float, nullable=False),
 )
 
+datasets = sa.Table(
+    "datasets",
+    metadata,
+    sa.Column("id", sa.String(40), primary_key=True),
+    sa.Column("tenant", sa.String(64), nullable=False, index=True),
+    sa.Column("name", sa.String(128), nullable=False),
+    sa.Column("format", sa.String(16), nullable=False),
+    sa.Column("size_bytes", sa.BigInteger, nullable=False),
+    sa.Column("sha256", sa.String(64), nullable=False),
+    sa.Column("rows", sa.Integer, nullable=False),
+    sa.Column("columns", sa.Text, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.UniqueConstraint("tenant", "sha256", name="uq_datasets_tenant_sha256"),
+)
+
 
 def _enable_wal(cur, deadline_s: float = 30.0) -> None:
     """Switch to WAL, retrying: on a fresh file the switch needs an exclusive lock and SQLite answers

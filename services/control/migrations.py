@@ -130,10 +130,29 @@ def _v3_job_grants(conn: Connection) -> None:
     conn.exec_driver_sql("ALTER TABLE jobs ADD COLUMN grants TEXT NOT NULL DEFAULT ''")
 
 
+def _v4_datasets(conn: Connection) -> None:
+    m = sa.MetaData()
+    sa.Table(
+        "datasets", m,
+        sa.Column("id", sa.String(40), primary_key=True),
+        sa.Column("tenant", sa.String(64), nullable=False, index=True),
+        sa.Column("name", sa.String(128), nullable=False),
+        sa.Column("format", sa.String(16), nullable=False),
+        sa.Column("size_bytes", sa.BigInteger, nullable=False),
+        sa.Column("sha256", sa.String(64), nullable=False),
+        sa.Column("rows", sa.Integer, nullable=False),
+        sa.Column("columns", sa.Text, nullable=False),
+        sa.Column("created_at", sa.Float, nullable=False),
+        sa.UniqueConstraint("tenant", "sha256", name="uq_datasets_tenant_sha256"),
+    )  # fmt: skip
+    m.create_all(conn)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema: tenants, tokens, jobs, transitions, events, metrics, checkpoints", _v1_initial),
     Migration(2, "driver log tails; jobs.reported_at (last trainer report)", _v2_driver_logs_and_report_time),
     Migration(3, "jobs.grants: the privileges the operator granted a job at submission", _v3_job_grants),
+    Migration(4, "datasets: files uploaded by tenants for the dataset task", _v4_datasets),
 )
 
 

@@ -8,10 +8,12 @@ their own code, read host paths, or run model-written code without the sandbox (
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from services.config import BUILTIN_MODEL_SOURCES, JobSpec
 from services.control.settings import ControlSettings
+from services.tasks.dataset import DatasetParams
 from services.tasks.params import CUSTOM_CODE, HOST_PATHS, PRIVILEGES, UNSAFE_SANDBOX, encode_grants
 
 
@@ -30,7 +32,8 @@ class PolicyError(ValueError):
 _HOW_TO_GRANT = {
     CUSTOM_CODE: "custom code (`module:function`) needs an admin token or the server setting allow_custom_code",
     HOST_PATHS: "paths on the workers' hosts need an admin token or the server setting allow_custom_code; use "
-    f"one of {', '.join(sorted(BUILTIN_MODEL_SOURCES))} for model.source",
+    f"one of {', '.join(sorted(BUILTIN_MODEL_SOURCES))} for model.source, and an uploaded dataset (dataset_id) "
+    "or a file under the server's data root (file) for data",
     UNSAFE_SANDBOX: "running model-written code without the sandbox is the operator's decision: it needs an "
     "admin token or the server setting allow_unsafe_sandbox",
 }
@@ -45,10 +48,35 @@ def caller_grants(settings: ControlSettings, is_admin: bool) -> frozenset[str]:
     return frozenset(p for p, ok in allowed.items() if ok)
 
 
-def check_spec(spec: JobSpec, settings: ControlSettings, is_admin: bool) -> str:
+def dataset_references(spec: JobSpec) -> dict[str, DatasetParams]:
+    """{field path prefix: params} of every dataset a spec reads (the training task's, the evaluation's)."""
+    out: dict[str, DatasetParams] = {}
+    if spec.task.name == "dataset":
+        out["task.params"] = spec.task.parsed_params()
+    if spec.eval is not None and spec.eval.dataset is not None:
+        out["eval.dataset"] = spec.eval.dataset
+    return out
+
+
+def check_datasets(spec: JobSpec, settings: ControlSettings, owns_dataset: Callable[[str], bool]) -> list[Violation]:
+    """A tenant's spec reads only its own uploads, or files under the operator's data root."""
+    bad = []
+    for prefix, params in dataset_references(spec).items():
+        if params.dataset_id is not None and not owns_dataset(params.dataset_id):
+            bad.append(Violation(f"{prefix}.dataset_id", f"no dataset {params.dataset_id!r} of yours; upload one "
+                                 "with `tgc data upload` (`tgc data list` shows yours)"))
+        if params.file is not None and settings.data_root is None:
+            bad.append(Violation(f"{prefix}.file", "this server has no data root (setting data_root); upload the "
+                                 "file with `tgc data upload` and use dataset_id"))
+    return bad
+
+
+def check_spec(spec: JobSpec, settings: ControlSettings, is_admin: bool,
+               owns_dataset: Callable[[str], bool] | None = None) -> str:
     """Raise PolicyError listing every rule the spec breaks (field path + what to do); else return the
-    job's grants (services.tasks.params.encode_grants): exactly the privileges the spec uses."""
-    bad: list[Violation] = []
+    job's grants (services.tasks.params.encode_grants): exactly the privileges the spec uses.
+    `owns_dataset(id)`: whether the caller may read that uploaded dataset (None: no dataset may be named)."""
+    bad: list[Violation] = check_datasets(spec, settings, owns_dataset or (lambda _: False))
     if spec.steps > settings.max_steps:
         bad.append(Violation("steps", f"at most {settings.max_steps} on this server; lower it or split the job"))
     replicas = spec.resources.learner_ranks + spec.resources.rollout_replicas

@@ -24,6 +24,7 @@ from services.control.states import TERMINAL, JobState
 from services.control.store import InvalidTransition, JobRow, JobStore
 from services.control.telemetry import Telemetry
 from services.control.tokens import TokenStore
+from services.tasks.dataset import DATA_ROOT_ENV, DATASETS_DIR_ENV
 from services.tasks.params import GRANTS_ENV
 
 log = logging.getLogger(__name__)
@@ -242,7 +243,10 @@ class Scheduler:
         if job.resume_from:
             cmd += ["--resume", job.resume_from]
         env = {**self.settings.trainer_env, "TGC_CONTROL_URL": self.settings.control_url,
-               "TGC_JOB_ID": job.id, "TGC_JOB_TOKEN": secret, GRANTS_ENV: job.grants}  # fmt: skip
+               "TGC_JOB_ID": job.id, "TGC_JOB_TOKEN": secret, GRANTS_ENV: job.grants,
+               DATASETS_DIR_ENV: str(Path(self.settings.datasets_dir).resolve())}  # fmt: skip
+        if self.settings.data_root is not None:
+            env[DATA_ROOT_ENV] = str(self.settings.data_root)
         meta = {"tgc_job_id": job.id, "tgc_tenant": job.tenant, "tgc_attempt": str(job.attempt)}
         try:
             self.ray.submit(job.ray_submission_id, shlex.join(cmd), env, meta)

@@ -14,6 +14,8 @@ from services.control.states import JobState
 
 __all__ = [
     "CancelRequest",
+    "DatasetList",
+    "DatasetRecord",
     "CheckpointInfo",
     "CheckpointList",
     "DryRunResult",
@@ -194,3 +196,21 @@ class ErrorBody(BaseModel):
     error: str = Field(description="Machine-readable code: invalid, unauthorized, not_found, conflict, ...")
     message: str
     detail: list[ErrorDetail] = Field(default_factory=list)
+
+
+class DatasetRecord(BaseModel):
+    """An uploaded dataset; jobs refer to it by `id` (`task.params.dataset_id`)."""
+
+    id: str = Field(description="`ds_` and 32 hex digits.")
+    name: str = Field(description="The file name given at upload; its suffix is the format.")
+    tenant: str
+    format: str = Field(description="jsonl, parquet or csv.")
+    size_bytes: int
+    sha256: str = Field(description="SHA-256 of the file's bytes; the same tenant's identical upload is this one.")
+    rows: int
+    columns: list[str]
+    created_at: datetime
+
+
+class DatasetList(BaseModel):
+    datasets: list[DatasetRecord]

@@ -79,6 +79,13 @@ class ControlSettings(BaseModel):
         description="Let non-admin tenants' jobs run model-written code WITHOUT the bubblewrap sandbox when their "
         "spec asks (`task.params.sandbox: unsafe_local`). Only for a server whose every tenant is trusted.",
     )
+    datasets_dir: Path | None = Field(
+        None, description="Uploaded datasets as the Ray workers see them (shared storage); default <data_dir>/datasets.")
+    max_dataset_bytes: int = Field(256 * 2**20, ge=1024, description="Largest dataset upload (POST /v1/datasets).")
+    data_root: Path | None = Field(
+        None, description="A directory on the workers under which tenants' specs may name files "
+        "(`task.params.file`, relative); unset: only uploaded datasets (`dataset_id`).",
+    )
     metrics_token: str | None = Field(
         None, min_length=16, description="Bearer token that Prometheus sends to read /metrics (admin tokens may "
         "too). Unset: /metrics needs an admin token.",
@@ -88,6 +95,8 @@ class ControlSettings(BaseModel):
     def _defaults(self) -> ControlSettings:
         if self.runs_dir is None:
             self.runs_dir = self.data_dir / "runs"
+        if self.datasets_dir is None:
+            self.datasets_dir = self.data_dir / "datasets"
         if self.ray_auth_token is None:
             self.ray_auth_token = os.environ.get("RAY_AUTH_TOKEN") or None
         return self

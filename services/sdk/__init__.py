@@ -9,6 +9,7 @@ Needs only httpx, pydantic and pyyaml (no torch, no Ray):
 
 from services.control.schemas import (
     CheckpointInfo,
+    DatasetRecord,
     JobEvent,
     JobRecord,
     JobState,
@@ -33,7 +34,7 @@ from services.sdk.errors import (
 from services.sdk.job import Job
 
 __all__ = [
-    "CheckpointInfo", "Client", "Conflict", "Forbidden", "Invalid", "Job", "JobEvent", "JobRecord", "JobState",
+    "CheckpointInfo", "Client", "Conflict", "DatasetRecord", "Forbidden", "Invalid", "Job", "JobEvent", "JobRecord", "JobState",
     "LogLine", "LogPage", "MetricPoint", "NotFound", "RateLimited", "ServerError", "TgcError", "TooLarge",
     "Unauthorized", "Unavailable", "WaitTimeout", "spec_to_dict",
 ]

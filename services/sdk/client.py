@@ -26,6 +26,7 @@ import httpx
 import yaml
 
 from services.config import JobSpec
+from services.control.schemas import DatasetList, DatasetRecord
 from services.sdk.errors import TgcError, Unavailable, error_for
 from services.sdk.job import Job
 
@@ -94,6 +95,7 @@ class Client:
         path: str,
         *,
         json: Any = None,
+        content: bytes | None = None,
         params: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
         idempotent: bool | None = None,
@@ -103,7 +105,7 @@ class Client:
         last: Exception | None = None
         for attempt in range(self.retries + 1):
             try:
-                r = self._http.request(method, path, json=json, params=params, headers=headers)
+                r = self._http.request(method, path, json=json, content=content, params=params, headers=headers)
             except httpx.ConnectError as e:  # nothing reached the server: always safe to retry
                 last = e
             except (httpx.TimeoutException, httpx.RemoteProtocolError, httpx.ReadError) as e:
@@ -186,6 +188,35 @@ class Client:
             if limit is not None and len(out) >= limit:
                 break
         return out
+
+    def evaluate(self, spec: JobSpec | Mapping[str, Any] | str | Path, *, idempotency_key: str | None = None) -> Job:
+        """Evaluate the spec's model on its `eval` rows without training (a job with `steps: 0`); once it has
+        succeeded, `job.metrics()[0].metrics` holds the `eval/...` figures."""
+        return self.submit({**spec_to_dict(spec), "steps": 0}, idempotency_key=idempotency_key)
+
+    # -- datasets ---------------------------------------------------------------------------------
+    def upload_dataset(self, path: str | Path, name: str | None = None) -> DatasetRecord:
+        """Upload a JSONL / Parquet / CSV file; jobs then name it as `task.params.dataset_id: <id>`. The same
+        content uploaded again returns the existing dataset."""
+        path = Path(path)
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise TgcError(f"cannot read {path}: {e.strerror}") from None
+        # retried safely: an identical upload returns the dataset the first one created
+        r = self.request("POST", "/v1/datasets", content=data, params={"name": name or path.name},
+                         headers={"Content-Type": "application/octet-stream"}, idempotent=True)  # fmt: skip
+        return DatasetRecord.model_validate(r.json())
+
+    def datasets(self) -> list[DatasetRecord]:
+        """This tenant's datasets, newest first (an admin token: every tenant's)."""
+        return DatasetList.model_validate(self.request("GET", "/v1/datasets").json()).datasets
+
+    def dataset(self, dataset_id: str) -> DatasetRecord:
+        return DatasetRecord.model_validate(self.request("GET", f"/v1/datasets/{dataset_id}").json())
+
+    def delete_dataset(self, dataset_id: str) -> None:
+        self.request("DELETE", f"/v1/datasets/{dataset_id}")
 
     # -- server -----------------------------------------------------------------------------------
     def schema(self) -> dict[str, Any]:
