@@ -289,6 +289,13 @@ class OptimSpec(_Strict):
         1024, ge=16, le=1_048_576, description="Tokens per chunk when computing log-probs (the T x vocab logits never exist whole)."
     )
     activation_checkpointing: bool = Field(False, description="Recompute activations in backward.")
+    shared_prompt_forward: bool = Field(
+        True, description="Compute each group's prompt (and any response prefix its rows share) once per "
+        "micro-batch, as one token tree with a tree attention mask (Prefix Grouper, arXiv 2506.05433): the same "
+        "gradients as one forward per row, with shared tokens' log-probs bit-identical across the group. Used where "
+        "the model supports it (Llama/Mistral/Qwen2/Qwen3 with SDPA or eager attention, no sliding window); "
+        "false: one forward per row.",
+    )
 
 
 class ResourceSpec(_Strict):

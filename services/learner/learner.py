@@ -82,7 +82,8 @@ class Learner:
         if layers is None:
             raise ValueError(f"{self.model_path}: expected a decoder with `.layers` (Llama/Qwen/Mistral-style "
                              "causal LM) to shard per layer")
-        policy = PolicyLogprobs(lm, self.spec.optim.logprob_chunk_tokens, self.spec.sampling.temperature)
+        policy = PolicyLogprobs(lm, self.spec.optim.logprob_chunk_tokens, self.spec.sampling.temperature,
+                                prefix_tree=self.spec.optim.shared_prompt_forward)
         sharding.shard(policy, list(layers), self.mesh, self.compute_dtype)
         policy.train(trainable)
         return policy

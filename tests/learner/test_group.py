@@ -63,6 +63,17 @@ def test_two_ranks_reproduce_the_per_sequence_gradient(grpo_pair, make_batch):
     _assert_same_gradients(*grpo_pair, make_batch(n_groups=5, objective="grpo"))
 
 
+def test_two_ranks_with_shared_prompts_reproduce_the_full_forward_gradient(cp_pair, tiny_spec, tiny_model_path,
+                                                                         make_batch):
+    """The group computes each prompt once per micro-batch (the default): 3 + 2 micro-batches and a padding
+    pass over 2 ranks give the gradient of one full forward per row in one process."""
+    group, _ = cp_pair
+    full = Learner(tiny_spec(**{"objective.name": "cp_grpo", "optim.micro_batch_size": 64,
+                                "optim.shared_prompt_forward": False}), tiny_model_path)
+    assert not full.policy.prefix_tree
+    _assert_same_gradients(group, full, make_batch(n_groups=5, seed=3, objective="cp_grpo"))
+
+
 def test_two_ranks_take_the_same_optimizer_step(cp_pair, make_batch):
     group, single = cp_pair
     batch = make_batch(n_groups=5, seed=7)
