@@ -122,7 +122,17 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_schema(args: argparse.Namespace) -> int:
     from services.config import JobSpec
 
-    print(json.dumps(JobSpec.model_json_schema(by_alias=True), indent=args.indent))
+    if args.task is None:
+        print(json.dumps(JobSpec.model_json_schema(by_alias=True), indent=args.indent))
+        return EXIT_OK
+    from services.tasks.params import params_model
+
+    model = params_model(args.task)
+    if model is None:
+        print(f"error: {args.task!r} has no declared params (a custom `module:function` task takes free-form "
+              "params); built-in: arithmetic, code, humaneval, reasoning_gym:<dataset>", file=sys.stderr)
+        return EXIT_INVALID
+    print(json.dumps(model.model_json_schema(), indent=args.indent))
     return EXIT_OK
 
 
@@ -533,6 +543,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sc = sub.add_parser("schema", help="print the job spec's JSON schema")
     sc.add_argument("--indent", type=int, default=2)
+    sc.add_argument("--task", default=None,
+                    help="print this task's `task.params` schema instead (fields marked `privilege` need the operator)")
     sc.set_defaults(func=cmd_schema)
     return p
 

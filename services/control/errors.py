@@ -15,6 +15,11 @@ _CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_f
           503: "unavailable"}  # fmt: skip
 
 
+# FastAPI's message when json.loads fails, including a RecursionError on a body nested ~1,000 levels deep
+_BODY_UNREADABLE = ("the body is not JSON this server can read (malformed, or nested too deeply for the parser); "
+                    "send a JSON object (`tgc schema` prints the job spec's schema)")
+
+
 class ApiError(Exception):
     def __init__(self, status: int, message: str, detail: list[ErrorDetail] | None = None, code: str | None = None,
                  headers: dict[str, str] | None = None):  # fmt: skip
@@ -62,5 +67,6 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, e: StarletteHTTPException) -> JSONResponse:
-        return error_response(e.status_code, _CODES.get(e.status_code, "error"), str(e.detail), None,
+        message = _BODY_UNREADABLE if e.detail == "There was an error parsing the body" else str(e.detail)
+        return error_response(e.status_code, _CODES.get(e.status_code, "error"), message, None,
                               getattr(e, "headers", None))  # fmt: skip

@@ -65,6 +65,14 @@ def test_schema_prints_the_job_spec_json_schema(capsys):
     assert code == 0 and schema["title"] == "JobSpec" and "steps" in schema["properties"]
 
 
+def test_schema_prints_a_tasks_declared_params_with_their_privileges(capsys):
+    code, out, _ = run(capsys, "schema", "--task", "code")
+    props = json.loads(out)["properties"]
+    assert code == 0 and props["cases"]["maximum"] == 100 and props["sandbox"]["privilege"] == "unsafe_sandbox"
+    code, _, err = run(capsys, "schema", "--task", "mymod:factory")
+    assert code != 0 and "free-form" in err
+
+
 def test_tgc_console_script_is_installed():
     tgc = Path(sys.executable).with_name("tgc")
     out = subprocess.run([str(tgc), "--help"], capture_output=True, text=True, check=True).stdout
@@ -103,7 +111,7 @@ def test_submit_dry_run_validates_on_the_server(capsys, api, spec_file):
 
 def test_submit_of_an_invalid_spec_exits_2_naming_the_field(capsys, api, tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text(yaml.safe_dump({**TINY, "steps": 0, "colour": "red"}))
+    bad.write_text(yaml.safe_dump({**TINY, "steps": -1, "colour": "red"}))
     code, _, err = run(capsys, "submit", str(bad))
     assert code == 2 and "steps" in err and "colour: unknown field" in err
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import httpx
 import pytest
 
 from services.control.local import LocalControlPlane
@@ -28,3 +29,14 @@ def api_server(tmp_path_factory) -> ApiServer:
     acme, globex, admin = cp.create_token("acme"), cp.create_token("globex"), cp.create_token("ops", admin=True)
     with cp:
         yield ApiServer(cp, acme, globex, admin)
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture(scope="module")
+def http(api_server):
+    """An HTTP client of the module's server (no token: each call sends its own)."""
+    with httpx.Client(base_url=api_server.url, timeout=30) as c:
+        yield c

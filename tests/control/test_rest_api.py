@@ -7,24 +7,14 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 
 from services.control import tokens
 from services.control.db import make_engine
 from services.control.store import JobStore
 from services.trainer.reporting import Reporter
+from tests.control.conftest import auth
 
 TINY = {"name": "tiny", "steps": 3, "group_size": 2, "prompts_per_step": 2}
-
-
-def auth(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
-
-
-@pytest.fixture(scope="module")
-def http(api_server):
-    with httpx.Client(base_url=api_server.url, timeout=30) as c:
-        yield c
 
 
 def submit(http, token: str, spec: dict | None = None, **headers: str) -> httpx.Response:
@@ -96,7 +86,7 @@ def test_submit_returns_the_record_with_the_full_spec_and_owner(http, api_server
 
 
 def test_invalid_spec_is_422_naming_each_field(http, api_server):
-    r = submit(http, api_server.acme, {"steps": 0, "sampling": {"max_new_tokens": -1}, "colour": "red"})
+    r = submit(http, api_server.acme, {"steps": -1, "sampling": {"max_new_tokens": -1}, "colour": "red"})
     assert r.status_code == 422
     fields = {d["field"]: d["msg"] for d in r.json()["detail"]}
     assert set(fields) == {"steps", "sampling.max_new_tokens", "colour"}

@@ -464,6 +464,21 @@ attempt("os.setuid", lambda: os.setuid(0))
                    "os.setuid")
 
 
+def test_the_kernel_keyring_is_closed_to_runs(box):
+    # Every run has the same host uid and the keyring is per uid: a key one run added would be listed in
+    # another run's /proc/keys. The seccomp filter refuses the keyring syscalls outright.
+    r = run(box, f"""
+SYS_add_key, SYS_request_key, SYS_keyctl = 248, 249, 250
+KEY_SPEC_USER_KEYRING = -4
+attempt("add_key", lambda: c_call(libc.syscall(SYS_add_key, b"user", b"{MARK}", b"secret", 6, KEY_SPEC_USER_KEYRING)))
+attempt("request_key", lambda: c_call(libc.syscall(SYS_request_key, b"user", b"{MARK}", None, 0)))
+attempt("keyctl", lambda: c_call(libc.syscall(SYS_keyctl, 0, KEY_SPEC_USER_KEYRING, 0)))
+print("KEYS", open("/proc/keys").read().count("{MARK}"))
+""")
+    assert_blocked(r, "add_key", "request_key", "keyctl")
+    assert "Operation not permitted" in r.stdout and "KEYS 0" in r.stdout
+
+
 def test_shell_escapes_run_unprivileged_and_confined(box):
     r = run(box, f"""
 os.system("id -u; cat /etc/shadow; ls {PROJECT}; cat /root/.bashrc; echo done")

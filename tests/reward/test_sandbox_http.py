@@ -91,6 +91,25 @@ def test_bad_requests_are_422_naming_the_field(client, body, field):
     assert field in r.text
 
 
+@pytest.mark.parametrize("body,field", [
+    ('{"code": "x", "run_timeout": NaN}', "run_timeout"),
+    ('{"code": "x", "run_timeout": Infinity}', "run_timeout"),
+    ('{"code": "x", "compile_timeout": 1e308}', "compile_timeout"),
+    ('{"code": "x", "memory_limit_MB": 100000000000000000000}', "memory_limit_MB"),
+    ('{"code": "x", "files": {' + ", ".join(f'"f{i}": "eA=="' for i in range(20_000)) + "}}", "files"),
+    ('{"code": "x", "fetch_files": [' + ", ".join(f'"f{i}"' for i in range(20_000)) + "]}", "fetch_files"),
+])
+def test_out_of_range_requests_are_422_not_500(client, body, field):
+    r = client.post("/run_code", content=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == 422 and field in r.text, r.text[:300]
+
+
+def test_the_largest_accepted_file_set_runs(client):
+    files = {f"d/f{i}.txt": base64.b64encode(b"x").decode() for i in range(256)}
+    r = run_code(client, code="import os; print(len(os.listdir('d')))", files=files)
+    assert r.status_code == 200 and r.json()["run_result"]["stdout"] == "256\n", r.text[:300]
+
+
 def test_ping_answers_pong(client):
     assert client.get("/v1/ping").json() == "pong"
 

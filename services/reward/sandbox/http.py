@@ -14,7 +14,9 @@ import os
 import threading
 from typing import Annotated, Literal
 
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from prometheus_client import make_asgi_app
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -71,6 +73,13 @@ def create_app(sandbox: Sandbox | None = None, max_concurrency: int | None = Non
     app = FastAPI(title="tgc-rl code sandbox",
                   description="SandboxFusion-compatible /run_code over bubblewrap.")
     app.mount("/metrics", make_asgi_app())
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, e: RequestValidationError) -> JSONResponse:
+        # FastAPI's default echoes each bad input back, and a NaN or Infinity there is not JSON: a 500
+        detail = [{"loc": list(err.get("loc", ())), "msg": str(err.get("msg")), "type": str(err.get("type"))}
+                  for err in e.errors()]  # fmt: skip
+        return JSONResponse({"detail": detail}, status_code=422)
 
     @app.get("/v1/ping")
     def ping() -> str:
