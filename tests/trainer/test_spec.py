@@ -6,7 +6,7 @@ from services.config import JobSpec, SpecError
 
 
 def test_example_specs_load_and_round_trip(tmp_path):
-    for name in ("examples/default.yaml", "examples/tiny.yaml"):
+    for name in ("examples/default.yaml", "examples/tiny.yaml", "examples/gsm_dataset.yaml"):
         spec = JobSpec.from_yaml(name)
         path = tmp_path / "again.yaml"
         path.write_text(spec.to_yaml())
