@@ -36,6 +36,17 @@ if ! compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null; then
   fi
 fi
 
+# tests/deploy: podman (with runc) and mmdebstrap build and run the image; chromium renders /docs headless.
+deploy_tools=()
+for tool in podman runc mmdebstrap chromium; do command -v "$tool" >/dev/null 2>&1 || deploy_tools+=("$tool"); done
+if [ ${#deploy_tools[@]} -gt 0 ]; then
+  if can_apt; then
+    apt_install "${deploy_tools[@]}" || echo "setup: could not install ${deploy_tools[*]}" >&2
+  else
+    echo "setup: ${deploy_tools[*]} not found; the image and /docs browser tests will skip (apt-get install ${deploy_tools[*]})" >&2
+  fi
+fi
+
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 VPY=.venv/bin/python
 if [ ! -f .venv/.tgc-installed ] || [ pyproject.toml -nt .venv/.tgc-installed ]; then

@@ -124,3 +124,19 @@ def test_compose_file_runs_the_built_image_with_postgres_and_the_sandbox_options
 @pytest.mark.parametrize("path", sorted((ROOT / "deploy" / "jobs").glob("*.yaml")), ids=lambda p: p.name)
 def test_example_job_specs_are_valid(path):
     assert JobSpec.from_yaml(path).name == path.stem
+
+
+def test_lock_covers_every_runtime_dependency_of_pyproject():
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = (
+        project["dependencies"]
+        + project["optional-dependencies"]["cpu"]
+        + project["optional-dependencies"]["tasks"]
+    )
+    norm = lambda name: re.sub(r"[-_.]+", "-", name).lower()  # noqa: E731
+    names = {norm(re.match(r"[A-Za-z0-9._-]+", d).group(0)) for d in wanted}
+    lock = (ROOT / "docker" / "requirements.lock").read_text().splitlines()
+    locked = {norm(line.split("==")[0]) for line in lock if "==" in line}
+    assert names <= locked, f"run scripts/build-image.sh --lock: {sorted(names - locked)} missing"
