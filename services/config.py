@@ -116,6 +116,14 @@ class RandomModelConfig(BaseModel):
         return self.vocab_size * h * (1 if self.tie_word_embeddings else 2) + self.num_hidden_layers * layer + h
 
 
+def resolve_dtype(requested: str, on_gpu: bool) -> Literal["float32", "bfloat16"]:
+    """`model.dtype` for the actor calling it, on its own host: `auto` is bf16 on a GPU or a CPU with native
+    bf16, else float32. Never resolved where the spec is parsed (that host may not be where the model runs)."""
+    if requested != "auto":
+        return requested  # type: ignore[return-value]
+    return "bfloat16" if on_gpu or cpu_has_native_bf16() else "float32"
+
+
 @functools.cache
 def cpu_has_native_bf16() -> bool:
     """Whether this host's CPU computes bf16 in hardware (read from /proc/cpuinfo: no torch import here)."""
@@ -142,16 +150,12 @@ class ModelSpec(_Strict):
     )
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto",
-        description="Parameter dtype for rollout and the learner's compute. `auto` (resolved when the spec is "
-        "parsed): bfloat16 when the job asks for GPUs or the CPU computes bf16 natively (AVX512-BF16 / AMX), "
-        "float32 otherwise (emulated bf16 on an AVX2-only CPU is ~6x slower than float32).",
-        validate_default=True,
+        description="Parameter dtype for rollout and the learner's compute. `auto` stays `auto` in the stored spec "
+        "and is resolved by each actor on the host it runs on (resolve_dtype): bfloat16 on a GPU or a CPU that "
+        "computes bf16 natively (AVX512-BF16 / AMX), float32 otherwise (emulated bf16 on an AVX2-only CPU is "
+        "~6x slower than float32).",
     )
 
-    @field_validator("dtype")
-    @classmethod
-    def _resolve_auto_dtype(cls, value: str) -> str:
-        return ("bfloat16" if cpu_has_native_bf16() else "float32") if value == "auto" else value
     config_overrides: dict[str, Any] = Field(
         default_factory=dict,
         description="For `random` only: LlamaConfig fields, e.g. {num_hidden_layers: 2, hidden_size: 128} "
@@ -400,18 +404,6 @@ class JobSpec(_Strict):
     )
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True, allow_inf_nan=False)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _gpu_jobs_default_to_bf16(cls, data: Any) -> Any:
-        # `auto` on a GPU job means bf16 whatever the CPU of the host that parses the spec
-        if isinstance(data, dict) and isinstance(data.get("model", {}), dict):
-            res = data.get("resources") or {}
-            gpus = isinstance(res, dict) and any(
-                isinstance(res.get(k), int | float) and res.get(k) > 0 for k in ("gpus_per_learner", "gpus_per_rollout"))
-            if gpus and data.get("model", {}).get("dtype", "auto") == "auto":
-                data = {**data, "model": {**data.get("model", {}), "dtype": "bfloat16"}}
-        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:

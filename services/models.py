@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from services.config import ModelSpec
+from services.config import ModelSpec, resolve_dtype
 
 SMOLLM2 = "smollm2-135m-instruct"
 _GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -42,12 +42,14 @@ def cache_root() -> Path:
 
 def model_dir(spec: ModelSpec, seed: int = 0) -> Path:
     """The HF directory holding the job's initial weights and tokenizer (created once, then reused)."""
+    # The files' dtype; each actor casts to the dtype it resolves on its own host when it loads them.
+    dtype = resolve_dtype(spec.dtype, on_gpu=False)
     if spec.source == SMOLLM2:
-        return _cached(f"{SMOLLM2}-{spec.dtype}", lambda d: _convert_smollm2(d, spec.dtype))
+        return _cached(f"{SMOLLM2}-{dtype}", lambda d: _convert_smollm2(d, dtype))
     if spec.source == "random":
-        key = json.dumps({"o": spec.config_overrides, "seed": seed, "dtype": spec.dtype}, sort_keys=True)
+        key = json.dumps({"o": spec.config_overrides, "seed": seed, "dtype": dtype}, sort_keys=True)
         digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-        return _cached(f"random-{digest}", lambda d: _build_random(d, spec, seed))
+        return _cached(f"random-{digest}", lambda d: _build_random(d, spec, seed, dtype))
     path = Path(spec.source).expanduser()
     if not (path / "config.json").exists():
         raise ValueError(
@@ -79,7 +81,8 @@ def load_model(spec: ModelSpec, seed: int = 0, dtype: str | None = None):
     import torch
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(model_dir(spec, seed), dtype=getattr(torch, dtype or spec.dtype))
+    dtype = dtype or resolve_dtype(spec.dtype, on_gpu=False)
+    return AutoModelForCausalLM.from_pretrained(model_dir(spec, seed), dtype=getattr(torch, dtype))
 
 
 def smollm2_gguf_dir() -> str:
@@ -112,7 +115,7 @@ def _convert_smollm2(out: Path, dtype: str) -> None:
     _convert_smollm2_tokenizer(out)
 
 
-def _build_random(out: Path, spec: ModelSpec, seed: int) -> None:
+def _build_random(out: Path, spec: ModelSpec, seed: int, dtype: str) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -130,7 +133,7 @@ def _build_random(out: Path, spec: ModelSpec, seed: int) -> None:
     except (TypeError, ValueError) as e:
         raise ValueError(f"model.config_overrides: {e}") from None
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg).to(getattr(torch, spec.dtype))
+    model = LlamaForCausalLM(cfg).to(getattr(torch, dtype))
     model.generation_config.pad_token_id = fields["pad_token_id"]
     model.save_pretrained(out)
     shutil.copytree(_cached("smollm2-tokenizer", _convert_smollm2_tokenizer), out, dirs_exist_ok=True)

@@ -27,7 +27,7 @@ from torch import Tensor
 
 import rlcore
 from services.batch import TrainBatch
-from services.config import JobSpec
+from services.config import JobSpec, resolve_dtype
 from services.learner import checkpoint, sharding
 from services.learner.logprobs import PolicyLogprobs
 from services.learner.plan import MiniBatch, group_spans, plan_minibatches, trim_padding, validate_batch
@@ -50,7 +50,9 @@ class Learner:
             torch.set_num_threads(spec.resources.threads_per_actor)
         self.device = sharding.learner_device(spec.resources.gpus_per_learner)
         self.mesh = sharding.init_process_group(rank, world_size, self.device, master_addr, master_port)
-        self.compute_dtype = sharding.compute_dtype(spec.model.dtype, self.device)
+        # `auto` resolved here, on the host this rank runs on (the spec keeps `auto`)
+        self.model_dtype = resolve_dtype(spec.model.dtype, on_gpu=self.device.type == "cuda")
+        self.compute_dtype = sharding.compute_dtype(self.model_dtype, self.device)
         self.objective = rlcore.get_objective(spec.objective.name, **spec.objective.overrides)
         cfg = self.objective.config
         self.policy = self._build_policy(trainable=True)
@@ -156,7 +158,7 @@ class Learner:
     def full_state_dict(self, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
         """Full weights with HF names on CPU, in `dtype` (default: the job's model dtype), tied duplicates
         left out as save_pretrained does. Collective; rank 0 gets the dict, other ranks an empty one."""
-        dtype = dtype or getattr(torch, self.spec.model.dtype)
+        dtype = dtype or getattr(torch, self.model_dtype)
         out, tied = {}, self._tied_names()
         for name, t in self.policy.lm.state_dict().items():
             if name in tied:
@@ -173,7 +175,7 @@ class Learner:
         if self.rank == 0:
             tokenizer = Path(self.spec.model.tokenizer).expanduser() if self.spec.model.tokenizer else self.model_path
             checkpoint.save_hf_model(state, self.model_path, tokenizer, path / "model",
-                                     getattr(torch, self.spec.model.dtype))
+                                     getattr(torch, self.model_dtype))
         del state
         checkpoint.save_training_state(path / "learner", self.policy, self.optimizer, {
             "scheduler": self.scheduler.state_dict(), "train_steps": self.train_steps,
@@ -230,7 +232,9 @@ class Learner:
             if rows is not None:
                 out[rows.to(self.device), :lp.shape[1]] = lp
         policy.train(was_training)
-        if self.world_size > 1:
+        if self.world_size == 1:  # forward kept the gathered weights (sharding.shard): free them
+            sharding.reshard(policy)
+        else:
             dist.all_reduce(out)
         return out.cpu()
 
@@ -263,7 +267,10 @@ class Learner:
                                group_size=sizes.pop() if len(sizes) == 1 else None)
         self.policy.train()
         total = 0.0
-        for rows in mb.for_rank(self.rank):
+        passes = mb.for_rank(self.rank)
+        for i, rows in enumerate(passes):
+            if self.world_size == 1:  # nothing to reduce across ranks: sum the micro-batches, reduce once
+                sharding.sync_after_backward(self.policy, sync=i == len(passes) - 1)
             if rows is None:  # padding pass: same collectives as the other ranks, zero gradient
                 lp, _ = self._forward(self.policy, self._micro(batch, mb.rows[:1]))
                 lp.backward(torch.zeros_like(lp))
@@ -333,10 +340,8 @@ class Learner:
 
     def _clip_grad_norm(self, max_norm: float) -> float:
         """Global L2 norm over all shards (one all-reduce), then scale every shard by the same factor."""
-        grads = [p.grad for p in self.policy.parameters() if p.grad is not None]
-        sq = torch.zeros((), dtype=torch.float32, device=self.device)
-        for g in grads:
-            sq += sharding.local_tensor(g).float().pow(2).sum()
+        grads = [sharding.local_tensor(p.grad) for p in self.policy.parameters() if p.grad is not None]
+        sq = torch.stack(torch._foreach_norm(grads)).float().pow(2).sum()
         if self.world_size > 1:
             dist.all_reduce(sq)
         norm = float(sq.sqrt())
@@ -345,7 +350,6 @@ class Learner:
                                      "lower optim.lr or check the batch's advantages")
         scale = min(1.0, max_norm / (norm + 1e-6))
         if scale < 1.0:
-            for g in grads:
-                sharding.local_tensor(g).mul_(scale)
+            torch._foreach_mul_(grads, scale)
         return norm
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from services.batch import Completion
-from services.config import JobSpec
+from services.config import JobSpec, resolve_dtype
 from services.models import load_tokenizer
 from services.rollout.engine import RolloutEngine, Sampling, check_requests, prompt_lengths, sample_seed
 from services.rollout.weights import Weights, named_tensors
@@ -39,7 +39,7 @@ class HFEngine(RolloutEngine):
         self.batch_rows = batch_rows  # sequences decoded together (bounds KV-cache memory)
         tok = load_tokenizer(spec.model)
         self.eos_id, self.pad_id = int(tok.eos_token_id), int(tok.pad_token_id)
-        dtype = getattr(torch, spec.model.dtype)
+        dtype = getattr(torch, resolve_dtype(spec.model.dtype, on_gpu=torch.cuda.is_available()))
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).eval()
         self.model.requires_grad_(False)
 

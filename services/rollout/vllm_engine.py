@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from services.batch import Completion
-from services.config import JobSpec
+from services.config import JobSpec, resolve_dtype
 from services.models import load_tokenizer
 from services.rollout.engine import RolloutEngine, Sampling, check_requests, prompt_lengths, sample_seed
 from services.rollout.weights import Weights
@@ -55,7 +55,7 @@ def engine_args(spec: JobSpec, model_path: Path | str) -> dict:
     s = spec.sampling
     args: dict = dict(
         model=str(model_path),
-        dtype=spec.model.dtype,
+        dtype=resolve_dtype(spec.model.dtype, on_gpu=uses_cuda(spec)),
         seed=spec.seed,
         # +1: score() prefills a whole prompt+response sequence and must still emit one token
         max_model_len=s.max_prompt_tokens + s.max_new_tokens + 1,

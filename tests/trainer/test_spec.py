@@ -104,3 +104,16 @@ def test_top_level_must_be_a_mapping(tmp_path):
 def test_actor_threads_follow_the_mode_and_the_reservation(resources, mode, learner, rollout):
     spec = JobSpec.parse({"resources": resources, "async": {"mode": mode}})
     assert (spec.actor_threads("learner"), spec.actor_threads("rollout")) == (learner, rollout)
+
+
+def test_auto_dtype_is_stored_as_auto_and_resolved_by_each_actor_on_its_host(monkeypatch):
+    import services.config as config
+
+    gpu_job = JobSpec.parse({"model": {"dtype": "auto"}, "resources": {"gpus_per_learner": 1}})
+    assert gpu_job.model.dtype == "auto" and gpu_job.to_dict()["model"]["dtype"] == "auto"
+    monkeypatch.setattr(config, "cpu_has_native_bf16", lambda: False)
+    assert config.resolve_dtype("auto", on_gpu=False) == "float32"
+    assert config.resolve_dtype("auto", on_gpu=True) == "bfloat16"
+    monkeypatch.setattr(config, "cpu_has_native_bf16", lambda: True)
+    assert config.resolve_dtype("auto", on_gpu=False) == "bfloat16"
+    assert config.resolve_dtype("float32", on_gpu=True) == "float32"
