@@ -39,8 +39,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
         scheduler=False if args.no_scheduler else None, public_url=args.public_url,
         default_max_concurrent_jobs=args.max_concurrent_jobs, cancel_grace_s=args.cancel_grace,
         poll_interval_s=args.poll_interval, allow_custom_code=True if args.allow_custom_code else None,
+        allow_unsafe_sandbox=True if args.allow_unsafe_sandbox else None,
     )  # fmt: skip
     serve(settings, log_level=args.log_level)
+    return EXIT_OK
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    """The managed local Ray head `tgc serve` starts: its state, or stop it (running jobs end with it)."""
+    from services.control.ray_cluster import LocalRayCluster
+
+    cluster = LocalRayCluster(_settings(args).data_dir)
+    procs = cluster.processes()
+    if args.cluster_command == "status":
+        where = cluster.dashboard_url if cluster.running() else "not answering"
+        print(f"managed Ray head of {cluster.root.parent}: {len(procs)} processes; dashboard {where}")
+        return EXIT_OK
+    if not procs:
+        print(f"no managed Ray head of {cluster.root.parent} is running")
+        return EXIT_OK
+    cluster.stop()
+    print(f"stopped the managed Ray head of {cluster.root.parent} ({len(procs)} processes)")
     return EXIT_OK
 
 
@@ -421,7 +440,11 @@ def build_parser() -> argparse.ArgumentParser:
     db.add_argument("--data-dir", type=Path, default=None, help="control plane data dir (env TGC_DATA_DIR)")
     db.add_argument("--db-url", default=None, help="database URL (env TGC_DB_URL; default SQLite in the data dir)")
 
-    s = sub.add_parser("serve", parents=[db], help="run the control plane")
+    s = sub.add_parser(
+        "serve", parents=[db], help="run the control plane",
+        description="Run the control plane. With --ray-address local it starts (or reuses) a Ray head under the "
+        "data dir, which KEEPS RUNNING after `tgc serve` exits so that running jobs survive a restart of the "
+        "control plane; `tgc cluster stop` stops it (and the jobs on it).")
     s.add_argument("--host", default=None)
     s.add_argument("--port", type=int, default=None)
     s.add_argument("--ray-address", default=None,
@@ -433,8 +456,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cancel-grace", type=float, default=None, help="seconds before a cancel becomes a hard stop")
     s.add_argument("--poll-interval", type=float, default=None, help="scheduler period in seconds")
     s.add_argument("--allow-custom-code", action="store_true", help="let tenants run module:function tasks")
+    s.add_argument("--allow-unsafe-sandbox", action="store_true",
+                   help="let tenants' jobs run model-written code WITHOUT the sandbox when they ask (see docs/security.md)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     s.set_defaults(func=cmd_serve)
+
+    cl = sub.add_parser("cluster", help="the managed local Ray head that `tgc serve` starts: status, stop")
+    cl.add_argument("cluster_command", choices=["status", "stop"], metavar="{status,stop}")
+    cl.add_argument("--data-dir", type=Path, default=None, help="control plane data dir (env TGC_DATA_DIR)")
+    cl.set_defaults(func=cmd_cluster, db_url=None)
 
     t = sub.add_parser("token", help="manage bearer tokens (talks to the database directly)")
     tsub = t.add_subparsers(dest="token_command", required=True, metavar="ACTION")

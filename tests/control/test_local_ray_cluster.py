@@ -50,3 +50,19 @@ def test_a_head_whose_daemons_died_is_gone_and_its_leftovers_are_still_stopped(t
     finally:
         head.stop()
     assert _session_members(session) == []
+
+
+def test_tgc_cluster_stop_ends_the_head_that_tgc_serve_leaves_running(tmp_path, capsys):
+    from services.cli import main
+
+    head = LocalRayCluster(tmp_path, num_cpus=1)
+    try:
+        head.ensure()
+        session = head._saved()["session"]
+        assert main(["cluster", "status", "--data-dir", str(tmp_path)]) == 0
+        assert "dashboard http" in capsys.readouterr().out
+        assert main(["cluster", "stop", "--data-dir", str(tmp_path)]) == 0
+        assert "stopped the managed Ray head" in capsys.readouterr().out
+        assert _session_members(session) == [] and not head.running()
+    finally:
+        head.stop()

@@ -132,8 +132,12 @@ def test_missing_bwrap_is_refused_with_how_to_install_it(tmp_path, monkeypatch):
 def test_missing_user_namespaces_are_refused_with_how_to_enable_them():
     """Inside a real bwrap with nested user namespaces disabled, the sandbox refuses to run unconfined."""
     probe = "from services.reward.sandbox import Sandbox\nSandbox()\n"
+    # The fresh /tmp hides a checkout (or an interpreter) that lives under /tmp: bind those back on top.
+    under_tmp = {p for p in (PROJECT, Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve())
+                 if Path("/tmp") in p.parents}
     cmd = ["bwrap", "--unshare-user", "--uid", "1000", "--gid", "1000", "--disable-userns",
            "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+           *[arg for p in sorted(under_tmp) for arg in ("--ro-bind", str(p), str(p))],
            "--chdir", str(PROJECT), "--", sys.executable, "-c", probe]
     env = {**os.environ, "PYTHONPATH": str(PROJECT)}
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
