@@ -124,7 +124,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     except (SpecError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_INVALID
-    from services.trainer.main import ResourceError, allow_unsafe_sandbox, run
+    from services.trainer.main import ResourceError, allow_unsafe_sandbox, run, summary
 
     if args.allow_unsafe_sandbox:
         allow_unsafe_sandbox()
@@ -134,8 +134,19 @@ def cmd_train(args: argparse.Namespace) -> int:
     except ResourceError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_INVALID
-    print(f"{spec.name}: {state} (run dir {run_dir})")
+    print(summary(spec, run_dir, state))
     return EXIT_OK if state in ("succeeded", "cancelled") else EXIT_FAILED
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from services.trainer.curves import plot_run
+
+    try:
+        print(plot_run(args.run_dir, args.out))
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    return EXIT_OK
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -570,6 +581,11 @@ def build_parser() -> argparse.ArgumentParser:
     dr = dsub.add_parser("rm", parents=[api], help="delete datasets")
     dr.add_argument("dataset_ids", nargs="+")
     dr.set_defaults(func=cmd_data_rm)
+
+    pl = sub.add_parser("plot", help="draw a run's curves (reward, accuracy, residuals, entropy) into RUN_DIR/curves.png")
+    pl.add_argument("run_dir", type=Path)
+    pl.add_argument("--out", type=Path, default=None, help="another file name (default RUN_DIR/curves.png)")
+    pl.set_defaults(func=cmd_plot)
 
     sc = sub.add_parser("schema", help="print the job spec's JSON schema")
     sc.add_argument("--indent", type=int, default=2)

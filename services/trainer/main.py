@@ -96,9 +96,37 @@ def init_ray(spec: JobSpec) -> bool:
     cap = local_capacity()
     check_resources(spec, cap)
     need = required_resources(spec)
+    # A local run's console is the user's: actors' and engines' output goes to the run dir (save_actor_logs),
+    # and Ray's own notices (that it started, that token auth is on by default) stay out of it.
     ray.init(num_cpus=int(max(need["CPU"] + 1, os.cpu_count() or 1)), num_gpus=int(cap["GPU"]),
-             include_dashboard=False, runtime_env={"env_vars": env}, log_to_driver=True)
+             include_dashboard=False, runtime_env={"env_vars": env}, log_to_driver=False,
+             logging_level=logging.ERROR)
     return True
+
+
+def save_actor_logs(run_dir: Path) -> Path | None:
+    """Copy this job's actor and engine logs (Ray's worker-*.out/err of this job id) into RUN_DIR/logs/."""
+    import shutil
+
+    import ray
+
+    try:
+        logs = Path(ray._private.worker.global_worker.node.get_logs_dir_path())
+        job = ray.get_runtime_context().get_job_id()
+    except Exception:  # no Ray node in this process (e.g. a client connection): Ray keeps them
+        return None
+    out = run_dir / "logs"
+    out.mkdir(exist_ok=True)
+    for f in logs.glob(f"worker-*-{job}-*.out"):
+        pid = f.stem.rsplit("-", 1)[-1]
+        with open(f, errors="replace") as fh:  # Ray's header names the actor class: `:actor_name:Learner`
+            head = [fh.readline() for _ in range(3)]
+        names = [ln.split(":actor_name:", 1)[1].strip() for ln in head if ln.startswith(":actor_name:")]
+        name = "".join(c if c.isalnum() or c in "-_" else "_" for c in (names[0] if names else "worker"))
+        for suffix in (".out", ".err"):
+            if f.with_suffix(suffix).exists():
+                shutil.copyfile(f.with_suffix(suffix), out / f"{name}-{pid}{suffix}")
+    return out
 
 
 def run(spec: JobSpec, run_dir: Path, resume: str | Path | None = None, progress: bool | None = None) -> str:
@@ -150,10 +178,43 @@ def run(spec: JobSpec, run_dir: Path, resume: str | Path | None = None, progress
             trainer.shutdown()
         reporter.flush()
         _restore_handlers(previous)
+        _write_curves(run_dir)
+        if started_ray or os.environ.get("RAY_ADDRESS"):
+            save_actor_logs(run_dir)
         if started_ray:
             import ray
 
             ray.shutdown()
+
+
+def _write_curves(run_dir: Path) -> None:
+    from services.trainer.curves import plot_run
+
+    try:
+        plot_run(run_dir)
+    except Exception as e:  # no steps yet, or no matplotlib: the JSONL record is what counts
+        log.info("no curves.png for %s: %s", run_dir, e)
+
+
+def summary(spec: JobSpec, run_dir: Path, state: str) -> str:
+    """The closing lines of a run on the console: outcome, first and last figures, where things are."""
+    from services.trainer.curves import read_metrics
+
+    lines = [f"{spec.name}: {state} (run dir {run_dir})"]
+    try:
+        rows = read_metrics(run_dir)
+    except (OSError, ValueError):
+        rows = []
+    for key, label in (("reward/mean", "reward"), ("reward/accuracy", "accuracy"), ("eval/accuracy", "held-out acc"),
+                       ("diag/d2_residual", "D2 residual")):  # fmt: skip
+        seen = [r for r in rows if key in r]
+        if seen:
+            lines.append(f"  {label}: {seen[0][key]:.3g} (step {seen[0]['step']}) -> {seen[-1][key]:.3g} "
+                         f"(step {seen[-1]['step']})")
+    for name in ("curves.png", "metrics.jsonl", "logs"):
+        if (run_dir / name).exists():
+            lines.append(f"  {name}: {run_dir / name}")
+    return "\n".join(lines)
 
 
 def _install_stop_handlers(stop) -> dict:
@@ -199,5 +260,5 @@ def cli(argv: list[str] | None = None) -> int:
     except ResourceError as e:
         print(e, file=sys.stderr)
         return 2
-    print(f"{spec.name}: {state} (run dir {run_dir})")
+    print(summary(spec, run_dir, state))
     return {"succeeded": 0, "cancelled": 0}.get(state, 1)

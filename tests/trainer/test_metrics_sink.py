@@ -40,3 +40,28 @@ def test_progress_line_shows_step_and_key_figures(tmp_path, capsys):
     sink.close()
     out = capsys.readouterr().out
     assert "2/2" in out and "reward 0.75" in out and "acc 1" in out and "s/step 11" in out
+
+
+def test_off_a_terminal_each_step_is_one_plain_line(tmp_path, capsys):
+    sink = MetricsSink(tmp_path, "job", total_steps=2, progress=None)  # pytest's stdout is no terminal
+    sink.log(1, {"reward/mean": 0.25, "reward/accuracy": 0.25, "diag/d2_residual": 1.5e-9, "timing/step_s": 12.34})
+    sink.log(2, {"reward/mean": 0.5, "timing/step_s": 11.0})
+    sink.close()
+    assert capsys.readouterr().out.splitlines() == [
+        "step 1/2  reward 0.25  acc 0.25  D2 1.5e-09  s/step 12.3", "step 2/2  reward 0.5  s/step 11"]
+
+
+def test_curves_are_drawn_from_the_run_and_tgc_plot_redraws_them(tmp_path, capsys):
+    from services.cli import main
+    from services.trainer.curves import plot_run
+
+    sink = MetricsSink(tmp_path, "job", total_steps=3, progress=False)
+    for step in (1, 2, 3):
+        sink.log(step, {"reward/mean": step / 4, "diag/d2_residual": 0.1 / step, "diag/d7_entropy_mean": 1.0})
+    sink.close()
+    png = plot_run(tmp_path)
+    assert png == tmp_path / "curves.png" and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    png.unlink()
+    assert main(["plot", str(tmp_path)]) == 0 and png.exists()
+    assert main(["plot", str(tmp_path / "nowhere")]) == 2
+    assert "no metrics" in capsys.readouterr().err
