@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import time
 from collections import deque
 from collections.abc import AsyncIterator
@@ -41,6 +40,7 @@ from services.control.schemas import (
 from services.control.states import RESUMABLE, TERMINAL
 from services.control.store import IdempotencyConflict, InvalidTransition, JobRow
 from services.control.tokens import Principal
+from services.run_layout import checkpoint_step
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 Caller = Annotated[Principal, Depends(current_principal)]
@@ -165,7 +165,6 @@ def cancel_job(
     return records.job_record(job)
 
 
-_STEP_NAME = re.compile(r"step_(\d+)", re.ASCII)  # used with fullmatch
 
 
 @router.post(
@@ -189,8 +188,8 @@ def resume_job(
     if body.checkpoint is None:
         chosen = max(ckpts, key=lambda c: (c.step, c.attempt))
     else:
-        m = _STEP_NAME.fullmatch(body.checkpoint)
-        matches = [c for c in ckpts if (m and c.step == int(m.group(1))) or c.path == body.checkpoint]
+        step = checkpoint_step(body.checkpoint)
+        matches = [c for c in ckpts if (step is not None and c.step == step) or c.path == body.checkpoint]
         if not matches:
             raise ApiError(422, f"checkpoint: {body.checkpoint!r} is not one of this job's checkpoints",
                            [ErrorDetail(field="checkpoint", msg="use a path or step_<N> from GET .../checkpoints")])  # fmt: skip

@@ -32,6 +32,7 @@ from services.control.store import (
     apply_transition,
     insert_ignoring_conflicts,
 )
+from services.run_layout import json_safe
 
 TRAINER_STATES = frozenset({JobState.RUNNING, JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 MAX_LOG_MESSAGE = 8192
@@ -97,22 +98,7 @@ def normalize_event(ev: dict[str, Any], index: int = 0) -> dict[str, Any]:
         msg = ev.get("message", ev.get("line", ev.get("text", "")))
         out["message"] = str(msg)[:MAX_LOG_MESSAGE]
         out["level"] = str(ev.get("level", "info"))[:16]
-    return _json_safe(out)
-
-
-def _json_safe(v: Any, depth: int = 0) -> Any:
-    """Plain JSON values only: non-finite floats become null (JSON has no NaN), others become strings."""
-    if depth > 16:
-        return str(v)
-    if isinstance(v, dict):
-        return {str(k): _json_safe(x, depth + 1) for k, x in v.items()}
-    if isinstance(v, list | tuple):
-        return [_json_safe(x, depth + 1) for x in v]
-    if isinstance(v, float):
-        return _finite_or_none(v)
-    if v is None or isinstance(v, bool | int | str):
-        return v
-    return str(v)
+    return json_safe(out)
 
 
 @dataclass

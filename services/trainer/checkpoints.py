@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from pathlib import Path
 from typing import Any
 
-_STEP = re.compile(r"step_(\d+)", re.ASCII)  # used with fullmatch
+from services.run_layout import checkpoint_name, checkpoint_step
+
 TRAINER_STATE = "trainer_state.json"
 
 
@@ -18,7 +18,7 @@ class Checkpoints:
         self.root.mkdir(parents=True, exist_ok=True)
 
     def staging(self, step: int) -> Path:
-        tmp = self.root / f".tmp-step_{step}"
+        tmp = self.root / f".tmp-{checkpoint_name(step)}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         return tmp
@@ -26,7 +26,7 @@ class Checkpoints:
     def commit(self, tmp: Path, step: int, state: dict[str, Any]) -> Path:
         """Write the trainer state last, then rename: a checkpoint without it never becomes visible."""
         (tmp / TRAINER_STATE).write_text(json.dumps(state, indent=1))
-        final = self.root / f"step_{step}"
+        final = self.root / checkpoint_name(step)
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         for old in self.complete()[:-self.keep_last]:
@@ -34,8 +34,8 @@ class Checkpoints:
         return final
 
     def complete(self) -> list[Path]:
-        found = [(int(m.group(1)), p) for p in self.root.iterdir()
-                 if (m := _STEP.fullmatch(p.name)) and (p / TRAINER_STATE).exists()]
+        found = [(step, p) for p in self.root.iterdir()
+                 if (step := checkpoint_step(p.name)) is not None and (p / TRAINER_STATE).exists()]
         return [p for _, p in sorted(found)]
 
     def latest(self) -> Path | None:

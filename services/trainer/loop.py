@@ -15,6 +15,7 @@ import torch
 import rlcore
 from services.batch import Completion, TrainBatch, collate
 from services.config import JobSpec
+from services.run_layout import checkpoint_name
 from services.tasks import Score
 from services.trainer.checkpoints import Checkpoints, read_state
 from services.trainer.data import Prompt, PromptSource
@@ -275,7 +276,7 @@ class Trainer:
         return self.stop_reason is not None
 
     def save(self) -> Path:
-        if (latest := self.checkpoints.latest()) is not None and latest.name == f"step_{self.step}":
+        if (latest := self.checkpoints.latest()) is not None and latest.name == checkpoint_name(self.step):
             return latest
         tmp = self.checkpoints.staging(self.step)
         self.learner.save(tmp)

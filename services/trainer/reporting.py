@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import time
 from pathlib import Path
 from typing import Any
+
+from services.run_layout import json_safe
 
 log = logging.getLogger("tgc.trainer")
 
@@ -35,7 +36,7 @@ class Reporter:
                    os.environ.get("TGC_JOB_TOKEN"))
 
     def emit(self, type_: str, **fields: Any) -> None:
-        event = _json_safe({"type": type_, "time": time.time(), **fields})
+        event = json_safe({"type": type_, "time": time.time(), **fields})
         with open(self.path, "a") as fh:
             fh.write(json.dumps(event) + "\n")
         if self.url:
@@ -63,12 +64,3 @@ class Reporter:
             self.cancel_requested = reply.get("reason") or "cancel requested by the control plane"
 
 
-def _json_safe(value: Any) -> Any:
-    """NaN/inf become null: strict JSON for HTTP, and a diverged loss must not crash reporting."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
-    return value
