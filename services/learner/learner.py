@@ -318,25 +318,19 @@ class Learner:
     def _diagnostics(self, w: Tensor, micro: TrainBatch, old: Tensor, ent: Tensor, mask: Tensor, out,
                      metrics: StepMetrics) -> None:
         """rlcore's cancellation diagnostics (D1-D4/D7/D9/D10/D11) of one micro-batch, whose groups are
-        whole, pooled over the step: D1 weighted by the groups it measured, D2 by its shared nodes, D7's
-        common-prefix and divergent entropies by the positions they average, the rest by groups."""
+        whole, pooled over the step and the ranks by rlcore's rules (`rlcore.pooling_terms`)."""
         dev = self.device
         diag = rlcore.cancellation_diagnostics(
             w, micro.response_ids.to(dev), mask, micro.group_ids.to(dev), micro.advantages.to(dev),
             old_logprobs=old, entropies=ent.detach(), clipped=out.clipped, group_size=self.spec.group_size)
-        n_groups = float(len(torch.unique(micro.group_ids)))
-        weights = {"diag/d1_gcpr": diag.get("diag/d1_groups_measured", 0.0)}
-        weights.update(dict.fromkeys(("diag/d2_residual", "diag/d2_credit_frac", "diag/d2_node_size_mean"),
-                                     diag.get("diag/d2_nodes", 0.0)))
-        weights["diag/d7_entropy_common"] = diag.get("diag/d7_common_tokens", 0.0)
-        weights["diag/d7_entropy_divergent"] = diag.get("diag/d7_divergent_rows", 0.0)
-        for key, value in diag.items():
-            if key in ("diag/d1_groups_measured", "diag/d2_nodes", "diag/d7_common_tokens", "diag/d7_divergent_rows"):
-                metrics.add_sum(key, value)
-            elif key.endswith("_max"):
-                metrics.add_peak(key, value)
+        for t in rlcore.pooling_terms(diag, groups=float(len(torch.unique(micro.group_ids)))):
+            if t.rule == "sum":
+                metrics.add_sum(t.key, t.value)
+            elif t.rule == "max":
+                if t.weight > 0:  # a maximum the micro-batch does not define (e.g. D1 with no measured group)
+                    metrics.add_peak(t.key, t.value)
             else:
-                metrics.add_mean(key, value, weights.get(key, n_groups))
+                metrics.add_mean(t.key, t.value, t.weight)
 
     def _clip_grad_norm(self, max_norm: float) -> float:
         """Global L2 norm over all shards (one all-reduce), then scale every shard by the same factor."""

@@ -82,15 +82,36 @@ def shard(module: nn.Module, layers: list[nn.Module], mesh: DeviceMesh, dtype: t
 
     Gradients are summed over ranks, not averaged: the loss of every micro-batch is already divided by the
     whole step's normaliser (rlcore.StepNorm), so the sum over ranks is the full-batch gradient.
+
+    On one rank a shard is the whole weight: resharding after forward would only free the compute-dtype copy
+    to gather (cast and copy) it again for backward, so the copy is kept until backward is done.
     """
     mp = MixedPrecisionPolicy(param_dtype=dtype if dtype != torch.float32 else None, reduce_dtype=torch.float32)
+    reshard = mesh.size() > 1
     for layer in layers:
-        fully_shard(layer, mesh=mesh, mp_policy=mp)
-    fully_shard(module, mesh=mesh, mp_policy=mp)
+        fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+    fully_shard(module, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
     for m in module.modules():
         if isinstance(m, FSDPModule):
             m.set_gradient_divide_factor(1.0)
             m.set_force_sum_reduction_for_comms(True)  # plain SUM: gloo has no PREMUL_SUM
+
+
+def sync_after_backward(module: nn.Module, sync: bool) -> None:
+    """Whether the next backward reduces gradients and reshards weights (True), or keeps the gathered weights
+    and accumulates unsharded float32 gradients for a later micro-batch of the same optimizer step (False)."""
+    for m in module.modules():
+        if isinstance(m, FSDPModule):
+            m.set_requires_gradient_sync(sync, recurse=False)
+            m.set_reshard_after_backward(sync, recurse=False)
+
+
+def reshard(module: nn.Module) -> None:
+    """Free every gathered weight, e.g. after a no-grad pass on one rank, where forward keeps them: the next
+    forward gathers the weights the optimizer has updated since."""
+    for m in module.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
 
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:

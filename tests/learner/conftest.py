@@ -3,6 +3,8 @@ synthetic rollout batches with the layout the trainer builds (services.batch.col
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -20,7 +22,7 @@ def build_spec(**changes):
 
     data = {
         "name": "learner-test",
-        "model": TINY_MODEL,
+        "model": copy.deepcopy(TINY_MODEL),  # changes below must not leak into later tests' specs
         "objective": {"name": "cp_grpo"},
         "group_size": 4,
         "prompts_per_step": 4,
