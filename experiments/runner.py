@@ -55,8 +55,7 @@ def run_config(testbed: str, cond: Condition, base: dict[str, Any], seed: int) -
     preset, overrides = cond.preset()
     settings = {**base, **cond.setting}
     if testbed == "tabular":
-        from experiments.tabular import TabularRun
-        from rlcore.toy import ToyConfig
+        from experiments.tabular import TabularRun, ToyConfig
 
         toy_fields = {f.name for f in dataclasses.fields(ToyConfig)}
         extra = {k: v for k, v in settings.items() if k not in toy_fields}
@@ -191,7 +190,7 @@ def aggregate(study: Study, raw_dir: Path) -> dict[str, Any]:
 def _final(run: dict[str, Any], key: str) -> float:
     value = run["final"].get(key, float("nan"))
     if key == "eval/steps_to_threshold" and not np.isfinite(value):
-        return float(run["config"]["steps"])  # never reached: censored at the step budget (as run_toy's t75)
+        return float(run["config"]["steps"])  # never reached: censored at the step budget (as testbed 1's t75)
     return value
 
 

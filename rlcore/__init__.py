@@ -24,6 +24,7 @@ Diagnostics without a second loss evaluation (rlcore.diagnostics):
     metrics = rlcore.cancellation_diagnostics(w, token_ids, mask, gids, adv, old_logprobs=old,
                                               entropies=ent, clipped=out.clipped)   # diag/d1_gcpr, ...
     # with KL/entropy terms, read the diagnostics from of="pg" weights: regularisers are not meant to cancel
+    step_metrics = rlcore.pool_diagnostics([(metrics_mb, groups_mb), ...])   # one step from its micro-batches
 
 Importing rlcore and calling `list_objectives()` / `resolve()` does not import torch (the control plane
 validates objective names with them); torch-dependent parts load on first use.
@@ -34,6 +35,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rlcore.config import ObjectiveConfig, cancellation_verdict, describe_knobs
+from rlcore.pooling import pool_diagnostics, pooling_terms
 from rlcore.presets import PRESETS, list_objectives, preserves_cancellation, resolve
 from rlcore.step import StepNorm
 
@@ -44,7 +46,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "PRESETS", "LossOutput", "Objective", "ObjectiveConfig", "StepNorm", "ascent_weights",
     "cancellation_diagnostics", "cancellation_verdict", "describe_knobs", "get_objective", "list_objectives",
-    "preserves_cancellation", "resolve",
+    "pool_diagnostics", "pooling_terms", "preserves_cancellation", "resolve",
 ]
 
 _LAZY = {
@@ -54,12 +56,12 @@ _LAZY = {
     "ascent_weights": "rlcore.diagnostics",
     "cancellation_diagnostics": "rlcore.diagnostics",
 }
-_LAZY_MODULES = {"diagnostics", "objective", "toy", "advantages", "ratios", "gates", "aggregation",
+_LAZY_MODULES = {"diagnostics", "objective", "advantages", "ratios", "gates", "aggregation",
                  "transforms", "kl", "validation", "groups"}
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy: keeps `import rlcore` torch-free for the control plane (design.md, layers).
+    # Lazy: `import rlcore` stays torch-free, so the control plane can validate objectives without torch.
     import importlib
 
     if name in _LAZY:

@@ -42,6 +42,27 @@ class LossOutput:
     clipped: Tensor | None = None
 
 
+@dataclass(frozen=True)
+class _Prepared:
+    """One call's inputs after `Objective._prepare`: checked, detached where no gradient may flow, in the
+    loss's dtype (float32 for bf16/fp16 log-probs)."""
+
+    batch_size: int
+    dtype: torch.dtype
+    lp: Tensor  # (B, T) log-probs under the current policy, with gradient
+    old: Tensor  # (B, T) log-probs under the sampling policy
+    adv: Tensor  # (B,) or (B, T) advantages
+    mask: Tensor  # (B, T) 0/1 response tokens
+    stage: Tensor  # (B, T) 0/1 tokens of this update stage; the same object as `mask` without a stage mask
+    n_stage: Tensor  # number of tokens in `stage`
+    lengths: Tensor  # (B,) response lengths l_i (row sums of `mask`)
+    group_ids: Tensor  # (B,)
+    ref: Tensor | None  # (B, T) reference log-probs when the loss has a KL term
+    ent: Tensor | None  # (B, T) entropies with gradient when the loss has an entropy bonus
+    agg: Tensor  # (B,) aggregation coefficients c_i: the loss is sum_i c_i sum_t term[i,t]
+    step: StepNorm | None  # totals of the whole optimizer step, when the caller split it
+
+
 class Objective:
     """A named composition of knobs (see `rlcore.config.ObjectiveConfig`). Stateless; safe to share."""
 
@@ -124,22 +145,22 @@ class Objective:
         cfg = self.config
         p = self._prepare(logprobs, old_logprobs, advantages, mask, group_ids, ref_logprobs, step, stage_mask,
                           entropies)
-        coef = p["coef"]
+        coef = p.agg
         ratio_kind = cfg.ratio
         if self.needs_whole_groups:
             if seq_weights is None:
-                coef = self._transformed_weights(p, GroupIndex.of(p["group_ids"]), check=True)
+                coef = self._transformed_weights(p, GroupIndex.of(p.group_ids), check=True)
             else:
-                check_tensor("seq_weights", seq_weights, (p["B"],))
+                check_tensor("seq_weights", seq_weights, (p.batch_size,))
                 check_finite("seq_weights", seq_weights)
-                coef = seq_weights.detach().to(p["dtype"])
+                coef = seq_weights.detach().to(p.dtype)
             if ratio_kind in ("sequence", "geo_mean"):  # the sequence IS factor now lives in coef
                 ratio_kind = "none"
         elif seq_weights is not None:
             raise ValueError(f"seq_weights: objective {self.name!r} has no seq_transform; drop the argument")
 
         tok, clipped, ratio_detached, value_rows = self._policy_terms(p, ratio_kind)
-        ms = p["ms"]
+        ms = p.stage
         rows = (tok * ms).sum(1)
         if value_rows is not None:  # report the surrogate's value, keep the stop-gradient form's gradient
             rows = rows - rows.detach() + value_rows
@@ -147,28 +168,30 @@ class Objective:
         total = pg
         scalars: dict[str, Tensor] = {"loss/pg": pg.detach()}
         if cfg.kl_coef > 0:
-            kl_tok = kl_estimate(p["lp"], p["ref"], cfg.kl_estimator)
+            kl_tok = kl_estimate(p.lp, p.ref, cfg.kl_estimator)
             kl_rows = (kl_tok * ms).sum(1)
-            kl = torch.dot(kl_rows, p["agg"])
+            kl = torch.dot(kl_rows, p.agg)
             total = total + cfg.kl_coef * kl
             scalars["loss/kl"] = kl.detach()
-            scalars["kl/mean"] = kl_rows.detach().sum() / p["n_ms"]
+            scalars["kl/mean"] = kl_rows.detach().sum() / p.n_stage
         if cfg.entropy_coef != 0:
-            ent = torch.dot((p["ent"] * ms).sum(1), p["agg"])
+            ent = torch.dot((p.ent * ms).sum(1), p.agg)
             total = total - cfg.entropy_coef * ent
             scalars["loss/entropy"] = ent.detach()
         scalars["loss/total"] = total.detach()
         if ratio_detached is not None:
-            scalars["ratio/mean"] = torch.dot(ratio_detached.flatten(), ms.flatten()) / p["n_ms"]
+            scalars["ratio/mean"] = torch.dot(ratio_detached.flatten(), ms.flatten()) / p.n_stage
         if clipped is not None:
             scalars.update(self._clip_metrics(clipped, p))
         metrics = dict(zip(scalars, torch.stack(list(scalars.values())).tolist(), strict=True))
-        metrics["tokens"] = float(p["n_ms"])
+        metrics["tokens"] = float(p.n_stage)
         return LossOutput(loss=total, pg_loss=pg, metrics=metrics, clipped=clipped)
 
     # -- internals --------------------------------------------------------------------------------
-    def _prepare(self, logprobs, old_logprobs, advantages, mask, group_ids, ref_logprobs, step, stage_mask,
-                 entropies, *, regularisers: bool = True) -> dict[str, Any]:
+    def _prepare(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, group_ids: Tensor,
+                 ref_logprobs: Tensor | None, step: StepNorm | None, stage_mask: Tensor | None,
+                 entropies: Tensor | None, *, regularisers: bool = True) -> _Prepared:
+        """Check one call's inputs and cast them to the loss's dtype (regularisers=False: skip KL/entropy)."""
         cfg = self.config
         check_tensor("logprobs", logprobs, ndim=2)
         shape = tuple(logprobs.shape)
@@ -214,20 +237,21 @@ class Objective:
             ent = entropies.to(dtype)
             check_finite("entropies", ent.detach())
         agg = sequence_coefficients(cfg, lengths, step, width)
-        return dict(B=batch, dtype=dtype, lp=lp, old=old, adv=adv, mf=mf, ms=ms, n_ms=n_tok if n_ms is None else n_ms,
-                    lengths=lengths, group_ids=group_ids, ref=ref, ent=ent, agg=agg, coef=agg, step=step)
+        return _Prepared(batch_size=batch, dtype=dtype, lp=lp, old=old, adv=adv, mask=mf, stage=ms,
+                         n_stage=n_tok if n_ms is None else n_ms, lengths=lengths, group_ids=group_ids, ref=ref,
+                         ent=ent, agg=agg, step=step)
 
-    def _policy_terms(self, p: dict[str, Any], ratio_kind: str
+    def _policy_terms(self, p: _Prepared, ratio_kind: str
                       ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
         """Per-token loss terms, the gate's clipped mask, the detached token ratio (for metrics) and, where
         the terms are in stop-gradient form, the row sums of the true surrogate value (else None)."""
         cfg = self.config
-        adv = p["adv"] if p["adv"].ndim == 2 else p["adv"][:, None]  # signs for the gates: (B, 1) or (B, T)
+        adv = p.adv if p.adv.ndim == 2 else p.adv[:, None]  # signs for the gates: (B, 1) or (B, T)
         coef_adv = adv
         if cfg.ar_alpha > 0:  # AR, arXiv 2505.12929: node-local, positive, so sign(A~) = sign(A)
-            coef_adv = advantage_reweighting(p["old"], cfg.ar_alpha).mul_(adv)
-        lp = p["lp"]
-        logr = lp - p["old"]
+            coef_adv = advantage_reweighting(p.old, cfg.ar_alpha).mul_(adv)
+        lp = p.lp
+        logr = lp - p.old
         if ratio_kind == "token":
             r = ratios.token_ratio(logr)
             gated, clipped = gates.gate_ratio(r, adv, cfg)
@@ -236,7 +260,7 @@ class Objective:
             return self._sequence_terms(p, adv, coef_adv, lp)
         if ratio_kind == "geo_mean":  # GMPO: clip inside, in log space, then the geometric mean
             logr_c, clipped = gates.log_space_clip(logr, adv, cfg)
-            s = ratios.geo_mean_ratio(logr_c, p["mf"], p["lengths"])
+            s = ratios.geo_mean_ratio(logr_c, p.mask, p.lengths)
             return -coef_adv * s, clipped, None, None
         # stop-gradient coefficient forms: loss = -sg(k) * log pi, gradient exactly k
         need_ratio = cfg.gate != "none" or ratio_kind == "truncated"
@@ -252,28 +276,28 @@ class Objective:
             clipped = ~live
         return -k * lp, clipped, r, None
 
-    def _sequence_terms(self, p: dict[str, Any], adv: Tensor, coef_adv: Tensor, lp: Tensor
+    def _sequence_terms(self, p: _Prepared, adv: Tensor, coef_adv: Tensor, lp: Tensor
                         ) -> tuple[Tensor, Tensor | None, None, Tensor]:
         """GSPO (arXiv 2507.18071 Eq. 5) without (B, T) ratio tensors: d s_i / d logp[i,t] = s_i / l_i and the
         1/l_i comes from the aggregation, so a token's weight is sg(A s_i gate(s_i)). Also returns the row
         sums of GSPO's surrogate -min(s A, clip(s) A), so the loss keeps GSPO's value."""
-        s = torch.exp(ratios.sequence_log_ratio(p["lp"] - p["old"], p["mf"], p["lengths"]))[:, None]
+        s = torch.exp(ratios.sequence_log_ratio(p.lp - p.old, p.mask, p.lengths))[:, None]
         gated, clipped = gates.gate_ratio(s, adv, self.config)  # (B, 1) unless adv is per token
         k = coef_adv * s if clipped is None else coef_adv * s * ~clipped
         value = -coef_adv * gated
-        ms = p["ms"]
+        ms = p.stage
         if value.shape[1] == 1:
-            value_rows = value[:, 0] * (p["lengths"] if ms is p["mf"] else ms.sum(1))
+            value_rows = value[:, 0] * (p.lengths if ms is p.mask else ms.sum(1))
         else:
             value_rows = (value * ms).sum(1)
         clipped = None if clipped is None else clipped.expand_as(lp)
         return -k * lp, clipped, None, value_rows
 
-    def _transformed_weights(self, p: dict[str, Any], groups: GroupIndex, check: bool) -> Tensor:
+    def _transformed_weights(self, p: _Prepared, groups: GroupIndex, check: bool) -> Tensor:
         """DFPO: per-response weight v_i = c_i * u_i (u_i = s_i for sequence ratios), transformed per group."""
         cfg = self.config
         if check:
-            step = p["step"]
+            step = p.step
             want = step.group_size if step is not None else None
             counts = groups.counts
             bad = (counts != want) if want is not None else (counts < 2) | (counts != counts[0])
@@ -284,28 +308,28 @@ class Objective:
                     f"of a group, so each call must hold whole groups ({expected}); got {groups.describe_sizes()}. "
                     "Keep whole groups in one micro-batch, or pass seq_weights=objective.sequence_weights(...) "
                     "computed over the whole step")
-        v = p["agg"]
+        v = p.agg
         if cfg.ratio in ("sequence", "geo_mean"):
-            logr = (p["lp"] - p["old"]).detach()
-            v = v * torch.exp(ratios.sequence_log_ratio(logr, p["mf"], p["lengths"]))
+            logr = (p.lp - p.old).detach()
+            v = v * torch.exp(ratios.sequence_log_ratio(logr, p.mask, p.lengths))
         if cfg.seq_transform == "min_replace":
             return min_replace(v, groups)
-        adv = p["adv"] if p["adv"].ndim == 1 else (p["adv"] * p["mf"]).sum(1) / p["lengths"].clamp_min(1)
+        adv = p.adv if p.adv.ndim == 1 else (p.adv * p.mask).sum(1) / p.lengths.clamp_min(1)
         return orth(v, adv, groups)
 
     @staticmethod
-    def _clip_metrics(clipped: Tensor, p: dict[str, Any]) -> dict[str, Tensor]:
+    def _clip_metrics(clipped: Tensor, p: _Prepared) -> dict[str, Tensor]:
         """Clip fractions overall and by sign of A (diagnostic D10, verl pg_clipfrac / clipfrac_lower)."""
-        ms = p["ms"]
-        n_rows = ms.sum(1) if ms is not p["mf"] else p["lengths"]
+        ms = p.stage
+        n_rows = ms.sum(1) if ms is not p.mask else p.lengths
         if clipped.stride(1) == 0:  # a sequence-level gate: one decision per response
             rows = clipped[:, 0].to(ms.dtype) * n_rows
         else:
             rows = bool_to_float(clipped.contiguous(), ms.dtype).mul_(ms).sum(1)
-        adv = p["adv"] if p["adv"].ndim == 1 else (p["adv"] * p["mf"]).sum(1)
+        adv = p.adv if p.adv.ndim == 1 else (p.adv * p.mask).sum(1)
         pos, neg = adv > 0, adv < 0
         return {
-            "clip/frac": rows.sum() / p["n_ms"],
+            "clip/frac": rows.sum() / p.n_stage,
             "clip/frac_pos": (rows * pos).sum() / (n_rows * pos).sum().clamp_min(1),
             "clip/frac_neg": (rows * neg).sum() / (n_rows * neg).sum().clamp_min(1),
         }

@@ -1,5 +1,5 @@
 """Testbed 1's key qualitative result, asserted on the CI-sized study: reward-irrelevant drift under grpo,
-none under cp_grpo, and the residual that explains it (objectives.md sec. 9.3)."""
+none under cp_grpo, and the residual that explains it (docs/objectives.md#the-tabular-toy)."""
 
 from experiments.report import View, load_results
 from experiments.stats import compare, summarize
@@ -28,8 +28,7 @@ def test_residual_is_nonzero_under_grpo_and_zero_under_cp_grpo(ci_study):
 
 
 def test_both_learn_the_task(ci_study):
-    from experiments.tabular import snapshot
-    from rlcore.toy import TabularPolicy, ToyConfig
+    from experiments.tabular import TabularPolicy, ToyConfig, snapshot
 
     view = _view(ci_study)
     start = snapshot(TabularPolicy(ToyConfig()), ToyConfig())["success"]
