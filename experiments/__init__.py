@@ -2,9 +2,9 @@
 
 Three testbeds, cheapest first, all on rlcore's objectives and diagnostics:
 
-1. `experiments.tabular` — the tabular toy of objectives.md sec. 9 (`rlcore.toy`), plus mini-batching;
+1. `experiments.tabular` — the tabular toy (docs/objectives.md#the-tabular-toy), plus mini-batching;
 2. `experiments.tinylm` — a tiny transformer trained from scratch on a synthetic task whose length and
-   style are policy-controlled and carry no reward (objectives.md sec. 9.4);
+   style are policy-controlled and carry no reward, and whose parameters are shared between contexts;
 3. `experiments.trainer_study` / `experiments.sweep` — SmolLM2-135M through the project's trainer,
    run here or submitted to the control plane as a sweep.
 

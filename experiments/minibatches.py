@@ -8,7 +8,8 @@ import torch
 def minibatch_rows(n_groups: int, group_size: int, mini_batches: int, split: bool,
                    gen: torch.Generator) -> list[torch.Tensor]:
     """Row indices of each optimizer step. Whole: groups shuffled into mini-batches. Split: every group's
-    responses shuffled and dealt evenly over all mini-batches (the pipeline breaker of objectives.md 6.3)."""
+    responses shuffled and dealt evenly over all mini-batches (the pipeline breaker of
+    docs/objectives.md#step-constant-normalisers)."""
     rows = torch.arange(n_groups * group_size).view(n_groups, group_size)
     if not split:
         order = torch.randperm(n_groups, generator=gen)

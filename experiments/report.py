@@ -1,8 +1,8 @@
 """REPORT.md from the results files: claim by claim, what reproduced, what did not, effect sizes.
 
 Every verdict is computed from the data by an explicit rule printed next to it (a difference of means
-with its standard error and an exact permutation p-value, or a threshold taken from objectives.md
-sec. 9.4), so a rerun with different numbers rewrites the verdicts instead of contradicting them.
+with its standard error and an exact permutation p-value, or a threshold derived in
+docs/objectives.md#the-tabular-toy), so a rerun with different numbers rewrites the verdicts instead of contradicting them.
 """
 
 from __future__ import annotations
@@ -223,7 +223,7 @@ def check_drift(view: View) -> Finding | None:
 
 
 def check_family_drift(view: View) -> Finding | None:
-    """(U): response-coupled coefficients drift, constant ones do not (objectives.md sec. 1, 9.3)."""
+    """(U): response-coupled coefficients drift, constant ones do not (docs/objectives.md#shared-nodes-and-cancellation)."""
     k = _keys(view).get("verbose")
     if k is None:
         return None
@@ -468,7 +468,7 @@ def check_trainer(view: View) -> Finding | None:
             text = (f"On {task}, {name} is {_fmt(summarize(g))} under grpo and {_fmt(summarize(cp))} under "
                     f"cp_grpo (mean over each run's steps; seeds as in the table).")
             orth = view.values("dfpo_orth", key, group)
-            if name == "D2" and orth:  # its reweighting cancels on group-common nodes only (objectives.md sec. 2.4)
+            if name == "D2" and orth:  # its reweighting cancels on group-common nodes only (docs/objectives.md#dfpo-transforms)
                 text += (f" dfpo_orth, which cancels on tokens common to the whole group by construction, leaves "
                          f"{_fmt(summarize(orth))} on tokens that only some responses share.")
             texts.append(text)
@@ -482,47 +482,47 @@ def check_trainer(view: View) -> Finding | None:
 
 CLAIMS = [
     Claim("C1", "Response-coupled coefficients and sign-dependent gates leave a residual on group-common tokens; "
-          "exchangeable objectives cancel exactly", "arXiv 2604.13088 v1 Cor. 3.3; objectives.md sec. 1, 7, 9.4",
+          "exchangeable objectives cancel exactly", "arXiv 2604.13088 v1 Cor. 3.3; docs/objectives.md#shared-nodes-and-cancellation, #knobs-and-the-cancellation-verdict",
           "D1 <= 1e-4 for every objective rlcore marks cancellation-preserving and >= 0.05 for the others.",
           check_residual),
     Claim("C2", "Non-cancellation causes systematic reward-irrelevant drift: grpo drifts, cp_grpo does not",
-          "paper abstract ('solution probability drift'); objectives.md sec. 9.3 item 2",
+          "paper abstract ('solution probability drift'); docs/objectives.md#length-normalisation",
           f"|P(verbose) - 0.5| larger under grpo than under cp_grpo, permutation p < {ALPHA}.", check_drift),
     Claim("C2b", "The drift follows the coefficient class (U), not the name of the method",
-          "objectives.md sec. 1 (U), sec. 9.3 items 2-5",
+          "docs/objectives.md#shared-nodes-and-cancellation (U), #the-tabular-toy",
           f"pooled |P(verbose)-0.5| of response-coupled objectives > step-constant ones, p < {ALPHA}.",
           check_family_drift),
     Claim("C3", "DFPO transforms: Min-Replace on the IS factor cancels without drift; Orth cancels on "
           "group-common prefixes but still drifts; Min-Replace over s_i/l_i over-corrects",
-          "arXiv 2604.13088 v1 Eq. 17-18; objectives.md sec. 9.3 item 4",
+          "arXiv 2604.13088 v1 Eq. 17-18; docs/objectives.md#dfpo-transforms",
           "dfpo_min: D1 <= 1e-4 and |P(verbose)-0.5| < 0.25; dfpo_orth: |P(verbose)-0.5| >= 0.25; "
           "dfpo_min_seqlen: P(verbose) > 0.9 or < 0.1.", check_dfpo),
     Claim("C4", "The sign-dependent PPO clip alone breaks cancellation once it bites",
-          "paper sec. 2.3 mechanism 2; objectives.md sec. 5.8",
+          "arXiv 2604.13088 v1 (asymmetric clipping); docs/objectives.md#sign-dependent-clipping",
           f"in the high-lr / 8-epoch setting where the gate bites (else the main setting), D1 of dr_grpo (PPO clip) > "
           f"D1 of dr_grpo_symgate (same objective, sign-independent gate; else cp_grpo), p < {ALPHA}; two D1 values "
           f"both <= {EXACT:g} (rounding) count as no difference.",
           check_clip),
     Claim("C5", "Learning tax: non-cancelling updates spill over to unrelated contexts (probe drift)",
-          "paper abstract ('learning tax'); objectives.md sec. 8 D5, sec. 9.4",
+          "paper abstract ('learning tax'); docs/objectives.md#what-cancellation-does-not-fix, docs/diagnostics.md#not-computed-by-rlcore",
           f"probe KL larger under grpo than cp_grpo, p < {ALPHA}.", check_spillover),
     Claim("C6", "Non-cancellation accelerates entropy collapse on shared tokens",
-          "paper abstract and Fig. 1 ('entropy collapse'); objectives.md D7",
+          "paper abstract and Fig. 1 ('entropy collapse'); docs/diagnostics.md#d7-entropy-by-position",
           f"common-prefix entropy lower under grpo than cp_grpo, p < {ALPHA}.", check_entropy),
     Claim("C7", "Equivalent solutions drift apart faster without cancellation",
-          "paper Cor. 3.2; objectives.md sec. 2.6 (rich-get-richer exists even with cancellation)",
+          "paper Cor. 3.2; docs/objectives.md#what-cancellation-does-not-fix (rich-get-richer exists even with cancellation)",
           f"equivalent-solution log-odds drift larger under grpo than cp_grpo, p < {ALPHA}.", check_equiv),
     Claim("C8", "The fixes cost no sample efficiency (paper: DFPO reaches the threshold at 0.91x GSPO's compute)",
-          "paper Table 2; objectives.md sec. 9.4", "cp_grpo and dfpo_min need at most 1.1x grpo's steps to the "
+          "paper Table 2; docs/objectives.md#the-tabular-toy", "cp_grpo and dfpo_min need at most 1.1x grpo's steps to the "
           "accuracy threshold (a run that never reaches it counts as the step budget).", check_efficiency),
     Claim("C9", "The benefit grows with the group size (paper Table 4: +3.1 at G=2 to +5.7 at G=16)",
           "paper Table 4", "the grpo - cp_grpo drift gap is non-decreasing in G and larger at the largest G.",
           check_group_size),
     Claim("C10", "Splitting a group across optimizer steps breaks cancellation even for exchangeable objectives",
-          "objectives.md sec. 6.3 item 1; arXiv 2605.08666", f"cp_grpo's per-step D1 higher with split groups, p < {ALPHA}.",
+          "docs/objectives.md#step-constant-normalisers; arXiv 2605.08666", f"cp_grpo's per-step D1 higher with split groups, p < {ALPHA}.",
           check_split),
     Claim("C11", "The drift does not need off-policy epochs (it is the coefficient, not the clip)",
-          "objectives.md sec. 9.2 (one-epoch runs)", f"with 1 epoch, grpo's drift > cp_grpo's, p < {ALPHA}.",
+          "docs/objectives.md#length-normalisation (the coefficient, not the clip)", f"with 1 epoch, grpo's drift > cp_grpo's, p < {ALPHA}.",
           check_epochs),
     Claim("C12", "On a real model through the real trainer, grpo leaves a residual and cp_grpo cancels",
           "project claim (README)", "cp_grpo D2 <= 1e-4 < grpo D2 (D1 where D2 was not recorded).", check_trainer),

@@ -2,7 +2,7 @@
 
 A study is a list of conditions (an objective under one setting: the main configuration or an
 ablation), each run for several seeds. Objectives are rlcore presets; a few extra variants that the
-research notes single out are presets plus knob overrides (`VARIANTS`).
+predictions single out are presets plus knob overrides (`VARIANTS`).
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ OBJECTIVES = ("grpo", "dr_grpo", "dapo", "gspo", "cispo", "dfpo_min", "dfpo_orth
               "grpo_lopti")
 
 # Variants: (preset, knob overrides, one-line why). Min-Replace on GSPO's s_i/l_i is the toy's
-# "DFPO-MinReplace" (objectives.md sec. 9.2), which over-corrects; rlcore's dfpo_min keeps L constant.
+# "DFPO-MinReplace" over 1/l_i, which over-corrects (docs/objectives.md#dfpo-transforms); rlcore's dfpo_min keeps L constant.
 VARIANTS: dict[str, tuple[str, dict[str, Any], str]] = {
     "dfpo_min_seqlen": ("dfpo_min", {"aggregation": "seq_mean_token_mean"},
                         "DFPO Min-Replace applied to s_i/l_i (length normaliser inside the min)"),
-    # Dr. GRPO with the PPO gate made sign-independent: isolates the clip's effect (objectives.md sec. 5.8).
+    # Dr. GRPO with the PPO gate made sign-independent: isolates the clip's effect (docs/objectives.md#sign-dependent-clipping).
     "dr_grpo_symgate": ("dr_grpo", {"gate": "symmetric"}, "Dr. GRPO with a symmetric trust-region gate"),
 }
 
@@ -82,7 +82,7 @@ def _grid(objectives, group: str, settings: list[tuple[dict[str, Any], str]]) ->
 
 
 def tabular_study(size: str = "full") -> Study:
-    """Testbed 1. Full: objectives.md sec. 9 settings (Adam lr .01, B=32 x G=8, 400 steps, 4 epochs)."""
+    """Testbed 1. Full: Adam lr .01, B=32 x G=8, 400 steps, 4 epochs (docs/objectives.md#the-tabular-toy)."""
     if size == "ci":
         base = {"steps": 120, "prompts_per_step": 16, "group_size": 8, "epochs": 2, "lr": 0.02, "diag_every": 2}
         conds = _grid(("grpo", "cp_grpo", "dr_grpo", "gspo"), "main", [({}, "main")])
@@ -97,7 +97,7 @@ def tabular_study(size: str = "full") -> Study:
     conds = _grid((*OBJECTIVES, *VARIANTS), "main", [({}, "main (4 epochs)")])
     subset = ("grpo", "dr_grpo", "dapo", "gspo", "cispo", "dfpo_min", "cp_grpo")
     conds += _grid(subset, "epochs", [({"epochs": 1}, "1 epoch")])
-    # The PPO gate only bites when updates leave the trust region: lr .05 and 8 epochs (objectives.md 9.2).
+    # The PPO gate only bites when updates leave the trust region: lr .05 and 8 epochs.
     conds += _grid(("grpo", "dr_grpo", "dr_grpo_symgate", "dapo", "cp_grpo"), "gate",
                    [({"lr": 0.05, "epochs": 8}, "lr .05, 8 epochs")])
     # ... but a group-common token with p = .9 cannot reach r > 1.2: make the shared token uncertain

@@ -24,7 +24,7 @@ from experiments.studies import OBJECTIVES, Condition
 
 TASKS = {
     # 1-digit addition: SmolLM2-135M-Instruct samples ~0.46 correct at T=0.7, 11/12 groups mixed
-    # (research/small-models-data.md), so group-relative advantages are informative from step 1.
+    # (12 prompts x 8 samples, measured before the study), so group-relative advantages are informative from step 1.
     "arithmetic": {"name": "arithmetic", "params": {"max_operand": 9, "ops": ["+"]}},
     # A reasoning-gym task it can partly solve (1-digit +/-; ~0.05 correct at T=1.0, 4/12 groups mixed).
     "basic_arithmetic": {"name": "reasoning_gym:basic_arithmetic",

@@ -1,4 +1,5 @@
-"""Group-relative advantages: baseline, scale and reward shaping before centring (objectives.md sec. 5, 10)."""
+"""Group-relative advantages: baseline, scale and reward shaping before centring
+(docs/objectives.md#group-relative-advantages)."""
 
 from __future__ import annotations
 
@@ -18,11 +19,11 @@ def group_advantages(rewards: Tensor, group_ids: Tensor, mask: Tensor, cfg: Obje
                      bonus: Tensor | None = None, shaping: Shaping | None = None) -> Tensor:
     """(B,) advantages of the whole step; call it once per step, before any micro-batch split.
 
-    bonus: (B,) added to the rewards as `cfg.bonus_coef * bonus` before centring (IBPO-style, sec. 3).
+    bonus: (B,) added to the rewards as `cfg.bonus_coef * bonus` before centring (IBPO-style, arXiv 2605.16302).
     shaping: f(rewards, group_ids) -> rewards, also applied before centring (e.g. DAPO overlong penalty).
     Every response must have at least one active token, groups must hold >= 2 responses and all the same
     number: drop or refill incomplete groups first, so each group is centred over the responses that
-    enter the loss (sec. 6.3 item 3).
+    enter the loss (masking a response after centring would leave its group's sum != 0).
     """
     rewards = _check_rewards(rewards)
     batch = rewards.shape[0]
@@ -34,7 +35,7 @@ def group_advantages(rewards: Tensor, group_ids: Tensor, mask: Tensor, cfg: Obje
     empty = (lengths <= 0).nonzero().flatten()
     if empty.numel():
         raise ValueError(f"mask: response(s) {empty[:5].tolist()} have no active tokens; remove dropped "
-                         "responses from the batch before computing advantages (sec. 6.3)")
+                         "responses from the batch before computing advantages")
     if bonus is not None:
         check_tensor("bonus", bonus, (batch,))
         check_finite("bonus", bonus)

@@ -1,6 +1,7 @@
-"""Loss aggregation as per-response coefficients c_i, built from step-constant totals (sec. 6.1).
+"""Loss aggregation as per-response coefficients c_i, built from step-constant totals.
 
-The loss is sum_i c_i sum_t term[i,t]; c_i is response-coupled only for GRPO's seq_mean_token_mean.
+The loss is sum_i c_i sum_t term[i,t]; c_i is response-coupled only for GRPO's seq_mean_token_mean
+(docs/objectives.md#length-normalisation).
 """
 
 from __future__ import annotations

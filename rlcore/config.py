@@ -2,7 +2,7 @@
 
 Torch-free on purpose: the control plane validates objective names and overrides with it.
 Every knob says what it does, its default and the paper it comes from; `describe_knobs()` prints them.
-Equation/section references are to `research/objectives.md` (sec.) and to the cited arXiv papers.
+The math behind each knob and its effect on cancellation is in docs/objectives.md.
 """
 
 from __future__ import annotations
@@ -30,21 +30,22 @@ def _knob(default: Any, doc: str, *, choices: tuple[str, ...] | None = None, low
 
 @dataclass(frozen=True)
 class ObjectiveConfig:
-    """Resolved knobs of one objective. Every objective is `w[i,t] = kappa[i,t] * A[i,t]` (sec. 1)."""
+    """Resolved knobs of one objective. Every objective is `w[i,t] = kappa[i,t] * A[i,t]` (docs/objectives.md#per-token-weights)."""
 
     # -- advantages ---------------------------------------------------------------------------------
     adv_baseline: str = _knob(
         "mean",
         "Group baseline subtracted from the reward. `mean`: A = R - mean_group(R) (GRPO, arXiv 2402.03300); "
         "`loo`: leave-one-out A = R - mean_{j!=i} R_j = G/(G-1) (R - mean) (RLOO, arXiv 2402.14740). "
-        "Both are centred (sum_i A_i = 0), the precondition of cancellation (sec. 1). Default `mean`.",
+        "Both are centred (sum_i A_i = 0), the precondition of cancellation (docs/objectives.md#shared-nodes-and-cancellation). "
+        "Default `mean`.",
         choices=ADV_BASELINES,
     )
     adv_scale: str = _knob(
         "group_std",
         "Scale of the centred advantage. `group_std`: divide by the group's std (GRPO); `none`: no scaling "
         "(Dr. GRPO, arXiv 2503.20783); `batch_std`: divide by the token-weighted std over the whole step, "
-        "without a mean shift (REINFORCE++-baseline made cancellation-preserving, arXiv 2501.03262, sec. 5.9); "
+        "without a mean shift (REINFORCE++-baseline made cancellation-preserving, arXiv 2501.03262); "
         "`batch_whiten`: verl's masked_whiten, also subtracting the token-weighted batch mean "
         "(breaks cancellation: group sums become -G mu/sigma). Default `group_std`.",
         choices=ADV_SCALES,
@@ -54,7 +55,7 @@ class ObjectiveConfig:
     bonus_coef: float = _knob(
         1.0,
         "Weight lambda of the reward bonus passed to `advantages(..., bonus=)`, added to R before centring "
-        "(IBPO-style shaping R' = R + lambda * phi, arXiv 2605.16302 uses lambda ~ 0.6; sec. 3). Default 1.0.",
+        "(IBPO-style shaping R' = R + lambda * phi, arXiv 2605.16302 uses lambda ~ 0.6; docs/objectives.md#group-relative-advantages). Default 1.0.",
     )
     # -- ratio / importance weight ------------------------------------------------------------------
     ratio: str = _knob(
@@ -74,9 +75,10 @@ class ObjectiveConfig:
     gate: str = _knob(
         "ppo",
         "Trust-region gate. `ppo`: min(rA, clip(r, 1-clip_low, 1+clip_high)A), active band depends on "
-        "sign(A) (arXiv 1707.06347; breaks cancellation when it bites, sec. 5.8); `dual`: ppo plus the dual "
+        "sign(A) (arXiv 1707.06347; breaks cancellation when it bites, docs/objectives.md#sign-dependent-clipping); `dual`: ppo "
+        "plus the dual "
         "clip -c*A for A<0 (arXiv 1912.09729); `symmetric`: zero the gradient of every copy whose ratio "
-        "leaves the band, whatever the sign of A (keeps exchangeability, sec. 5.8/10); `none`. For "
+        "leaves the band, whatever the sign of A (keeps exchangeability); `none`. For "
         "ratio=`sequence` the gate acts on s_i, for `geo_mean` on log r in log space. Default `ppo`.",
         choices=GATES,
     )
@@ -90,7 +92,7 @@ class ObjectiveConfig:
     aggregation: str = _knob(
         "seq_mean_token_mean",
         "How token terms are summed into the loss. `seq_mean_token_mean`: 1/(N_seq * l_i), GRPO's 1/|o_i| "
-        "(response-coupled, breaks cancellation, sec. 5.2); `token_mean`: 1/N_tok, active tokens of the whole "
+        "(response-coupled, breaks cancellation, docs/objectives.md#length-normalisation); `token_mean`: 1/N_tok, active tokens of the whole "
         "optimizer step (DAPO); `seq_mean_token_sum`: 1/N_seq (REINFORCE/RLOO on sequence log-probs); "
         "`constant`: 1/(N_seq * L) with L = const_length (Dr. GRPO). N_tok, N_seq and L are constants of "
         "the whole step (pass `step=StepNorm` when a step is split into micro-batches). "
@@ -108,7 +110,7 @@ class ObjectiveConfig:
         "none",
         "DFPO transform of the per-response weight v_i (everything response-coupled: sequence IS factor and "
         "1/l_i when aggregation is seq_mean_token_mean), under stop-gradient and per group "
-        "(arXiv 2604.13088 v1, sec. 2.4). `min_replace`: v_i <- min_j v_j (Eq. 17); `orth`: "
+        "(arXiv 2604.13088 v1; docs/objectives.md#dfpo-transforms). `min_replace`: v_i <- min_j v_j (Eq. 17); `orth`: "
         "v <- v - (A.v/|A|^2) A (Eq. 18); `none`. Needs whole groups in one call, or precomputed "
         "`seq_weights`. Default `none`.",
         choices=SEQ_TRANSFORMS,
@@ -116,13 +118,13 @@ class ObjectiveConfig:
     ar_alpha: float = _knob(
         0.0,
         "Advantage Reweighting: A <- (alpha * pi_old(token) + 1 - alpha) * A, node-local "
-        "(arXiv 2505.12929, code default alpha 0.3; sec. 4). 0 disables. Default 0.0.",
+        "(arXiv 2505.12929, code default alpha 0.3; docs/objectives.md#advantage-reweighting-and-lopti). 0 disables. Default 0.0.",
         low=0.0, high=1.0,
     )
     lopti_eta: float = _knob(
         0.0,
         "Lopti: two update stages per batch split by pi_old(token) < |eta|; eta > 0 updates the "
-        "low-probability tokens first, eta < 0 the others first (arXiv 2505.12929, default 0.5; sec. 4). "
+        "low-probability tokens first, eta < 0 the others first (arXiv 2505.12929, default 0.5). "
         "See `Objective.stages`. 0 disables. Default 0.0.",
         low=-1.0, high=1.0,
     )
@@ -202,25 +204,27 @@ def _check_combination(cfg: ObjectiveConfig, preset: str) -> None:
 
 
 def cancellation_verdict(cfg: ObjectiveConfig) -> tuple[bool, list[str]]:
-    """Whether the policy-gradient weights cancel on group-common nodes for *any* ratio (sec. 1, 7).
+    """Whether the policy-gradient weights cancel on group-common nodes for *any* ratio
+    (docs/objectives.md#knobs-and-the-cancellation-verdict).
 
     Returns (preserves, reasons it does not). KL/entropy terms are node-local regularisers that are not
-    meant to cancel (sec. 5.11); they are left out of the verdict and of the diagnostics' weights.
+    meant to cancel (docs/objectives.md#kl-and-entropy-terms); they are left out of the verdict and of the diagnostics' weights.
     """
     reasons = []
     if cfg.adv_scale == "batch_whiten":
         reasons.append("adv_scale='batch_whiten' shifts every advantage by the batch mean, so group sums "
-                       "are no longer 0 (sec. 5.9)")
+                       "are no longer 0")
     if cfg.gate in ("ppo", "dual"):
         reasons.append(f"gate={cfg.gate!r} switches off one sign class of copies when the ratio leaves the "
-                       "band (sec. 5.8); use gate='symmetric' or 'none'")
+                       "band; use gate='symmetric' or 'none'")
     if cfg.seq_transform == "none":
         if cfg.aggregation == "seq_mean_token_mean":
             reasons.append("aggregation='seq_mean_token_mean' weights each copy by 1/l_i of its response "
-                           "(sec. 5.2); use token_mean/constant/seq_mean_token_sum or a seq_transform")
+                           "(so copies in responses of different lengths differ); use token_mean/constant/seq_mean_token_sum or a "
+                           "seq_transform")
         if cfg.ratio in ("sequence", "geo_mean"):
             reasons.append(f"ratio={cfg.ratio!r} multiplies a copy by its response's sequence ratio "
-                           "(sec. 5.5/5.6); add seq_transform='min_replace' or 'orth'")
+                           "(different for copies in different responses); add seq_transform='min_replace' or 'orth'")
     return (not reasons, reasons)
 
 

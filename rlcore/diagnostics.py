@@ -1,4 +1,4 @@
-"""Per-step cancellation diagnostics from the ascent weights w = -dL/dlogprobs (objectives.md sec. 8).
+"""Per-step cancellation diagnostics from the ascent weights w = -dL/dlogprobs (docs/diagnostics.md).
 
     w, out = ascent_weights(objective, logprobs, old_logprobs, adv, mask, group_ids)   # one autograd call
     metrics = cancellation_diagnostics(w, token_ids, mask, group_ids, adv, old_logprobs=old_logprobs,
@@ -51,7 +51,8 @@ def ascent_weights(objective: Any, logprobs: Tensor, old_logprobs: Tensor, advan
     learner can train from it without a second loss evaluation: with of="loss",
     `logprobs.backward(-w)` gives the same parameter gradients as `out.loss.backward()` (except for an
     entropy bonus, whose gradient flows through `entropies`, not through logprobs).
-    KL/entropy terms are node-local regularisers that are not meant to cancel (sec. 5.11), hence of="pg".
+    KL/entropy terms are node-local regularisers that are not meant to cancel (docs/objectives.md#kl-and-entropy-terms),
+    hence of="pg".
     """
     if of not in ("pg", "loss"):
         raise ValueError(f"of: must be 'pg' or 'loss', got {of!r}")
@@ -70,7 +71,7 @@ def cancellation_diagnostics(w: Tensor, token_ids: Tensor, mask: Tensor, group_i
                              old_logprobs: Tensor | None = None, entropies: Tensor | None = None,
                              lengths: Tensor | None = None, clipped: Tensor | None = None,
                              group_size: int | None = None) -> dict[str, float]:
-    """D1, D2, D3, D4, D7, D9, D10, D11 of one optimizer step as floats (objectives.md sec. 8).
+    """D1, D2, D3, D4, D7, D9, D10, D11 of one optimizer step as floats (docs/diagnostics.md).
 
     w (B, T) ascent weights (zero off the mask, as `ascent_weights` gives them); token_ids (B, T)
     response token ids aligned with mask; advantages (B,) or (B, T); lengths (B,) response lengths for
@@ -215,7 +216,7 @@ def _token_sums_torch(w: Tensor, mask: Tensor, adv: Tensor | None, ent: Tensor |
 
 
 def _d1(w_head: np.ndarray, prefix: np.ndarray, seq_adv: np.ndarray, groups: HostGroups) -> dict[str, float]:
-    """D1 GCPR: rho_g = sum_t |sum_i w| / sum_t sum_i |w| over the group-common prefix (sec. 8)."""
+    """D1 GCPR: rho_g = sum_t |sum_i w| / sum_t sum_i |w| over the group-common prefix (docs/diagnostics.md#d1-group-common-prefix-residual)."""
     rho, valid = _gcpr(w_head, prefix, seq_adv, groups.members)
     multi = groups.counts >= 2
     return {

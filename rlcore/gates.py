@@ -4,7 +4,7 @@ All ratio gates are one `clamp` of the ratio between per-response bounds chosen 
 
     PPO  (arXiv 1707.06347 Eq. 7)  max(-rA, -clip(r)A) = -A * clamp(r, lo_A, hi_A), with
          A>0: [0, 1+eps_h]   A<0: [1-eps_l, inf]   (dual clip, arXiv 1912.09729: A<0: [1-eps_l, c])
-    symmetric gate                [1-eps_l, 1+eps_h] for every copy, whatever the sign (sec. 5.8/10)
+    symmetric gate                [1-eps_l, 1+eps_h] for every copy, whatever the sign (docs/objectives.md#sign-dependent-clipping)
 
 clamp passes the gradient exactly where the token is live, so autograd gives the closed-form weights
 with fewer (B, T) temporaries than the textbook max/min form. `clipped` marks tokens whose gradient

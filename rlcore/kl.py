@@ -1,4 +1,4 @@
-"""KL-to-reference estimators on sampled tokens (Schulman, joschu.net/blog/kl-approx.html; sec. 5.11)."""
+"""KL-to-reference estimators on sampled tokens (Schulman, joschu.net/blog/kl-approx.html; docs/objectives.md#kl-and-entropy-terms)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """The objective: advantages, per-token loss and its metrics for one resolved config.
 
-Every objective has the gradient  g = sum_{i,t} w[i,t] psi[i,t],  w = kappa * A  (objectives.md sec. 1).
+Every objective has the gradient  g = sum_{i,t} w[i,t] psi[i,t],  w = kappa * A  (docs/objectives.md#per-token-weights).
 The loss is the objective's surrogate (token ratios with gradient and a clamp-form gate; sequence-level
 and truncated IS weights as stop-gradient coefficients times log pi, keeping the surrogate's value), so
-autograd gives exactly the closed-form weights of sec. 5/7 (tests/rlcore/test_weights.py), and
+autograd gives exactly the closed-form weights of docs/objectives.md#presets (tests/rlcore/test_weights.py), and
 `w = -dloss/dlogprobs` is what the diagnostics read.
 """
 
@@ -74,7 +74,7 @@ class Objective:
     # -- properties -------------------------------------------------------------------------------
     @property
     def preserves_cancellation(self) -> bool:
-        """True iff policy-gradient weights cancel on group-common nodes for any ratio (sec. 1, 7)."""
+        """True iff policy-gradient weights cancel on group-common nodes for any ratio (`cancellation_verdict`)."""
         return self._preserves
 
     @property

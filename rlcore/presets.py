@@ -44,21 +44,21 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
            {**_GRPO, "adv_baseline": "loo", "adv_scale": "none", "gate": "none",
             "aggregation": "seq_mean_token_sum"}),
     Preset("reinforce_pp_baseline", "REINFORCE++-baseline (arXiv 2501.03262): group mean, then scale-only "
-           "batch whitening (no mean shift, sec. 5.9), PPO clip, token mean.",
+           "batch whitening (no mean shift, so group sums stay 0), PPO clip, token mean.",
            {**_GRPO, "adv_scale": "batch_std", "aggregation": "token_mean"}),
     Preset("dfpo_min", "DFPO Min-Replace (arXiv 2604.13088 v1 Eq. 17) on the IS factor: every response of a "
            "group weighted by sg(min_j s_j), constant length normaliser, no clip. Min-Replace on 1/l_i "
-           "over-corrects (objectives.md sec. 9.3 item 4), so the length normaliser is kept constant.",
+           "over-corrects (docs/objectives.md#dfpo-transforms), so the length normaliser is kept constant.",
            {**_GRPO, "ratio": "sequence", "gate": "none", "aggregation": "constant",
             "seq_transform": "min_replace"}),
     Preset("dfpo_orth", "DFPO Adv-Orthogonal (arXiv 2604.13088 v1 Eq. 18) on GSPO's per-response weight "
-           "s_i/l_i, no clip: cancels on group-common prefixes, not on partial ones (sec. 2.4).",
+           "s_i/l_i, no clip: cancels on group-common prefixes, not on partial ones.",
            {**_GRPO, "ratio": "sequence", "gate": "none", "seq_transform": "orth"}),
     Preset("grpo_ar", "GRPO + Advantage Reweighting alpha=0.3 (arXiv 2505.12929).",
            {**_GRPO, "ar_alpha": 0.3}),
     Preset("grpo_lopti", "GRPO + Lopti eta=0.5 (arXiv 2505.12929): low-probability tokens updated first.",
            {**_GRPO, "lopti_eta": 0.5}),
-    Preset("cp_grpo", "CP-GRPO (objectives.md sec. 10): (R-mean)/std, stop-gradient IS weight clip(r, .8, "
+    Preset("cp_grpo", "CP-GRPO (docs/objectives.md#cp-grpo): (R-mean)/std, stop-gradient IS weight clip(r, .8, "
            "1.28), symmetric trust-region gate, token mean over the step: cancels on every shared node.",
            _CP),
     Preset("cp_grpo_ar", "CP-GRPO + Advantage Reweighting alpha=0.3 (node-local, keeps cancellation).",

@@ -1,6 +1,7 @@
 """Nodes shared by several responses of a group, and D2, the exchangeability residual on them.
 
-A node is a context and a next token (objectives.md sec. 1): responses i and j hold a copy of the same node
+A node is a context and a next token (docs/objectives.md#shared-nodes-and-cancellation): responses i and j
+hold a copy of the same node
 at position t iff their first t+1 response tokens agree. D1 looks only at nodes every response of a group
 shares; D2 looks at every node with two or more copies, so it also measures partial prefixes (e.g. 3 of 8
 answers opening with "The answer is"), which is where real rollouts share tokens. Per node with copies S:

@@ -1,7 +1,7 @@
 """Step-constant normalisers: what a learner passes when one optimizer step is split up.
 
 A normaliser computed per micro-batch or per rank is not constant across the members of a group that
-land in different micro-batches, which breaks cancellation (objectives.md sec. 6.3 item 2). A learner
+land in different micro-batches, which breaks cancellation (docs/objectives.md#step-constant-normalisers). A learner
 that splits a step computes `StepNorm` once for the whole step (summed over micro-batches and ranks)
 and passes it to every `Objective.loss` call; the micro-batch losses then sum to the full-batch loss.
 """

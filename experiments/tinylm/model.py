@@ -2,7 +2,7 @@
 
 Two layers at d=64 are enough to memorise the task's per-prompt answer tables while sharing every
 parameter between contexts, which is what lets a non-cancelling update spill over to unrelated
-contexts (objectives.md sec. 9.4).
+contexts (docs/objectives.md#what-cancellation-does-not-fix).
 """
 
 from __future__ import annotations

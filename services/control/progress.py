@@ -1,7 +1,7 @@
 """A job's progress as the trainer reports it: validation, storage and effects of trainer events.
 
-The trainer sends the same event objects it writes to `<run_dir>/events.jsonl` (design.md, "Where a
-job's progress lives"). Ingestion is idempotent, so a batch retried after a timeout, or the file read
+The trainer sends the same event objects it writes to `<run_dir>/events.jsonl`
+(docs/architecture.md#where-a-jobs-progress-lives). Ingestion is idempotent, so a batch retried after a timeout, or the file read
 again after a control-plane restart, changes nothing twice:
 - every event is stored once in the job's stream (unique by content digest);
 - `step` -> a metrics row per (attempt, step), the job's last step and latest metrics;

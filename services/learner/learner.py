@@ -4,11 +4,11 @@ A plain class (no Ray): `LearnerGroup` places one per Ray actor; tests drive it 
 the whole step batch and derives the same plan from it (services/learner/plan.py): whole groups per
 optimizer step and per micro-batch, step-constant normalisers (rlcore.StepNorm of the whole optimizer
 step), gradients summed over micro-batches and ranks. The sum is then exactly the single-process
-full-batch gradient, so cancellation inside a group survives any split (objectives.md sec. 6.3).
+full-batch gradient, so cancellation inside a group survives any split (docs/objectives.md#step-constant-normalisers).
 
 One training pass over a micro-batch:
     lp, ent = policy(...)                       # (b, T) chunked log-probs, with grad
-    leaf = lp.detach().requires_grad_()         # objectives.md sec. 8: w on a detached leaf
+    leaf = lp.detach().requires_grad_()         # docs/objectives.md#per-token-weights: w on a detached leaf
     out = objective.loss(leaf, old, ...)
     g = autograd.grad(out.loss, leaf)           # -w of the training loss (one small autograd call)
     lp.backward(g)                              # the model backward, exactly as out.loss.backward()

@@ -1,6 +1,6 @@
 """How one rollout batch is cut into optimizer steps, ranks and micro-batches, always along whole groups.
 
-Cancellation needs every group whole inside one optimizer step (objectives.md sec. 6.3 item 1), and the
+Cancellation needs every group whole inside one optimizer step (docs/objectives.md#step-constant-normalisers), and the
 group-coupled parts of an objective (DFPO's group minimum, diagnostic D1) need it whole inside one loss
 call, so the unit of every split here is a group. Every rank computes the same plan from the same batch
 (no communication); ranks that get fewer micro-batches run zero-weight padding passes so that all ranks

@@ -1,4 +1,5 @@
-"""Cancellation on group-common prefixes, measured with diagnostic D1 (objectives.md sec. 1, 8)."""
+"""Cancellation on group-common prefixes, measured with diagnostic D1 (docs/objectives.md#shared-nodes-and-cancellation,
+docs/diagnostics.md#d1-group-common-prefix-residual)."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ def test_preserving_presets_cancel_in_float32(name):
 @settings(max_examples=40, deadline=None)
 @given(group_size=st.integers(2, 8), data=st.data())
 def test_on_policy_grpo_residual_is_length_ratio(group_size, data):
-    """rho = |l- - l+| / (l- + l+) on a group-common prefix, binary rewards (sec. 5.2)."""
+    """rho = |l- - l+| / (l- + l+) on a group-common prefix, binary rewards (docs/objectives.md#length-normalisation)."""
     n_groups = data.draw(st.integers(1, 4))
     width = 12
     rows, expected = [], []

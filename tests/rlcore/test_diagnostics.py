@@ -1,4 +1,4 @@
-"""Cancellation diagnostics D1-D11 (objectives.md sec. 8) on hand-built and random batches."""
+"""Cancellation diagnostics D1-D11 (docs/diagnostics.md) on hand-built and random batches."""
 
 from __future__ import annotations
 

@@ -100,7 +100,7 @@ def test_exchangeable_presets_leave_no_residual_on_partial_prefixes(name, seed):
 
 @pytest.mark.parametrize("name", ["grpo", "gspo", "grpo_ar", "dfpo_orth"])
 def test_response_coupled_presets_leave_a_residual_on_partial_prefixes(name):
-    # dfpo_orth included: its reweighting cancels on group-common nodes only (objectives.md sec. 2.4)
+    # dfpo_orth included: its reweighting cancels on group-common nodes only (docs/objectives.md#dfpo-transforms)
     tokens, mask, old, new, rewards, gids = tree_batch(0)
     obj = rlcore.get_objective(name)
     adv = obj.advantages(rewards, gids, mask)

@@ -1,7 +1,7 @@
-"""The gradient of every preset's loss equals the closed-form ascent weight of objectives.md sec. 5/7.
+"""The gradient of every preset's loss equals the closed-form ascent weight of docs/objectives.md#presets.
 
 The reference formulas below are written independently of rlcore's implementation: per preset, the
-weight w[i,t] = -dL/dlogprob[i,t] as the research brief states it (kappa x A x gate).
+weight w[i,t] = -dL/dlogprob[i,t] as the documentation states it (kappa x A x gate).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def _groups(gid: torch.Tensor) -> list[torch.Tensor]:
 
 
 def ppo_gate(r, a, lo, hi):
-    """PPO activity: A>0 tokens live while r <= 1+eps_h, A<0 while r >= 1-eps_l (sec. 5 'gate+-')."""
+    """PPO activity: A>0 tokens live while r <= 1+eps_h, A<0 while r >= 1-eps_l ('gate+-')."""
     return torch.where(a > 0, r <= 1 + hi, r >= 1 - lo).to(r.dtype)
 
 
@@ -43,37 +43,37 @@ def closed_form(name, cfg, lp, old, ref, adv, mask, gid) -> torch.Tensor:
     p_old = torch.exp(old)
     s = torch.exp(((lp - old) * m).sum(1, keepdim=True) / lengths)  # GSPO sequence ratio
     lo, hi = cfg.clip_low, cfg.clip_high
-    if name in ("grpo", "grpo_lopti"):  # A r gate / (G l_i), sec. 5.2
+    if name in ("grpo", "grpo_lopti"):  # A r gate / (G l_i)
         w = a * r * ppo_gate(r, a, lo, hi) / (n_seq * lengths)
-    elif name == "grpo_ar":  # AR factor (alpha p_old + 1 - alpha), sec. 4
+    elif name == "grpo_ar":  # AR factor (alpha p_old + 1 - alpha)
         w = a * (0.3 * p_old + 0.7) * r * ppo_gate(r, a, lo, hi) / (n_seq * lengths)
-    elif name == "dr_grpo":  # A r gate / (G L), sec. 5.3
+    elif name == "dr_grpo":  # A r gate / (G L)
         w = a * r * ppo_gate(r, a, lo, hi) / (n_seq * big_l)
-    elif name in ("dapo", "reinforce_pp_baseline"):  # A r gate / N_tok, sec. 5.4
+    elif name in ("dapo", "reinforce_pp_baseline"):  # A r gate / N_tok
         w = a * r * ppo_gate(r, a, lo, hi) / n_tok
-    elif name == "gspo":  # s_i A_i gate_seq(s_i) / (G l_i), sec. 5.5
+    elif name == "gspo":  # s_i A_i gate_seq(s_i) / (G l_i)
         w = s * a * ppo_gate(s, a, lo, hi) / (n_seq * lengths)
-    elif name == "gmpo":  # s^_i A_i 1[unclipped] / (G l_i), sec. 5.6
+    elif name == "gmpo":  # s^_i A_i 1[unclipped] / (G l_i)
         logr = lp - old
         clipped_logr = torch.where(a > 0, logr.clamp(max=hi), logr.clamp(min=-lo))
         s_hat = torch.exp((clipped_logr * m).sum(1, keepdim=True) / lengths)
         live = torch.where(a > 0, logr <= hi, logr >= -lo).to(lp.dtype)
         w = s_hat * a * live / (n_seq * lengths)
-    elif name == "cispo":  # sg(min(r, 5)) A / N_tok, sec. 5.7
+    elif name == "cispo":  # sg(min(r, 5)) A / N_tok
         w = r.clamp(max=5.0) * a / n_tok
-    elif name == "rloo":  # A / Z with the node-local IS weight r, sec. 5.1
+    elif name == "rloo":  # A / Z with the node-local IS weight r
         w = r * a / n_seq
-    elif name in ("cp_grpo", "cp_grpo_lopti", "cp_grpo_ar"):  # m(nu) sg(q(nu)) A / Z, sec. 10
+    elif name in ("cp_grpo", "cp_grpo_lopti", "cp_grpo_ar"):  # m(nu) sg(q(nu)) A / Z
         inside = ((r >= 0.8) & (r <= 1.28)).to(lp.dtype)
         w = inside * r.clamp(0.8, 1.28) * a / n_tok
         if name == "cp_grpo_ar":
             w = w * (0.3 * p_old + 0.7)
-    elif name == "dfpo_min":  # sg(min_j s_j) A_i / (G L), sec. 2.4 / 9.3 item 4
+    elif name == "dfpo_min":  # sg(min_j s_j) A_i / (G L)
         s_min = s.clone()
         for rows in _groups(gid):
             s_min[rows] = s[rows].min()
         w = s_min * a / (n_seq * big_l)
-    elif name == "dfpo_orth":  # u = s_i/(G l_i), u <- u - (A.u/|A|^2) A per group, sec. 2.4
+    elif name == "dfpo_orth":  # u = s_i/(G l_i), u <- u - (A.u/|A|^2) A per group
         u = (s / (n_seq * lengths))[:, 0]
         for rows in _groups(gid):
             ag, ug = adv[rows], u[rows]
@@ -82,7 +82,7 @@ def closed_form(name, cfg, lp, old, ref, adv, mask, gid) -> torch.Tensor:
         w = u[:, None] * a
     else:
         raise AssertionError(f"no closed form for {name}")
-    if cfg.kl_coef > 0:  # node-local KL weight with the preset's own normaliser, sec. 5.11
+    if cfg.kl_coef > 0:  # node-local KL weight with the preset's own normaliser
         c = {"seq_mean_token_mean": 1 / (n_seq * lengths), "token_mean": 1 / n_tok,
              "seq_mean_token_sum": 1.0 / n_seq, "constant": 1.0 / (n_seq * big_l)}[cfg.aggregation]
         d = lp - ref
