@@ -16,7 +16,7 @@ import subprocess
 import time
 import warnings
 
-from services.reward.sandbox import Sandbox
+from services.sandbox import Sandbox
 
 PROGRAM = "print('ok')"
 

@@ -98,8 +98,9 @@ def start_reward_pool_actor(task: TaskSpec, seed: int = 0, *, name: str | None =
 
 
 class RewardPoolGroup:
-    """Several reward actors (e.g. one per node) behind one `score`: a batch is cut into contiguous
-    chunks, one per actor, scored in parallel, and put back together in order."""
+    """The reward client: one or more reward actors (e.g. one per node) behind one `score`; a batch is cut
+    into contiguous chunks, one per actor, scored in parallel, and put back together in order. The trainer
+    holds one per job (and its evaluation uses the same one)."""
 
     def __init__(self, task: TaskSpec, seed: int = 0, actors: int = 2, name_prefix: str | None = None,
                  **actor_options: Any):
@@ -134,7 +135,10 @@ class RewardPoolGroup:
                 merged[key] = max(merged.get(key, value), value) if worst else merged.get(key, 0.0) + value
         return merged
 
-    def close(self) -> None:
-        ray.get([h.close.remote() for h in self.handles])
-        for h in self.handles:
-            ray.kill(h)
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        """Stop the worker processes each actor owns, then the actors (killed even if a close hangs)."""
+        try:
+            ray.get([h.close.remote() for h in self.handles], timeout=timeout_s)
+        finally:
+            for h in self.handles:
+                ray.kill(h)

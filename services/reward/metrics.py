@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from services.sandbox.metrics import LATENCY_BUCKETS as _LATENCY_BUCKETS
+
 STATUSES = ("ok", "timeout", "error")
-_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 VERIFICATIONS = Counter(
     "tgc_reward_verifications",
@@ -32,15 +33,6 @@ WORKER_RESTARTS = Counter(
 )
 QUEUE_DEPTH = Gauge(
     "tgc_reward_queue_depth", "Verifications waiting for a free reward worker (verifications).", ["task"],
-)
-SANDBOX_RUNS = Counter(
-    "tgc_sandbox_runs",
-    "Programs run in the code sandbox (runs), by status: finished, timeout, output_limit, error.",
-    ["status"],
-)
-SANDBOX_SECONDS = Histogram(
-    "tgc_sandbox_run_seconds", "Wall time of one sandboxed program run, sandbox setup included (seconds).",
-    unit="seconds", buckets=_LATENCY_BUCKETS,
 )
 
 

@@ -39,7 +39,7 @@ class Verifier:
             return as_score(score_row(item, response, self.sandbox), "dataset verifier")
         score = as_score(self.task.score(item, response), f"{type(self.task).__name__}.score")
         if item.kind == "math" and item.answer is not None and score.status == "ok" and score.reward < 1.0:
-            from services.reward.math_verifier import verify_math
+            from services.tasks.math_equivalence import verify_math
 
             widened = verify_math(item.answer, response)
             if widened.reward > score.reward:
@@ -53,9 +53,9 @@ class Verifier:
         if hasattr(self.task, "warm_up"):
             self.task.warm_up()
         elif self.task.item(0).kind == "math":
-            from services.reward import math_verifier
+            from services.tasks import math_equivalence
 
-            math_verifier.warm_up()
+            math_equivalence.warm_up()
 
     def sandbox(self, mode: str = "bwrap", memory_mb: int | None = None):
         """The code sandbox for dataset rows; an unconfined one only with the operator's grant."""
@@ -64,7 +64,7 @@ class Verifier:
         if mode != "bwrap" and UNSAFE_SANDBOX not in self.grants:
             raise GrantError(f"sandbox {mode!r} needs the operator's grant '{UNSAFE_SANDBOX}'")
         if (mode, memory_mb) not in self._sandboxes:
-            from services.reward.code_verifier import make_sandbox
+            from services.tasks.code_tests import make_sandbox
 
             self._sandboxes[(mode, memory_mb)] = make_sandbox(mode, memory_mb)
         return self._sandboxes[(mode, memory_mb)]

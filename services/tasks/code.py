@@ -3,7 +3,7 @@
 Each family makes a problem from a seeded RNG, computes its test cases with a reference
 implementation here, and keeps a reference solution in `meta["reference"]` (tests use it to show
 every item is solvable). Half the families are stdin/stdout programs, half are functions checked by
-asserts. Responses are scored in the code sandbox (`services.reward.code_verifier`).
+asserts. Responses are scored in the code sandbox (`services.tasks.code_tests`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from services.tasks.base import Score, TaskItem
+from services.tasks.base import TaskItem
+from services.tasks.code_tests import SandboxedCodeTask
 
 _REPLY = "Reply with the complete program in a ```python code block."
 
@@ -130,7 +131,7 @@ def _refuse_unknown(unknown: dict[str, Any], task: str, known: list[str]) -> Non
         raise ValueError(f"task.params: unknown field(s) {sorted(unknown)} for task {task!r}; known: {known}")
 
 
-class CodeTask:
+class CodeTask(SandboxedCodeTask):
     name = "code"
 
     def __init__(self, seed: int = 0, families: list[str] | tuple[str, ...] | None = None, cases: int = 3,
@@ -150,7 +151,6 @@ class CodeTask:
             raise ValueError(f"task.params.sandbox {sandbox!r}: use 'bwrap' (default) or 'unsafe_local'")
         self.seed, self.families, self.cases, self.timeout_s = seed, chosen, cases, float(timeout_s)
         self.sandbox_mode, self.memory_mb, self.partial_credit = sandbox, memory_mb, partial_credit
-        self._sandbox = None
 
     def item(self, index: int) -> TaskItem:
         rng = random.Random(f"code:{self.seed}:{index}")
@@ -160,18 +160,3 @@ class CodeTask:
         return TaskItem(id=f"code-{self.seed}-{index}", prompt=problem.prompt, kind="code",
                         meta={"tests": tests, "family": family, "reference": problem.reference})
 
-    def score(self, item: TaskItem, response: str) -> Score:
-        from services.reward.code_verifier import CodeTests, score_code
-
-        return score_code(self.sandbox(), CodeTests.from_meta(item.meta), response, self.partial_credit)
-
-    def sandbox(self):
-        """Built on first use (in the reward worker), so prompt-only users need no bwrap."""
-        if self._sandbox is None:
-            from services.reward.code_verifier import make_sandbox
-
-            self._sandbox = make_sandbox(self.sandbox_mode, self.memory_mb)
-        return self._sandbox
-
-    def warm_up(self) -> None:
-        self.sandbox()

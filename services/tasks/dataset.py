@@ -417,7 +417,7 @@ def _messages(value: Any, where: str) -> tuple[tuple[str, str], ...]:
 
 
 def _tests(value: Any, where: str) -> dict[str, Any]:
-    from services.reward.code_verifier import CodeTests
+    from services.tasks.code_tests import CodeTests
 
     if isinstance(value, str):
         try:
@@ -543,15 +543,15 @@ class DatasetTask:
 
     def sandbox(self, mode: str = "bwrap", memory_mb: int | None = None):
         if self._sandbox is None:
-            from services.reward.code_verifier import make_sandbox
+            from services.tasks.code_tests import make_sandbox
 
             self._sandbox = make_sandbox(mode, memory_mb)
         return self._sandbox
 
     def warm_up(self) -> None:
-        from services.reward import math_verifier
+        from services.tasks import math_equivalence
 
-        math_verifier.warm_up()
+        math_equivalence.warm_up()
 
 
 # -- verifiers --------------------------------------------------------------------------------------
@@ -560,7 +560,7 @@ def score_row(item: TaskItem, response: str, sandbox: Callable[..., Any]) -> Sco
     sandbox. Needs nothing but the item, so any reward worker can score any dataset's items."""
     verifier = item.meta.get("verifier")
     if verifier == "math":
-        from services.reward.math_verifier import verify_math
+        from services.tasks.math_equivalence import verify_math
 
         return verify_math(item.answer or "", response)
     if verifier == "exact":
@@ -571,7 +571,7 @@ def score_row(item: TaskItem, response: str, sandbox: Callable[..., Any]) -> Sco
         found = re.search(item.answer or "", response) is not None
         return Score(float(found), detail="pattern found" if found else "pattern not found")
     if verifier == "code":
-        from services.reward.code_verifier import CodeTests, score_code
+        from services.tasks.code_tests import CodeTests, score_code
 
         box = item.meta.get("sandbox") or {}
         return score_code(sandbox(box.get("mode", "bwrap"), box.get("memory_mb")), CodeTests.from_meta(item.meta),

@@ -11,7 +11,8 @@ import functools
 import random
 from typing import Any
 
-from services.tasks.base import Score, TaskItem
+from services.tasks.base import TaskItem
+from services.tasks.code_tests import SandboxedCodeTask
 from services.tasks.params import HUMANEVAL_INSTRUCTION as _INSTRUCTION
 from services.tasks.params import fill_template
 
@@ -23,7 +24,7 @@ def _problems() -> tuple[dict, ...]:
     return tuple(read_problems().values())
 
 
-class HumanEvalTask:
+class HumanEvalTask(SandboxedCodeTask):
     name = "humaneval"
 
     def __init__(self, seed: int = 0, shuffle: bool = True, timeout_s: float = 10.0, sandbox: str = "bwrap",
@@ -40,7 +41,6 @@ class HumanEvalTask:
         self.seed, self.shuffle, self.timeout_s = seed, shuffle, float(timeout_s)
         self.sandbox_mode, self.memory_mb, self.instruction = sandbox, memory_mb, instruction
         self.problems = _problems()
-        self._sandbox = None
 
     def __len__(self) -> int:
         return len(self.problems)
@@ -62,17 +62,3 @@ class HumanEvalTask:
         prompt = fill_template(self.instruction, prompt=p["prompt"])
         return TaskItem(id=f"humaneval-{self.seed}-{index}", prompt=prompt, kind="code", meta=meta)
 
-    def score(self, item: TaskItem, response: str) -> Score:
-        from services.reward.code_verifier import CodeTests, score_code
-
-        return score_code(self.sandbox(), CodeTests.from_meta(item.meta), response)
-
-    def sandbox(self):
-        if self._sandbox is None:
-            from services.reward.code_verifier import make_sandbox
-
-            self._sandbox = make_sandbox(self.sandbox_mode, self.memory_mb)
-        return self._sandbox
-
-    def warm_up(self) -> None:
-        self.sandbox()

@@ -109,7 +109,7 @@ def run_eval_only(spec: JobSpec, run_dir: Path, model_path: Path | None = None, 
     from services.models import load_tokenizer, model_dir
     from services.rollout import RolloutPool
     from services.trainer.data import encode_item
-    from services.trainer.loop import RemoteRewards
+    from services.trainer.loop import job_rewards
     from services.trainer.metrics import MetricsSink
 
     tokenizer = load_tokenizer(spec.model)
@@ -118,7 +118,7 @@ def run_eval_only(spec: JobSpec, run_dir: Path, model_path: Path | None = None, 
     sink = MetricsSink(run_dir, spec.name, 1, progress=False)
     rollout = rewards = None
     try:
-        rewards = RemoteRewards(spec, spec.name)
+        rewards = job_rewards(spec, spec.name)
         rollout = RolloutPool(spec, path, spec.name)
         metrics = evaluator.run(rollout, rewards, 0, tokenizer)
         sink.log(0, metrics)

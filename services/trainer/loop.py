@@ -46,32 +46,13 @@ class Rollout:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-class RemoteRewards:
-    """The job's reward pool actor (verifier worker processes, sandboxed code), seen as a plain scorer."""
+def job_rewards(spec: JobSpec, job_name: str):
+    """The job's reward client: one reward pool actor (verifier worker processes, sandboxed code) holding
+    exactly the grants the operator gave this job."""
+    from services.reward import RewardPoolGroup
+    from services.tasks.params import job_grants
 
-    def __init__(self, spec: JobSpec, job_name: str):
-        from services.reward import start_reward_pool_actor
-        from services.tasks.params import job_grants
-
-        self.actor = start_reward_pool_actor(spec.task, spec.seed, name=f"{job_name}-reward", grants=job_grants())
-
-    def score(self, items: list, responses: list[str]) -> list[Score]:
-        import ray
-
-        return ray.get(self.actor.score.remote(items, responses))
-
-    def stats(self) -> dict[str, float]:
-        import ray
-
-        return ray.get(self.actor.stats.remote())
-
-    def shutdown(self) -> None:
-        import ray
-
-        try:
-            ray.get(self.actor.close.remote(), timeout=30)  # stops the worker processes it owns
-        finally:
-            ray.kill(self.actor)
+    return RewardPoolGroup(spec.task, spec.seed, actors=1, name_prefix=f"{job_name}-reward", grants=job_grants())
 
 
 class Trainer:
@@ -113,7 +94,7 @@ class Trainer:
 
         name = self.spec.name
         check_weight_sync(self.spec)
-        self.rewards = RemoteRewards(self.spec, name)
+        self.rewards = job_rewards(self.spec, name)
         self.learner = LearnerGroup(self.spec, model_path, name)
         if resume is not None:
             self.learner.load(resume)

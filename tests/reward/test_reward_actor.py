@@ -6,7 +6,7 @@ import pytest
 
 from services.config import TaskSpec
 from services.tasks import TaskItem, load_task
-from tests.reward.proc_helpers import alive, wait_until
+from tests.proc_helpers import alive, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -117,4 +117,4 @@ def test_a_group_splits_a_batch_over_its_actors_and_keeps_order(ray_cluster):
         assert group.stats()["reward/ok_total"] == 12.0
         assert group.score([], []) == []
     finally:
-        group.close()
+        group.shutdown()

@@ -8,7 +8,7 @@ from prometheus_client import REGISTRY
 from services.config import TaskSpec
 from services.reward import RewardPool, RewardPoolError
 from services.tasks import TaskItem, load_task
-from tests.reward.proc_helpers import alive, wait_until
+from tests.proc_helpers import alive, wait_until
 
 FIXTURES = "tests.reward.reward_fixtures"
 JUDGE = f"{FIXTURES}:judge"

@@ -47,7 +47,7 @@ def test_exported_math_rows_load_and_their_reference_answers_score_one(files, na
 
 @pytest.mark.parametrize("name", ["code.jsonl", "code.parquet"])
 def test_exported_code_rows_pass_their_tests_with_the_reference_solution_in_the_sandbox(files, name):
-    from services.reward.code_verifier import make_sandbox
+    from services.tasks.code_tests import make_sandbox
 
     references = {r["prompt"]: r for r in export_rows("code", {}, 8)}
     task = DatasetTask(seed=0, path=str(files[name]))

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
-from services.reward import metrics
-from services.reward.sandbox import bwrap as bw
-from services.reward.sandbox.limits import SandboxLimits
+from services.sandbox import bwrap as bw
+from services.sandbox import metrics
+from services.sandbox.limits import SandboxLimits
 
 log = logging.getLogger(__name__)
 

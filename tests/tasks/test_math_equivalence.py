@@ -1,6 +1,6 @@
 import pytest
 
-from services.reward.math_verifier import verify_math
+from services.tasks.math_equivalence import verify_math
 
 
 @pytest.mark.parametrize("answer,response", [

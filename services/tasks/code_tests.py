@@ -14,8 +14,8 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from services.reward.sandbox import RunResult, Sandbox
-from services.tasks.base import Score
+from services.sandbox import RunResult, Sandbox
+from services.tasks.base import Score, TaskItem
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
 _PYTHON_TAGS = ("python", "python3", "py", "")
@@ -135,3 +135,25 @@ def make_sandbox(mode: str = "bwrap", memory_mb: int | None = None) -> Sandbox:
     if memory_mb is not None:
         sandbox.limits = sandbox.limits.replace(memory_mb=memory_mb)
     return sandbox
+
+
+class SandboxedCodeTask:
+    """What every code task shares: its sandbox (built on first use, in the reward worker, so that prompt-only
+    users need no bwrap), scoring a response against the item's tests, and paying the sandbox check up front.
+    Subclasses set `sandbox_mode`, `memory_mb` and `partial_credit`."""
+
+    sandbox_mode: str = "bwrap"
+    memory_mb: int | None = None
+    partial_credit: bool = False
+    _sandbox: Sandbox | None = None
+
+    def score(self, item: TaskItem, response: str) -> Score:
+        return score_code(self.sandbox(), CodeTests.from_meta(item.meta), response, self.partial_credit)
+
+    def sandbox(self) -> Sandbox:
+        if self._sandbox is None:
+            self._sandbox = make_sandbox(self.sandbox_mode, self.memory_mb)
+        return self._sandbox
+
+    def warm_up(self) -> None:
+        self.sandbox()

@@ -20,9 +20,9 @@ import pytest
 import services
 from services.config import TaskSpec
 from services.reward import RewardPool
-from services.reward.sandbox import Sandbox, SandboxLimits
+from services.sandbox import Sandbox, SandboxLimits
 from services.tasks import load_task
-from tests.reward.proc_helpers import alive, descendants, wait_until
+from tests.proc_helpers import alive, descendants, wait_until
 
 PROJECT = Path(services.__file__).resolve().parents[1]
 MARK = f"tgcmark{uuid.uuid4().hex[:12]}"  # in every name a hostile program creates, so leftovers are findable

@@ -10,8 +10,8 @@ import httpx
 import pytest
 import uvicorn
 
-from services.reward.sandbox import Sandbox, SandboxLimits
-from services.reward.sandbox.http import create_app
+from services.sandbox import Sandbox, SandboxLimits
+from services.sandbox.http import create_app
 
 
 @pytest.fixture(scope="module")

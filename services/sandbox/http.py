@@ -2,7 +2,7 @@
 
 Request and response follow SandboxFusion's `/run_code` shapes, so datasets and tools written for it
 (verl's sandbox_fusion reward, SkyRL's code envs) can point at this server. Languages: python, bash.
-Run it: `python -m services.reward.sandbox.http --host 127.0.0.1 --port 8080`.
+Run it: `python -m services.sandbox.http --host 127.0.0.1 --port 8080`.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from fastapi.responses import JSONResponse
 from prometheus_client import make_asgi_app
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.reward.sandbox.executor import LANGUAGES, RunResult, Sandbox, SandboxError
-from services.reward.sandbox.limits import SandboxLimits
+from services.sandbox.executor import LANGUAGES, RunResult, Sandbox, SandboxError
+from services.sandbox.limits import SandboxLimits
 
 MAX_RUN_TIMEOUT_S = 300.0
 MAX_MEMORY_MB = 16_384

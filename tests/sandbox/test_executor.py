@@ -9,8 +9,8 @@ import pytest
 from prometheus_client import REGISTRY
 
 import services
-from services.reward.sandbox import Sandbox, SandboxLimits, SandboxUnavailable
-from services.reward.sandbox.bwrap import SANDBOX_ENV
+from services.sandbox import Sandbox, SandboxLimits, SandboxUnavailable
+from services.sandbox.bwrap import SANDBOX_ENV
 
 PROJECT = Path(services.__file__).resolve().parents[1]
 
@@ -131,7 +131,7 @@ def test_missing_bwrap_is_refused_with_how_to_install_it(tmp_path, monkeypatch):
 
 def test_missing_user_namespaces_are_refused_with_how_to_enable_them():
     """Inside a real bwrap with nested user namespaces disabled, the sandbox refuses to run unconfined."""
-    probe = "from services.reward.sandbox import Sandbox\nSandbox()\n"
+    probe = "from services.sandbox import Sandbox\nSandbox()\n"
     # The fresh /tmp hides a checkout (or an interpreter) that lives under /tmp: bind those back on top.
     under_tmp = {p for p in (PROJECT, Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve())
                  if Path("/tmp") in p.parents}

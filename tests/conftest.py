@@ -1,8 +1,10 @@
+"""Fixtures every test folder may use."""
+
 import os
 
 import pytest
 
-from tests.reward.proc_helpers import descendants, wait_until
+from tests.proc_helpers import descendants, wait_until
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from services.reward.sandbox.limits import SandboxLimits
+from services.sandbox.limits import SandboxLimits
 
 SANDBOX_UID = 65534  # "nobody" inside the sandbox's own user namespace
 WORKDIR = "/tmp"
