@@ -26,6 +26,8 @@ Diagnostics without a second loss evaluation (rlcore.diagnostics):
     # with KL/entropy terms, read the diagnostics from of="pg" weights: regularisers are not meant to cancel
     step_metrics = rlcore.pool_diagnostics([(metrics_mb, groups_mb), ...])   # one step from its micro-batches
 
+The math of every objective and knob is in docs/objectives.md, the diagnostics in docs/diagnostics.md.
+
 Importing rlcore and calling `list_objectives()` / `resolve()` does not import torch (the control plane
 validates objective names with them); torch-dependent parts load on first use.
 """
