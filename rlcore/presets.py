@@ -65,6 +65,10 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
            {**_CP, "ar_alpha": 0.3}),
     Preset("cp_grpo_lopti", "CP-GRPO + Lopti eta=0.5 (node-local stage split, keeps cancellation).",
            {**_CP, "lopti_eta": 0.5}),
+    Preset("ibpo_cp", "IBPO compare-and-correct shaping (arXiv 2605.16302) on CP-GRPO: R' = R + 0.6 * phi before "
+           "group centring, phi from rlcore.ibpo (the trainer's `ibpo` section generates it; docs/ibpo.md). "
+           "Keeps cancellation; so does its symmetric edit mask, the naive one does not (rlcore.ibpo.verdict).",
+           {**_CP, "bonus_coef": 0.6}),
 ]}
 
 

@@ -63,7 +63,7 @@ def closed_form(name, cfg, lp, old, ref, adv, mask, gid) -> torch.Tensor:
         w = r.clamp(max=5.0) * a / n_tok
     elif name == "rloo":  # A / Z with the node-local IS weight r
         w = r * a / n_seq
-    elif name in ("cp_grpo", "cp_grpo_lopti", "cp_grpo_ar"):  # m(nu) sg(q(nu)) A / Z
+    elif name in ("cp_grpo", "cp_grpo_lopti", "cp_grpo_ar", "ibpo_cp"):  # m(nu) sg(q(nu)) A / Z
         inside = ((r >= 0.8) & (r <= 1.28)).to(lp.dtype)
         w = inside * r.clamp(0.8, 1.28) * a / n_tok
         if name == "cp_grpo_ar":
