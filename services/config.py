@@ -380,6 +380,54 @@ class EvalSpec(_Strict):
         return self
 
 
+IBPO_PRESET = "ibpo_cp"  # the objective that turns the `ibpo` section on by default
+DEFAULT_REVISION_TEMPLATE = (
+    "{prompt}\n\nHere is an attempt at this task:\n{response}\n\nHere is a correct solution:\n{references}\n\n"
+    "Rewrite the attempt: keep what is right, fix what is wrong, and answer in the same format.")
+
+
+class IbpoSpec(_Strict):
+    """IBPO compare-and-correct credit (arXiv 2605.16302; docs/ibpo.md): each incorrect response of a group with
+    a correct sibling is revised by the current policy, shown a correct sibling; a revision that the verifier
+    accepts earns the response phi = rho before group centring (R' = R + lambda * phi)."""
+
+    enabled: bool = Field(True, description="Generate and score revisions every step.")
+    rho: float = Field(0.5, ge=0, le=10, description="phi of a repaired incorrect response (the paper's 0.5).")
+    lambda_: float | None = Field(
+        None, ge=0, le=100, description="Weight of phi in R' = R + lambda * phi. Default: the objective's "
+        "`bonus_coef` (0.6, the paper's, in `ibpo_cp`; 1.0 in the other presets).")
+    references: int = Field(1, ge=1, le=MAX_GROUP_SIZE - 1, description="Correct siblings shown in a revision "
+                            "prompt (at most; K-1 in the paper). Only correct siblings are used as references.")
+    mask: Literal["none", "naive", "symmetric"] = Field(
+        "none", description="Edit-mask variant: credit only the tokens of a repaired response that the revision "
+        "changed (token-level Levenshtein alignment). `naive`: as reported; response-coupled, it breaks "
+        "cancellation on prefixes shared with a correct sibling (kept for comparison); `symmetric`: one decision "
+        "per shared prefix-tree node (kept if any copy keeps it), cancellation-preserving; `none`: no mask.")
+    revision_template: str = Field(
+        DEFAULT_REVISION_TEMPLATE, min_length=1, max_length=16_384,
+        description="The revision prompt's user turn (through the chat template like a task prompt), with the "
+        "fields {prompt} (the task prompt), {response} (the incorrect response) and {references} (the correct "
+        "siblings, separated by a line `---`).")
+    max_new_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS, description="Revision length budget; default "
+                                       "and maximum: sampling.max_new_tokens. Revisions use the step's temperature "
+                                       "and top_p; a revision prompt over sampling.max_prompt_tokens is skipped.")
+
+    @field_validator("revision_template")
+    @classmethod
+    def _template_fields(cls, v: str) -> str:
+        import string
+
+        try:
+            names = {f for _, f, _, _ in string.Formatter().parse(v) if f is not None}
+        except ValueError as e:
+            raise ValueError(f"{e} (write a literal brace as {{{{ or }}}})") from None
+        want = {"prompt", "response", "references"}
+        if names != want:
+            raise ValueError(f"must use exactly the fields {{prompt}}, {{response}} and "
+                             f"{{references}}; got {sorted(names) or 'none'}")
+        return v
+
+
 class JobSpec(_Strict):
     """A whole RL job: model, task, objective, batch shape, optimizer, resources, checkpoints."""
 
@@ -394,6 +442,8 @@ class JobSpec(_Strict):
     async_: AsyncSpec = Field(default_factory=AsyncSpec, alias="async")
     eval: EvalSpec | None = Field(None, description="Held-out evaluation at the start, every N steps and at the end "
                                   "(`eval/...` metrics).")
+    ibpo: IbpoSpec | None = Field(None, description="IBPO compare-and-correct credit (`ibpo/...` metrics); on by "
+                                  "default (mask symmetric) with objective `ibpo_cp`.")
     group_size: int = Field(8, ge=2, le=MAX_GROUP_SIZE, description="G: responses sampled per prompt.")
     prompts_per_step: int = Field(8, ge=1, le=MAX_PROMPTS_PER_STEP, description="Groups per optimizer step.")
     steps: int = Field(20, ge=0, le=MAX_STEPS, description="Rollout/update iterations (0: evaluate only, needs "
@@ -404,6 +454,15 @@ class JobSpec(_Strict):
     )
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ibpo_preset(cls, data: Any) -> Any:
+        # objective ibpo_cp means IBPO: without an `ibpo` section it runs with the section's defaults
+        objective = data.get("objective") if isinstance(data, dict) else None
+        if isinstance(objective, dict) and objective.get("name") == IBPO_PRESET and data.get("ibpo") is None:
+            data = {**data, "ibpo": {"mask": "symmetric"}}
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:
@@ -428,6 +487,9 @@ class JobSpec(_Strict):
             if (self.eval.max_new_tokens or 0) > self.sampling.max_new_tokens:
                 raise ValueError(f"eval.max_new_tokens ({self.eval.max_new_tokens}) exceeds sampling.max_new_tokens "
                                  f"({self.sampling.max_new_tokens}), the rollout engines' length budget")
+        if self.ibpo is not None and (self.ibpo.max_new_tokens or 0) > self.sampling.max_new_tokens:
+            raise ValueError(f"ibpo.max_new_tokens ({self.ibpo.max_new_tokens}) exceeds sampling.max_new_tokens "
+                             f"({self.sampling.max_new_tokens}), the rollout engines' length budget")
         return self
 
     def privileges(self) -> dict[str, str]:

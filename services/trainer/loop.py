@@ -33,6 +33,7 @@ class Group:
     prompt: Prompt
     completions: list[Completion]
     scores: list[Score]
+    ibpo: Any = None  # the group's IBPO revisions (services/trainer/ibpo.py), when the job has `ibpo` on
 
     @property
     def informative(self) -> bool:
@@ -81,6 +82,11 @@ class Trainer:
         self.data = PromptSource(spec, self.tokenizer, position)
         self.trained_position = position
         self.evaluator = None
+        self.ibpo = None
+        if spec.ibpo is not None and spec.ibpo.enabled:
+            from services.trainer.ibpo import Reviser
+
+            self.ibpo = Reviser(spec, self.tokenizer, self.objective)
         if spec.eval is not None:
             from services.trainer.evaluation import Evaluator
 
@@ -147,7 +153,10 @@ class Trainer:
                 groups += more
                 timing = {k: timing[k] + t[k] for k in timing}
             groups = [g for g in groups if g.informative][:want] or groups[:want]
-        return Rollout(groups, self.data.position, {**timing, "rollout/groups_dropped": float(dropped)})
+        metrics = {**timing, "rollout/groups_dropped": float(dropped)}
+        if self.ibpo is not None:  # revised by the weights that sampled these groups
+            self.ibpo.revise(groups, self.rollout, self.rewards, metrics)
+        return Rollout(groups, self.data.position, metrics)
 
     # -- one step -----------------------------------------------------------------------------------
     def build_batch(self, groups: list[Group]) -> TrainBatch:
@@ -160,7 +169,10 @@ class Trainer:
                 rewards.append(s.reward)
         reward_t = torch.tensor(rewards, dtype=torch.float32)
         batch = collate(prompts, comps, gids, torch.zeros(len(rewards)), reward_t, self.tokenizer.pad_token_id)
-        batch.advantages = self.objective.advantages(reward_t, batch.group_ids, batch.response_mask)
+        if self.ibpo is not None:
+            batch.advantages, batch.meta["metrics"] = self.ibpo.advantages(groups, batch)
+        else:
+            batch.advantages = self.objective.advantages(reward_t, batch.group_ids, batch.response_mask)
         return batch
 
     def train_step(self, rollout: Rollout) -> dict[str, float]:
@@ -174,7 +186,8 @@ class Trainer:
         self.trained_position = rollout.end_position
         sync = self.weight_sync(self.version)
         t3 = time.perf_counter()
-        m = {**rollout.metrics, **learner_metrics, **_rollout_metrics(rollout, batch), **self._data_metrics(),
+        m = {**rollout.metrics, **batch.meta.get("metrics", {}), **learner_metrics, **_rollout_metrics(rollout, batch),
+             **self._data_metrics(),
              **_prefixed("rollout/", self.rollout.stats()), **_prefixed("reward/", self.rewards.stats())}
         m.update({
             "timing/train_s": t2 - t1, "timing/sync_s": t3 - t2, "timing/prepare_s": t1 - t0,
