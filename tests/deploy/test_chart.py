@@ -53,6 +53,7 @@ VARIANTS: dict[str, dict] = {
         }
     },
     "monitoring-off": {"metrics": {"serviceMonitor": {"enabled": False}}},
+    "grafana-dashboard-off": {"metrics": {"grafanaDashboard": {"enabled": False}}},
     "sandbox-off": {"sandbox": {"enabled": False}},
     "no-autoscaling": {
         "rayCluster": {"enableInTreeAutoscaling": False},
