@@ -36,6 +36,15 @@ if ! compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null; then
   fi
 fi
 
+if ! command -v prometheus >/dev/null 2>&1; then
+  # tests/ops: a real Prometheus scrapes a running job for every Grafana dashboard query; promtool checks configs.
+  if can_apt; then
+    apt_install prometheus || echo "setup: could not install prometheus" >&2
+  else
+    echo "setup: prometheus not found; the dashboard-query test will skip (apt-get install prometheus)" >&2
+  fi
+fi
+
 # tests/deploy: podman (with runc) and mmdebstrap build and run the image; chromium renders /docs headless.
 deploy_tools=()
 for tool in podman runc mmdebstrap chromium; do command -v "$tool" >/dev/null 2>&1 || deploy_tools+=("$tool"); done
