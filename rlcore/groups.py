@@ -39,12 +39,6 @@ class GroupIndex:
                          dtype=x.dtype, device=x.device)
         return out.scatter_reduce_(0, self.inverse, x, reduce="amin")
 
-    def first_row(self) -> Tensor:
-        """Index of the first row of each group: (n,)."""
-        rows = torch.arange(self.inverse.numel(), device=self.inverse.device)
-        out = torch.full((self.n,), self.inverse.numel(), dtype=rows.dtype, device=rows.device)
-        return out.scatter_reduce_(0, self.inverse, rows, reduce="amin")
-
     def describe_sizes(self, limit: int = 5) -> str:
         """'group 3: 7, group 9: 8, ...' for error messages."""
         pairs = [f"group {int(i)}: {int(c)}" for i, c in zip(self.ids[:limit], self.counts[:limit], strict=True)]

@@ -117,25 +117,9 @@ def cmd_quota(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from services.config import JobSpec, SpecError
+    from services.trainer.main import train_command
 
-    try:
-        spec = JobSpec.from_yaml(args.spec)
-    except (SpecError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_INVALID
-    from services.trainer.main import ResourceError, allow_unsafe_sandbox, run, summary
-
-    if args.allow_unsafe_sandbox:
-        allow_unsafe_sandbox()
-    run_dir = Path(args.run_dir or f"runs/{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    try:
-        state = run(spec, run_dir, args.resume)
-    except ResourceError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_INVALID
-    print(summary(spec, run_dir, state))
-    return EXIT_OK if state in ("succeeded", "cancelled") else EXIT_FAILED
+    return train_command(args)
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -546,12 +530,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_resume)
 
     tr2 = sub.add_parser("train", help="run a job locally, in this process (no control plane)")
-    tr2.add_argument("spec", type=Path)
-    tr2.add_argument("--run-dir", type=Path, default=None, help="default runs/<name>-<time>")
-    tr2.add_argument("--resume", nargs="?", const="latest", default=None,
-                     help="resume from a checkpoint dir (default: the run dir's newest)")
-    tr2.add_argument("--allow-unsafe-sandbox", action="store_true",
-                     help="let the job run model-written code without the sandbox if its spec asks (trusted code only)")
+    from services.trainer.main import add_train_arguments
+
+    add_train_arguments(tr2)
     tr2.set_defaults(func=cmd_train)
 
     ev = sub.add_parser("eval", parents=[api], help="evaluate a model or checkpoint on the spec's `eval` rows "

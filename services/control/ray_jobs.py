@@ -132,10 +132,3 @@ class RayJobs:
             raise
         return text[-MAX_DRIVER_LOG_CHARS:]
 
-    def list_submission_ids(self, prefix: str = "tgc-") -> dict[str, str]:
-        """submission id -> status of the cluster's tgc jobs."""
-        out = {}
-        for d in self._jobs().list_jobs():
-            if d.submission_id and d.submission_id.startswith(prefix):
-                out[d.submission_id] = str(getattr(d.status, "value", d.status))
-        return out

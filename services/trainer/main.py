@@ -238,27 +238,40 @@ def _restore_handlers(previous: dict) -> None:
         signal.signal(sig, handler)
 
 
-def cli(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m services.trainer", description=__doc__.split("\n")[0])
-    parser.add_argument("--spec", required=True, help="job spec YAML")
-    parser.add_argument("--run-dir", default=None, help="run directory (default runs/<name>-<time>)")
+def add_train_arguments(parser: argparse.ArgumentParser, spec_flag: bool = False) -> None:
+    """The arguments of a local run, shared by `tgc train` and `python -m services.trainer`."""
+    if spec_flag:
+        parser.add_argument("--spec", dest="spec", required=True, type=Path, help="job spec YAML")
+    else:
+        parser.add_argument("spec", type=Path, help="job spec YAML")
+    parser.add_argument("--run-dir", type=Path, default=None, help="run directory (default runs/<name>-<time>)")
     parser.add_argument("--resume", nargs="?", const="latest", default=None,
                         help="resume from a checkpoint directory (default: the run dir's latest)")
     parser.add_argument("--allow-unsafe-sandbox", action="store_true", help=UNSAFE_HELP)
-    args = parser.parse_args(argv)
-    if args.allow_unsafe_sandbox:
-        allow_unsafe_sandbox()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+def train_command(args: argparse.Namespace) -> int:
+    """Run the job of `args` (add_train_arguments) here; exit status 0 done, 1 failed, 2 refused."""
     try:
         spec = JobSpec.from_yaml(args.spec)
-    except SpecError as e:
-        print(e, file=sys.stderr)
+    except (SpecError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.allow_unsafe_sandbox:
+        allow_unsafe_sandbox()
     run_dir = Path(args.run_dir or f"runs/{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
         state = run(spec, run_dir, args.resume)
     except ResourceError as e:
-        print(e, file=sys.stderr)
+        print(f"error: {e}", file=sys.stderr)
         return 2
     print(summary(spec, run_dir, state))
-    return {"succeeded": 0, "cancelled": 0}.get(state, 1)
+    return 0 if state in ("succeeded", "cancelled") else 1
+
+
+def cli(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m services.trainer", description=__doc__.split("\n")[0])
+    add_train_arguments(parser, spec_flag=True)  # the control plane's entrypoint names the spec with --spec
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return train_command(args)
