@@ -435,6 +435,15 @@ def build_parser() -> argparse.ArgumentParser:
     db.add_argument("--data-dir", type=Path, default=None, help="control plane data dir (env TGC_DATA_DIR)")
     db.add_argument("--db-url", default=None, help="database URL (env TGC_DB_URL; default SQLite in the data dir)")
 
+    _operator_commands(sub, db)
+    _job_commands(sub, api)
+    _local_commands(sub, api)
+    _data_commands(sub, api)
+    return p
+
+
+def _operator_commands(sub, db: argparse.ArgumentParser) -> None:
+    """The operator's: the server, its Ray head, tokens and quotas (they talk to the database directly)."""
     s = sub.add_parser(
         "serve", parents=[db], help="run the control plane",
         description="Run the control plane. With --ray-address local it starts (or reuses) a Ray head under the "
@@ -481,6 +490,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("max_concurrent", type=int)
     q.set_defaults(func=cmd_quota)
 
+
+def _job_commands(sub, api: argparse.ArgumentParser) -> None:
+    """A tenant's, over REST: submit and follow jobs."""
     sm = sub.add_parser("submit", parents=[api], help="submit a job spec (YAML)")
     sm.add_argument("spec", type=Path)
     sm.add_argument("--follow", "-f", action="store_true", help="show progress until the job ends")
@@ -529,6 +541,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--follow", "-f", action="store_true")
     r.set_defaults(func=cmd_resume)
 
+
+def _local_commands(sub, api: argparse.ArgumentParser) -> None:
+    """Run, evaluate and plot here, and print the schemas."""
     tr2 = sub.add_parser("train", help="run a job locally, in this process (no control plane)")
     from services.trainer.main import add_train_arguments
 
@@ -543,6 +558,20 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--remote", action="store_true", help="run it as a job on the control plane (--url/--token)")
     ev.set_defaults(func=cmd_eval)
 
+    pl = sub.add_parser("plot", help="draw a run's curves (reward, accuracy, residuals, entropy) into RUN_DIR/curves.png")
+    pl.add_argument("run_dir", type=Path)
+    pl.add_argument("--out", type=Path, default=None, help="another file name (default RUN_DIR/curves.png)")
+    pl.set_defaults(func=cmd_plot)
+
+    sc = sub.add_parser("schema", help="print the job spec's JSON schema")
+    sc.add_argument("--indent", type=int, default=2)
+    sc.add_argument("--task", default=None,
+                    help="print this task's `task.params` schema instead (fields marked `privilege` need the operator)")
+    sc.set_defaults(func=cmd_schema)
+
+
+def _data_commands(sub, api: argparse.ArgumentParser) -> None:
+    """Datasets: export built-in tasks to files; upload, list and remove a tenant's own."""
     dt = sub.add_parser("data", help="datasets: export a built-in task to a file; upload, list, remove yours")
     dsub = dt.add_subparsers(dest="data_command", required=True, metavar="ACTION")
     de = dsub.add_parser("export", help="write a built-in task's items as a JSONL or Parquet dataset")
@@ -562,18 +591,6 @@ def build_parser() -> argparse.ArgumentParser:
     dr = dsub.add_parser("rm", parents=[api], help="delete datasets")
     dr.add_argument("dataset_ids", nargs="+")
     dr.set_defaults(func=cmd_data_rm)
-
-    pl = sub.add_parser("plot", help="draw a run's curves (reward, accuracy, residuals, entropy) into RUN_DIR/curves.png")
-    pl.add_argument("run_dir", type=Path)
-    pl.add_argument("--out", type=Path, default=None, help="another file name (default RUN_DIR/curves.png)")
-    pl.set_defaults(func=cmd_plot)
-
-    sc = sub.add_parser("schema", help="print the job spec's JSON schema")
-    sc.add_argument("--indent", type=int, default=2)
-    sc.add_argument("--task", default=None,
-                    help="print this task's `task.params` schema instead (fields marked `privilege` need the operator)")
-    sc.set_defaults(func=cmd_schema)
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:
