@@ -11,7 +11,7 @@ The trainer generates, for each incorrect response y_i of a group with a correct
     adv_tok = adv[:, None] * sym                                             # (B, T) advantages for the loss
 
 Why two masks: a node (context + next token) shared by several responses of a group cancels only if every
-copy carries the same coefficient (objectives.md sec. 1). The naive edit mask is response-coupled: an incorrect
+copy carries the same coefficient (docs/objectives.md#shared-nodes-and-cancellation). The naive edit mask is response-coupled: an incorrect
 response whose revision kept a shared prefix loses its negative copies there while a correct sibling keeps its
 positive ones, so the prefix is pushed up whatever it is worth. `symmetric_credit_mask` makes the decision per
 node: a node keeps its credit if any of its copies keeps it (so group-common prefixes are never masked and
