@@ -322,6 +322,27 @@ class ResourceSpec(_Strict):
         "weight-transfer API: NCCL between GPUs (no host round trip), gloo on CPU; needs rollout_engine vllm. A "
         "replica restarted after a failure gets the current weights through the object store and the group is rebuilt.",
     )
+    learner_placement: Literal["none", "pack", "strict_pack", "spread"] = Field(
+        "none", description="Ray placement group of the learner ranks (one bundle per rank, reserved before any "
+        "rank starts). `strict_pack`: all ranks on one node (fast collectives over NVLink); `pack`: as few nodes as "
+        "fit; `spread`: across nodes; `none`: no group, each rank placed on its own.",
+    )
+    rollout_placement: Literal["none", "pack", "spread", "strict_spread"] = Field(
+        "none", description="Ray placement group of the rollout replicas (one bundle per replica). `spread`: across "
+        "nodes where possible; `strict_spread`: one replica per node or fail; a replica restarted after its node died "
+        "goes where Ray reschedules its bundle.",
+    )
+    learner_custom_resources: dict[Annotated[str, Field(min_length=1, max_length=128)], Annotated[float, Field(
+        ge=0, le=1e6)]] = Field(
+        default_factory=dict, max_length=16, description="Ray custom resources each learner rank needs on top of "
+        "its CPUs/GPUs, e.g. `{gpu_node: 1}` where GPU nodes start with `--resources '{\"gpu_node\": 8}'`; keeps "
+        "ranks on the nodes that have them.",
+    )
+    rollout_custom_resources: dict[Annotated[str, Field(min_length=1, max_length=128)], Annotated[float, Field(
+        ge=0, le=1e6)]] = Field(
+        default_factory=dict, max_length=16, description="Ray custom resources each rollout replica needs (as "
+        "learner_custom_resources).",
+    )
     threads_per_actor: int | None = Field(
         None, ge=1, le=1024, description="torch threads per learner rank / rollout replica. Default: in sync mode, where "
         "generation and learning take turns, each phase may use the job's whole CPU reservation (split over "

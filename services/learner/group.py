@@ -25,6 +25,7 @@ from services.config import JobSpec
 from services.learner.learner import Learner
 from services.learner.plan import validate_batch
 from services.learner.sharding import free_port
+from services.placement import Placement
 
 log = logging.getLogger(__name__)
 
@@ -125,11 +126,13 @@ class LearnerGroup:
         # collective, and ranks that ran two of them in different orders would deadlock.
         self._submit = threading.Lock()
         _check_feasible(spec)
+        self.placement = Placement(job_name, "learner", r.learner_placement, self.world_size, r.cpus_per_learner,
+                                   r.gpus_per_learner, r.learner_custom_resources, startup_timeout_s)
         actor_cls = ray.remote(_LearnerRank)
         self.actors = [
             actor_cls.options(
                 name=f"{job_name}-learner-{rank}", num_cpus=r.cpus_per_learner, num_gpus=r.gpus_per_learner,
-                max_restarts=0, max_concurrency=1,
+                max_restarts=0, max_concurrency=1, **self.placement.options(rank),
             ).remote(spec, str(model_path), job_name, rank, self.world_size)
             for rank in range(self.world_size)
         ]
@@ -191,6 +194,8 @@ class LearnerGroup:
                 log.warning("learner close failed: %s", e)
         for a in actors:
             ray.kill(a, no_restart=True)
+        if getattr(self, "placement", None) is not None:
+            self.placement.remove()
 
     def __enter__(self) -> LearnerGroup:
         return self

@@ -20,6 +20,7 @@ from ray.exceptions import RayActorError
 
 from services.batch import Completion
 from services.config import JobSpec
+from services.placement import Placement
 from services.rollout.actor import RolloutActor
 from services.rollout.engine import Sampling, engine_kind
 from services.rollout.weights import FlatWeights, publish_weights
@@ -57,6 +58,8 @@ class RolloutPool:
         self._lock = threading.Lock()
         self._last_sync: dict[str, float] = {}
         self._pids: dict[int, list[int]] = {}
+        self.placement = Placement(job_name, "rollout", r.rollout_placement, self.replicas, r.cpus_per_rollout,
+                                   r.gpus_per_rollout, r.rollout_custom_resources)
         self.actors: list[Any] = [self._create(i) for i in range(self.replicas)]
         try:
             for i, info in enumerate(ray.get([a.ready.remote() for a in self.actors])):
@@ -76,6 +79,7 @@ class RolloutPool:
                 return cls.options(
                     name=name, num_cpus=r.cpus_per_rollout, num_gpus=r.gpus_per_rollout, max_restarts=0,
                     max_concurrency=1,  # calls run in order: a weight update waits for the generation before it
+                    **self.placement.options(i),
                 ).remote(self.spec, self.model_path, self.job_name, i, self.threads)
             except ValueError as e:  # the dead replica's name is released a moment after it dies
                 if "already taken" not in str(e) or time.monotonic() > deadline:
@@ -210,3 +214,4 @@ class RolloutPool:
                 ray.kill(a, no_restart=True)
             except Exception:  # already dead
                 pass
+        self.placement.remove()
