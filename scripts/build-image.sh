@@ -161,8 +161,12 @@ args=(build -t "$TAG" -f "$CTX/Dockerfile")
 [ -z "$BASE_IMAGE" ] || args+=(--build-arg "BASE_IMAGE=$BASE_IMAGE")
 # podman writes OCI images by default, which drop HEALTHCHECK; the docker format keeps it.
 [ "$ENGINE" != podman ] || args+=(--format docker)
+old=$("$ENGINE" image inspect --format '{{.Id}}' "$TAG" 2>/dev/null || true)
 say "$ENGINE ${args[*]} $CTX"
 "$ENGINE" "${args[@]}" "$CTX"
+new=$("$ENGINE" image inspect --format '{{.Id}}' "$TAG")
+# The image this tag named before is now untagged: drop it (best effort: a container may still use it).
+if [ -n "$old" ] && [ "$old" != "$new" ]; then "$ENGINE" rmi "$old" >/dev/null 2>&1 || true; fi
 
 size=$("$ENGINE" image inspect --format '{{.Size}}' "$TAG")
 say "built $TAG in $(( $(date +%s) - start )) s; image size $(( size / 1000000 )) MB"
