@@ -32,6 +32,8 @@ CACHE = Path(os.environ.get("TGC_CACHE_DIR", Path.home() / ".cache" / "tgc-rl"))
 
 pytestmark = [
     pytest.mark.slow,
+    # A first build on a new machine fills the wheelhouse (~1.1 GB of downloads) and builds every stage.
+    pytest.mark.timeout(2400),
     pytest.mark.skipif(
         not ENGINE,
         reason="no container engine (podman or docker); scripts/setup.sh installs "
