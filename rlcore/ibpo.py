@@ -211,7 +211,11 @@ def verdict(cfg: ObjectiveConfig, variant: str) -> tuple[bool, list[str]]:
         reasons.append("IBPO mask='naive' zeroes the unchanged tokens of repaired incorrect responses only, so a "
                        "node shared with a correct sibling keeps its positive copies and loses negative ones; use "
                        "mask='symmetric'")
-    return (ok and variant != "naive", reasons)
+    if variant != "none" and cfg.seq_transform == "orth":
+        reasons.append("seq_transform='orth' orthogonalises the per-response weights against each row's mean "
+                       "advantage, which a token mask changes, so group-common nodes no longer cancel; use "
+                       "mask='none' or another preset")
+    return (ok and not (variant == "naive" or (variant != "none" and cfg.seq_transform == "orth")), reasons)
 
 
 # -- diagnostics on a real batch ----------------------------------------------------------------------

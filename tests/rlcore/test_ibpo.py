@@ -65,6 +65,23 @@ def test_verdict_tells_the_masks_apart():
     ok, reasons = ibpo.verdict(cfg, "naive")
     assert not ok and "symmetric" in reasons[0]
     assert not ibpo.verdict(rlcore.resolve("grpo"), "symmetric")[0]  # the objective's own reasons stay
+    assert ibpo.verdict(rlcore.resolve("dfpo_orth"), "none")[0]
+    assert not ibpo.verdict(rlcore.resolve("dfpo_orth"), "symmetric")[0]  # orth reads the masked advantages
+
+
+@pytest.mark.parametrize("name", rlcore.list_objectives())
+def test_verdict_with_the_symmetric_mask_matches_d1_d2_on_policy(name):
+    """Every preset with the symmetric mask: where the verdict says it cancels, D1 and D2 vanish on random
+    prefix trees (on-policy, so the PPO-gated presets cancel too; their verdict is about off-policy steps)."""
+    b, phi, edits = _ibpo_batch(1)
+    obj = rlcore.get_objective(name)
+    adv = ibpo.shaped_advantages(obj.config, b.rewards, b.group_ids, b.mask, phi, lam=0.6)
+    credit = ibpo.credit_mask("symmetric", edits, b.token_ids, b.mask, b.group_ids)
+    d = ibpo.mask_diagnostics(obj, adv, credit, b.old_logprobs, b.token_ids, b.mask, b.group_ids)
+    if ibpo.verdict(obj.config, "symmetric")[0]:
+        assert d["d1_gcpr"] < 1e-9 and d["d2_residual"] < 1e-9
+    elif name == "dfpo_orth":
+        assert d["d1_gcpr"] > 1e-3
 
 
 # -- alignment ----------------------------------------------------------------------------------------
