@@ -2,8 +2,10 @@
 
 1. Step throughput: tokens/s of the FSDP2 learner step (services.learner.Learner, world size 1, gloo) vs a
    plain single-process torch loop (the same HF model unwrapped, same chunked log-prob head, same rlcore
-   loss, same micro-batches, AdamW + clip_grad_norm_). The ratio is the cost of FSDP2 and the learner's
-   machinery (plan, normalisers, diagnostics, metrics). `--ranks 2` adds a 2-rank LearnerGroup on Ray.
+   loss, same micro-batches, AdamW + clip_grad_norm_). With `optim.shared_prompt_forward` off the learner
+   computes what the loop computes, so the ratio is the cost of FSDP2 and the learner's machinery (plan,
+   normalisers, diagnostics, metrics); the default (shared prompts) is shown beside it. `--ranks 2` adds a
+   2-rank LearnerGroup on Ray.
 2. Peak memory of the log-prob head on N tokens with SmolLM2's vocabulary (49152): whole logits vs
    chunks, forward + backward, each variant in a fresh process (peak RSS above the baseline).
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -106,26 +109,37 @@ def bench_throughput(args) -> dict[str, float]:
     policy = PolicyLogprobs(lm, spec.optim.logprob_chunk_tokens, spec.sampling.temperature).train()
     optimizer = torch.optim.AdamW(policy.parameters(), lr=spec.optim.lr)
     objective = rlcore.get_objective("cp_grpo")
-    learner = Learner(spec, path)
-    plain_s, fsdp_s, fwd_bwd_s = [], [], []
+    # the same computation as the plain loop (one forward per row), and the default (shared prompts)
+    learners = {shared: Learner(make_spec(args, optim={**spec.optim.model_dump(), "shared_prompt_forward": shared}),
+                                path) for shared in (False, True)}
+    plain_s, times, fwd_bwd_s = [], {False: [], True: []}, []
     for i, b in enumerate(batches):
         rows = plan_minibatches(group_spans(b), 1, 1, spec.optim.micro_batch_size)[0].for_rank(0)  # the learner's
         t0 = time.perf_counter()
         plain_loop_step(policy, optimizer, objective, b, rows, spec.sampling.max_new_tokens, dtype)
         t1 = time.perf_counter()
-        m = learner.train_step(b)
-        t2 = time.perf_counter()
+        line = f"  step {i}: plain {t1 - t0:.1f} s"
+        for shared, learner in learners.items():
+            t2 = time.perf_counter()
+            m = learner.train_step(b)
+            elapsed = time.perf_counter() - t2
+            line += f", FSDP2 {'shared prompts' if shared else 'full forward'} {elapsed:.1f} s"
+            if i:
+                times[shared].append(elapsed)
+                if not shared:
+                    fwd_bwd_s.append(m["timing/fwd_bwd_s"])
         if i:
             plain_s.append(t1 - t0)
-            fsdp_s.append(t2 - t1)
-            fwd_bwd_s.append(m["timing/fwd_bwd_s"])
-        print(f"  step {i}: plain {t1 - t0:.1f} s, FSDP2 {t2 - t1:.1f} s{' (warm-up)' if i == 0 else ''}", flush=True)
+        print(line + (" (warm-up)" if i == 0 else ""), flush=True)
     results = {"tokens_per_step": sum(tokens) / len(tokens),
                "plain_tokens_per_s": sum(tokens[1:]) / sum(plain_s),
-               "fsdp1_tokens_per_s": sum(tokens[1:]) / sum(fsdp_s),
-               "fsdp1_fwd_bwd_share": sum(fwd_bwd_s) / sum(fsdp_s)}
-    learner.close()
-    del learner, lm, policy, optimizer
+               "fsdp1_tokens_per_s": sum(tokens[1:]) / sum(times[False]),
+               "fsdp1_shared_tokens_per_s": sum(tokens[1:]) / sum(times[True]),
+               "fsdp1_fwd_bwd_share": sum(fwd_bwd_s) / sum(times[False]),
+               "median_ratio": statistics.median(p / f for p, f in zip(plain_s, times[False], strict=True))}
+    for learner in learners.values():
+        learner.close()
+    del learners, lm, policy, optimizer
 
     if args.ranks > 1:
         import ray
@@ -216,8 +230,11 @@ def main() -> None:
               f"~{r['tokens_per_step']:.0f} tokens/step, {args.steps} timed steps)")
         print(f"{'variant':34s} {'tokens/s':>10s} {'vs plain':>9s}")
         print(f"{'plain single-process torch loop':34s} {r['plain_tokens_per_s']:10.1f} {1.0:9.3f}")
-        print(f"{'FSDP2 learner, 1 rank (gloo)':34s} {r['fsdp1_tokens_per_s']:10.1f} "
-              f"{r['fsdp1_tokens_per_s'] / r['plain_tokens_per_s']:9.3f}")
+        print(f"{'FSDP2 learner, 1 rank, full fwd':34s} {r['fsdp1_tokens_per_s']:10.1f} "
+              f"{r['fsdp1_tokens_per_s'] / r['plain_tokens_per_s']:9.3f}   (median of per-step ratios "
+              f"{r['median_ratio']:.3f})")
+        print(f"{'FSDP2 learner, 1 rank, shared':34s} {r['fsdp1_shared_tokens_per_s']:10.1f} "
+              f"{r['fsdp1_shared_tokens_per_s'] / r['plain_tokens_per_s']:9.3f}")
         if args.ranks > 1:
             k = f"fsdp{args.ranks}_tokens_per_s"
             print(f"{f'FSDP2 LearnerGroup, {args.ranks} ranks (Ray)':34s} {r[k]:10.1f} "
