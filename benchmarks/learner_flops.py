@@ -28,16 +28,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from learner import make_batch, make_spec  # noqa: E402  (benchmarks/learner.py)
 
 
-def gemm_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 7) -> float:
+def gemm_peak(dtype: torch.dtype, n: int = 2048) -> float:
     """Median FLOP/s of an n x n x n matmul in `dtype` on the current threads."""
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    a @ b
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        a @ b
-        times.append(time.perf_counter() - t0)
-    return 2 * n**3 / statistics.median(times)
+    return matmul_rate(n, n, n, dtype, repeats=7)
 
 
 def step_work(cfg, batch, micro_batch_size: int, shared: bool) -> dict[str, int]:
