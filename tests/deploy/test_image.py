@@ -85,7 +85,7 @@ def container(image: str):
     finally:
         logs = engine("logs", "--tail", "60", name, check=False)
         print(logs.stdout[-4000:], logs.stderr[-4000:])
-        engine("rm", "-f", "-t", "5", name, check=False)
+        engine("rm", "-f", "-v", "-t", "5", name, check=False)  # -v: its /data volume too
 
 
 def _until(predicate, timeout_s: float, what: str):
