@@ -121,7 +121,7 @@ def test_learner_packed_on_the_accelerator_node_and_replicas_spread(cluster, tmp
     actors = {a["name"]: a for a in state_api(cluster.head.dashboard_url, cluster.token, "actors")
               if a.get("name", "").startswith("two-nodes-")}
     placed = {name: where[a["node_id"]] for name, a in actors.items()}
-    (tmp_path / "placement.json").write_text(json.dumps(placed, indent=1))  # where each actor ran
+    (cluster.root / "placement.json").write_text(json.dumps(placed, indent=1))  # where each actor ran (kept)
     roles = {name.removeprefix("two-nodes-").rstrip("-0123456789") for name in placed}
     assert roles == {"learner", "rollout", "reward"} and len(placed) >= 5, placed
     # strict_pack + the accelerator resource: both ranks on the one node that has it

@@ -1,0 +1,268 @@
+"""What an operator watches, tested for real while one tiny job runs under the control plane (`tgc serve`
+with its managed Ray head):
+
+- Ray's state API lists the job's actors under names that say job and role;
+- headless Chromium shows them on the Ray dashboard's actors page (ray-dashboard-actors.png in the module's
+  tmp dir);
+- a real Prometheus (Debian's package) on loopback scrapes the control plane (with the metrics token), every
+  Ray node (found through the dashboard's service discovery) and the sandbox service, and every query of
+  the Grafana dashboard (helm/tgc-rl/dashboards/tgc-rl.json) returns data.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from services.control.local import LocalControlPlane, free_port
+from services.control.ray_cluster import LocalRayCluster
+from services.sdk import Client
+from tests.ops.raynodes import state_api, wait_for
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+DASHBOARD = ROOT / "helm" / "tgc-rl" / "dashboards" / "tgc-rl.json"
+PROMETHEUS = shutil.which("prometheus")
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+JOB = "obs"
+ROLES = (f"{JOB}-learner-0", f"{JOB}-rollout-0", f"{JOB}-reward-0")
+# Grafana's variables as the dashboard opens: every job, and a rate window of four scrape intervals.
+VARIABLES = {"$job_id": ".*", "$__rate_interval": "20s"}
+
+
+def job_spec() -> dict:
+    return {
+        "name": JOB,
+        "model": {"source": "random", "dtype": "float32", "config_overrides": {
+            "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 1,
+            "num_key_value_heads": 1}},
+        "resources": {"rollout_engine": "hf"},
+        # near-greedy: a group's responses share openings, so D2 has nodes to measure (random text has none)
+        "group_size": 2, "prompts_per_step": 2, "sampling": {"max_new_tokens": 8, "temperature": 0.02},
+        # long enough to look at while it runs; the fixture cancels it once the tests are done
+        "steps": 200, "checkpoint": {"every_steps": 0, "keep_last": 1}, "task": {"reward_workers": 1},
+    }  # fmt: skip
+
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    """(panel title, PromQL with Grafana's variables filled in) for every target of every panel."""
+    dash = json.loads(DASHBOARD.read_text())
+    out = []
+    for panel in dash["panels"]:
+        for target in panel.get("targets", []):
+            expr = target["expr"]
+            for var, value in VARIABLES.items():
+                expr = expr.replace(var, value)
+            out.append((panel["title"], expr))
+    return out
+
+
+def _kill_session(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(30)
+
+
+class Stack:
+    """Control plane + managed Ray head + sandbox service + Prometheus, and one running job."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.procs: list[subprocess.Popen] = []
+        self.metrics_token = secrets.token_hex(24)
+        (root / "metrics-token").write_text(self.metrics_token)
+        self.plane = LocalControlPlane(root / "data", ray_address="local", env={
+            "TGC_METRICS_TOKEN": self.metrics_token, "RAY_metrics_report_interval_ms": "1000"})
+        self.head = LocalRayCluster(root / "data")
+
+    def start(self) -> None:
+        self.plane.start()
+        self.plane.wait_ready()
+        self.sandbox_port = free_port()
+        self._spawn("sandbox", [sys.executable, "-m", "services.sandbox.http", "--host", "127.0.0.1",
+                                "--port", str(self.sandbox_port)])
+        wait_for(lambda: self._answers(f"http://127.0.0.1:{self.sandbox_port}/metrics/"), 120, "sandbox service")
+        ran = httpx.post(f"http://127.0.0.1:{self.sandbox_port}/run_code", timeout=60,
+                         json={"code": "print(6 * 7)", "language": "python"}).json()
+        assert ran["run_result"]["stdout"].strip() == "42", ran
+        self.start_prometheus()
+        self.client = Client(self.plane.url, self.plane.create_token("ops"))
+        self.started = time.time()
+        self.job = self.client.submit(job_spec())
+
+    def start_prometheus(self) -> None:
+        port = urlparse_port(self.head.dashboard_url)
+        config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "5s"},
+            "scrape_configs": [
+                {"job_name": "tgc-control-plane", "static_configs": [{"targets": [f"127.0.0.1:{self.plane.port}"]}],
+                 "authorization": {"type": "Bearer", "credentials_file": str(self.root / "metrics-token")}},
+                {"job_name": "ray", "http_sd_configs": [{
+                    "url": f"http://127.0.0.1:{port}/api/prometheus/sd", "refresh_interval": "5s",
+                    "authorization": {"type": "Bearer", "credentials_file": str(self.head.token_file)}}],
+                 # Ray names its nodes by their interface address; everything here is on this host's loopback
+                 "relabel_configs": [{"source_labels": ["__address__"], "regex": ".*:(\\d+)",
+                                      "target_label": "__address__", "replacement": "127.0.0.1:$1"}]},
+                {"job_name": "sandbox", "metrics_path": "/metrics/",
+                 "static_configs": [{"targets": [f"127.0.0.1:{self.sandbox_port}"]}]},
+            ],
+        }
+        (self.root / "prometheus.yml").write_text(yaml.safe_dump(config))
+        self.prom = f"http://127.0.0.1:{free_port()}"
+        self._spawn("prometheus", [PROMETHEUS, f"--config.file={self.root / 'prometheus.yml'}",
+                                   f"--storage.tsdb.path={self.root / 'tsdb'}",
+                                   f"--web.listen-address={self.prom.removeprefix('http://')}"])
+        wait_for(lambda: self._answers(f"{self.prom}/-/ready"), 60, "Prometheus ready")
+
+    def _spawn(self, name: str, cmd: list[str]) -> None:
+        with open(self.root / f"{name}.log", "ab") as log:
+            self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                               start_new_session=True))
+
+    @staticmethod
+    def _answers(url: str) -> bool:
+        try:
+            return httpx.get(url, timeout=3).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def step(self) -> int:
+        return self.job.refresh().step or 0
+
+    def query_range(self, expr: str) -> list[dict]:
+        r = httpx.get(f"{self.prom}/api/v1/query_range", timeout=30, params={
+            "query": expr, "start": self.started - 5, "end": time.time(), "step": "2"})
+        r.raise_for_status()
+        return r.json()["data"]["result"]
+
+    def stop(self) -> None:
+        try:
+            if getattr(self, "job", None) is not None:
+                self.job.cancel()
+                self.job.wait(timeout=180)
+                self.client.close()
+        finally:
+            for proc in self.procs:
+                _kill_session(proc)
+            self.plane.stop()
+            self.head.stop()
+
+
+def urlparse_port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1].split("/")[0])
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    if PROMETHEUS is None:
+        pytest.skip("Debian's prometheus is not installed (scripts/setup.sh installs it)")
+    s = Stack(tmp_path_factory.mktemp("observability"))
+    try:
+        s.start()
+        wait_for(lambda: s.step() >= 1, 600, "the job's first step")
+        yield s
+    finally:
+        s.stop()
+
+
+def _alive_actors(stack: Stack) -> dict[str, dict]:
+    return {a["name"]: a for a in state_api(stack.head.dashboard_url, stack.head.token_file, "actors")
+            if a.get("name") and a["state"] == "ALIVE"}
+
+
+def test_each_actor_of_a_running_job_is_named_for_its_job_and_role(stack):
+    actors = _alive_actors(stack)
+    mine = {name: a for name, a in actors.items() if name.startswith(f"{JOB}-")}
+    assert set(ROLES) <= set(mine), sorted(actors)
+    assert stack.job.refresh().state.value == "running"
+    assert mine[f"{JOB}-learner-0"]["class_name"] == "_LearnerRank"
+    assert mine[f"{JOB}-rollout-0"]["class_name"] == "RolloutActor"
+    # every actor of this job (one Ray job) carries the job's name and a role
+    ray_job = mine[f"{JOB}-learner-0"]["job_id"]
+    same_job = [a for a in state_api(stack.head.dashboard_url, stack.head.token_file, "actors")
+                if a["job_id"] == ray_job and a["state"] == "ALIVE"]
+    assert same_job and all(a["name"] in mine for a in same_job), [(a["class_name"], a["name"]) for a in same_job]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (scripts/setup.sh installs it)")
+def test_ray_dashboard_actors_page_shows_the_job_s_actors(stack, tmp_path):
+    from websockets.sync.client import connect
+
+    profile = tmp_path / "chromium-profile"
+    proc = subprocess.Popen(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
+         "--remote-debugging-port=0", "--window-size=1600,1000", "about:blank"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        active = profile / "DevToolsActivePort"
+        wait_for(lambda: active.exists() and active.read_text().strip(), 60, "Chromium's DevTools port")
+        port = active.read_text().split()[0]
+        page = next(t for t in httpx.get(f"http://127.0.0.1:{port}/json/list", timeout=10).json()
+                    if t["type"] == "page")
+        with connect(page["webSocketDebuggerUrl"], max_size=None, open_timeout=30) as ws:
+            calls = iter(range(1, 10**6))
+
+            def cdp(method: str, **params) -> dict:
+                n = next(calls)
+                ws.send(json.dumps({"id": n, "method": method, "params": params}))
+                while True:
+                    msg = json.loads(ws.recv(timeout=60))
+                    if msg.get("id") == n:
+                        assert "error" not in msg, msg
+                        return msg["result"]
+
+            # what a person does once: paste the head's Ray token, which the dashboard keeps as this cookie
+            cdp("Network.enable")
+            cdp("Network.setCookie", name="ray-authentication-token", value=stack.head.token,
+                url=stack.head.dashboard_url, httpOnly=True)
+            cdp("Page.navigate", url=f"{stack.head.dashboard_url}/#/actors")
+
+            def page_text() -> str:
+                return cdp("Runtime.evaluate", expression="document.body ? document.body.innerText : ''",
+                           returnByValue=True)["result"].get("value", "")
+
+            text = ""
+            try:
+                text = wait_for(lambda: (t := page_text()) and all(r in t for r in ROLES) and t, 120,
+                                "the job's actors on the dashboard's actors page")
+            finally:
+                shot = base64.b64decode(cdp("Page.captureScreenshot", format="png")["data"])
+                (stack.root / "ray-dashboard-actors.png").write_bytes(shot)  # kept: what a person sees
+    finally:
+        _kill_session(proc)
+    assert shot.startswith(b"\x89PNG") and len(shot) > 20_000
+    assert "ALIVE" in text and "RolloutActor" in text
+
+
+def test_every_grafana_dashboard_query_returns_data(stack):
+    queries = dashboard_queries()
+    assert len(queries) >= 15
+    wait_for(lambda: stack.step() >= 3, 600, "three steps")
+
+    def missing() -> list[tuple[str, str]]:
+        return [(title, expr) for title, expr in queries if not stack.query_range(expr)]
+
+    try:
+        wait_for(lambda: not missing(), 180, "data for every dashboard query", every=5)
+    except TimeoutError:
+        names = httpx.get(f"{stack.prom}/api/v1/label/__name__/values", timeout=30).json()["data"]
+        targets = httpx.get(f"{stack.prom}/api/v1/targets", timeout=30).json()["data"]["activeTargets"]
+        pytest.fail(f"no data for {missing()}\nmetrics: {[n for n in names if 'tgc' in n]}\n"
+                    f"targets: {[(t['scrapeUrl'], t['health'], t['lastError']) for t in targets]}")
+    assert stack.job.refresh().state.value == "running"
