@@ -93,6 +93,21 @@ def report() -> Path:
             f"{_fmt(_mean(rows, 'diag/d1_gcpr'))} | {_fmt(_mean(rows, 'diag/d2_residual'))} | "
             f"{_fmt(_mean(rows, 'ibpo/revisions'))} | {_fmt(_mean(rows, 'ibpo/success_rate'))} | "
             f"{_fmt(_mean(rows, 'ibpo/repaired'))} | {_fmt(_mean(rows, 'ibpo/masked_token_frac'))} | {d2s} |")
+    lines += ["", "Per condition, over seeds (mean of each run's step mean; accuracy gain = last step - first step):", "",
+              "| condition | seeds | accuracy | accuracy gain | D2 (learner) | entropy | IBPO success | "
+              "naive-mask D2 on the same batches |", "|---|---|---|---|---|---|---|---|"]
+    conditions: dict[str, list[list[dict[str, Any]]]] = {}
+    for r in runs:
+        name = r["spec"]["objective"]["name"] + (f" ({r['spec']['ibpo']['mask']} mask)" if "ibpo" in r["spec"] else "")
+        conditions.setdefault(name, []).append(r["steps"])
+    for name, seeds in sorted(conditions.items()):
+        def over(key: str, seeds: list[list[dict[str, Any]]] = seeds) -> str:
+            vals = [v for rows in seeds if (v := _mean(rows, key)) is not None]
+            return _fmt(sum(vals) / len(vals)) if vals else "-"
+        gains = [rows[-1]["reward/accuracy"] - rows[0]["reward/accuracy"] for rows in seeds if rows]
+        lines.append(f"| {name} | {len(seeds)} | {over('reward/accuracy')} | {_fmt(sum(gains) / len(gains))} | "
+                     f"{over('diag/d2_residual')} | {over('diag/d7_entropy_mean')} | {over('ibpo/success_rate')} | "
+                     f"{over('ibpo/naive/d2_residual')} |")
     REPORT.write_text("\n".join(lines) + "\n")
     return REPORT
 
