@@ -23,7 +23,8 @@ def d1(obj, b, stage_mask=None) -> dict[str, float]:
 
 
 def test_the_cancellation_preserving_set_is_the_expected_one():
-    assert set(PRESERVING) == {"cispo", "rloo", "dfpo_min", "dfpo_orth", "cp_grpo", "cp_grpo_ar", "cp_grpo_lopti"}
+    assert set(PRESERVING) == {"cispo", "rloo", "dfpo_min", "dfpo_orth", "cp_grpo", "cp_grpo_ar", "cp_grpo_lopti",
+                               "ibpo_cp"}
 
 
 @pytest.mark.parametrize("name", PRESERVING)
