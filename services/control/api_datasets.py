@@ -8,7 +8,7 @@ sees only its own datasets (another's is a 404); an admin token sees all.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
@@ -22,7 +22,7 @@ from services.control.tokens import Principal
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
 Caller = Annotated[Principal, Depends(current_principal)]
 
-_ERRORS = {
+_ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody, "description": "Missing, invalid or revoked token."},
     404: {"model": ErrorBody, "description": "No such dataset (or another tenant's)."},
     422: {"model": ErrorBody, "description": "Invalid input; `detail` names what to change."},

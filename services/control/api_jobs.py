@@ -12,7 +12,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
 from fastapi import Path as FastApiPath
@@ -50,7 +50,7 @@ MAX_SEQ = 2**63 - 1
 MAX_ATTEMPT = 1_000_000
 JobId = Annotated[str, FastApiPath(max_length=64, description="The job's id (`job_...`).")]
 
-_ERRORS = {
+_ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody, "description": "Missing, invalid or revoked token."},
     404: {"model": ErrorBody, "description": "No such job (or another tenant's)."},
     422: {"model": ErrorBody, "description": "Invalid input; `detail` names each bad field."},
@@ -289,7 +289,7 @@ def _sse(event: str, data: str, seq: int | None = None) -> str:
 async def _event_stream(cp, job_id: str, since: int, follow: bool) -> AsyncIterator[str]:
     # Re-read a window below the cursor: with PostgreSQL a lower seq can commit after a higher one.
     overlap = 64 if cp.store.engine.dialect.name != "sqlite" else 0
-    cursor, sent = since, deque(maxlen=4096)
+    cursor, sent = since, deque[int](maxlen=4096)
     sent_set: set[int] = set()
     last_write = time.monotonic()
     while True:

@@ -83,7 +83,7 @@ def create_app(settings: ControlSettings | None = None) -> FastAPI:
     scheduler = None
     if settings.scheduler and settings.ray_address != "none":
         scheduler = Scheduler(store, token_store, settings, telemetry)
-    cp = ControlPlane(settings, store, token_store, telemetry, scheduler, DatasetStore(engine, settings.datasets_dir))
+    cp = ControlPlane(settings, store, token_store, telemetry, scheduler, DatasetStore(engine, settings.datasets_path))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

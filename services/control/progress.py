@@ -66,7 +66,7 @@ def normalize_event(ev: dict[str, Any], index: int = 0) -> dict[str, Any]:
     out.setdefault("source", "trainer")  # state events with source=control are the record's transitions
     if t == "state":
         try:
-            state = JobState(ev.get("state"))
+            state = JobState(str(ev.get("state")))
         except ValueError:
             raise EventError(
                 f"events[{index}].state: must be one of {', '.join(s.value for s in TRAINER_STATES)}"

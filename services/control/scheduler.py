@@ -83,9 +83,9 @@ class Scheduler:
         try:
             if self.local_cluster is not None:
                 address, token = self.local_cluster.ensure(), self.local_cluster.token
+                ray = RayJobs(address, token)
             else:
-                address, token = self.settings.ray_address, self.settings.ray_auth_token
-            ray = RayJobs(address, token)
+                ray = RayJobs(self.settings.ray_address, self.settings.ray_auth_token)
             if not ray.ping():
                 raise RuntimeError(f"no Ray Jobs API answers at {address}")
             self.ray, self.ray_error = ray, None
@@ -149,10 +149,12 @@ class Scheduler:
             return
         if not info.finished:
             # The trainer said it ended but its driver lingers (stuck teardown): stop it after the grace.
-            if job.state in TERMINAL and job.finished_at and time.time() - job.finished_at > self.settings.cancel_grace_s \
-                    and job.ray_submission_id not in self._lingering_stopped:  # fmt: skip
-                self._lingering_stopped.add(job.ray_submission_id)
-                self.ray.stop(job.ray_submission_id)
+            sub_id = job.ray_submission_id
+            if sub_id and job.state in TERMINAL and job.finished_at \
+                    and time.time() - job.finished_at > self.settings.cancel_grace_s \
+                    and sub_id not in self._lingering_stopped:  # fmt: skip
+                self._lingering_stopped.add(sub_id)
+                self.ray.stop(sub_id)
                 self.store.log_event(job, f"the trainer ended {job.state} but its Ray job was still alive after "
                                           f"{self.settings.cancel_grace_s:.0f}s; stopped it", level="warning")  # fmt: skip
             return
@@ -244,7 +246,7 @@ class Scheduler:
             cmd += ["--resume", job.resume_from]
         env = {**self.settings.trainer_env, "TGC_CONTROL_URL": self.settings.control_url,
                "TGC_JOB_ID": job.id, "TGC_JOB_TOKEN": secret, GRANTS_ENV: job.grants,
-               DATASETS_DIR_ENV: str(Path(self.settings.datasets_dir).resolve())}  # fmt: skip
+               DATASETS_DIR_ENV: str(self.settings.datasets_path.resolve())}  # fmt: skip
         if self.settings.data_root is not None:
             env[DATA_ROOT_ENV] = str(self.settings.data_root)
         meta = {"tgc_job_id": job.id, "tgc_tenant": job.tenant, "tgc_attempt": str(job.attempt)}

@@ -102,6 +102,11 @@ class ControlSettings(BaseModel):
         return self
 
     @property
+    def datasets_path(self) -> Path:
+        """datasets_dir once the defaults are filled in (never None then)."""
+        return self.datasets_dir or self.data_dir / "datasets"
+
+    @property
     def database_url(self) -> str:
         return self.db_url or f"sqlite:///{(self.data_dir / 'tgc.db').resolve()}"
 

@@ -6,6 +6,7 @@ Every transition is a compare-and-set on the job's current state, stored with it
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import json
 import secrets
@@ -107,7 +108,7 @@ def insert_ignoring_conflicts(conn: Connection, table: sa.Table, values: dict[st
     if conn.dialect.name == "postgresql":
         from sqlalchemy.dialects.postgresql import insert
     else:
-        from sqlalchemy.dialects.sqlite import insert
+        from sqlalchemy.dialects.sqlite import insert  # type: ignore[assignment]  # same API, other dialect
     # RETURNING, not rowcount: drivers differ in what rowcount says for INSERT ... ON CONFLICT (psycopg: -1).
     stmt = insert(table).values(**values).on_conflict_do_nothing().returning(*table.primary_key.columns)
     return conn.execute(stmt).first() is not None
@@ -242,7 +243,7 @@ class JobStore:
         states: list[JobState] | None = None,
         limit: int = 50,
         before_seq: int | None = None,
-    ) -> list[JobRow]:
+    ) -> builtins.list[JobRow]:
         """Newest first; `before_seq` pages to older jobs."""
         query = sa.select(db.jobs).order_by(db.jobs.c.seq.desc()).limit(limit)
         if tenant is not None:
@@ -264,7 +265,7 @@ class JobStore:
         return job
 
     @staticmethod
-    def _transitions(conn: Connection, job_ids: list[str]) -> dict[str, list[TransitionRow]]:
+    def _transitions(conn: Connection, job_ids: builtins.list[str]) -> dict[str, builtins.list[TransitionRow]]:
         if not job_ids:
             return {}
         rows = conn.execute(
@@ -278,7 +279,7 @@ class JobStore:
             ))  # fmt: skip
         return out
 
-    def queued(self) -> list[JobRow]:
+    def queued(self) -> builtins.list[JobRow]:
         """Queued jobs, oldest first (admission is FIFO per tenant)."""
         with self.read() as conn:
             rows = conn.execute(
@@ -299,7 +300,7 @@ class JobStore:
                 )
             ).scalar_one()
 
-    def on_ray(self) -> list[JobRow]:
+    def on_ray(self) -> builtins.list[JobRow]:
         """Jobs whose Ray job may still exist (submitted, not yet seen finished)."""
         with self.read() as conn:
             rows = conn.execute(
@@ -315,7 +316,7 @@ class JobStore:
             counts = {JobState(s): n for s, n in rows}
         return {s: counts.get(s, 0) for s in JobState}
 
-    def active_jobs(self) -> list[JobRow]:
+    def active_jobs(self) -> builtins.list[JobRow]:
         with self.read() as conn:
             rows = conn.execute(sa.select(db.jobs).where(db.jobs.c.state.in_([s.value for s in ACTIVE])))
             return [JobRow.from_row(r) for r in rows]

@@ -64,7 +64,7 @@ class RewardPoolService:
         self.pool.close()
 
 
-RewardPoolActor = ray.remote(num_cpus=1, max_concurrency=DEFAULT_MAX_CONCURRENCY)(RewardPoolService)
+RewardPoolActor = ray.remote(num_cpus=1, max_concurrency=DEFAULT_MAX_CONCURRENCY)(RewardPoolService)  # type: ignore[call-overload]  # Ray's stubs lack actor options
 
 
 def start_reward_pool_actor(task: TaskSpec, seed: int = 0, *, name: str | None = None,

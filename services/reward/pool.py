@@ -62,6 +62,7 @@ class _Worker:
             [sys.executable, "-m", "services.reward.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             start_new_session=True, env=env, close_fds=True,
         )
+        assert self.proc.stdout is not None and self.proc.stdin is not None  # both are PIPEs
         self.fd_out = self.proc.stdout.fileno()
         self.fd_in = self.proc.stdin.fileno()
         fcntl.fcntl(self.fd_in, fcntl.F_SETFL, fcntl.fcntl(self.fd_in, fcntl.F_GETFL) | os.O_NONBLOCK)
@@ -92,7 +93,8 @@ class _Worker:
         self.proc.wait()
         for f in (self.proc.stdin, self.proc.stdout):
             try:
-                f.close()
+                if f is not None:
+                    f.close()
             except OSError:
                 pass
 

@@ -260,6 +260,7 @@ def _supervise(argv: list[str], stdin_fd: int, pass_fds: tuple[int, ...], limits
             os.close(fd)
     bufs: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
     sel = selectors.DefaultSelector()
+    assert proc.stdout is not None and proc.stderr is not None  # both are PIPEs
     sel.register(proc.stdout, selectors.EVENT_READ, "stdout")
     sel.register(proc.stderr, selectors.EVENT_READ, "stderr")
     for name, fd in extra_reads.items():

@@ -134,12 +134,12 @@ class Job:
 
 def _parse_sse(lines: Iterator[str]) -> Iterator[tuple[str, str, int | None]]:
     """(event type, data, id) per server-sent event; comment lines (keep-alives) are skipped."""
-    event_type, data, seq = "message", [], None
+    event_type, data, seq = "message", list[str](), None
     for line in lines:
         if line == "":
             if data:
                 yield event_type, "\n".join(data), seq
-            event_type, data, seq = "message", [], None
+            event_type, data, seq = "message", list[str](), None
             continue
         if line.startswith(":"):
             continue

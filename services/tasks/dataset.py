@@ -23,12 +23,15 @@ import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
 from services.tasks.base import Score, TaskItem
 from services.tasks.params import HOST_PATHS, TaskParams
+
+if TYPE_CHECKING:
+    from services.sandbox import Sandbox
 
 VERIFIERS = ("math", "exact", "regex", "code")
 Verifier = Literal["math", "exact", "regex", "code"]
@@ -290,7 +293,7 @@ def _load_from_disk(location: Path, split: str | None):
 
 def _read_hub(p: DatasetParams) -> tuple[list[dict[str, Any]], list[str], str]:
     label = f"hub dataset {p.hub_id}"
-    if Path(p.hub_id).exists():  # datasets would read a local directory of that name instead
+    if p.hub_id is None or Path(p.hub_id).exists():  # datasets would read a local directory of that name instead
         raise DataError(f"task.params.hub_id {p.hub_id!r}: a local path of that name exists; use path or file")
     try:
         import datasets
@@ -460,7 +463,7 @@ class DatasetTask:
         self._rows: list[Row] | None = None
         self._orders: dict[int, list[int]] = {}
         self.dropped_too_long = 0
-        self._sandbox = None
+        self._sandbox: Sandbox | None = None
 
     # rows are read on first use: reward workers score items on their own and never need the file
     @property

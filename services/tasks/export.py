@@ -26,7 +26,7 @@ def export_rows(task: str, params: dict[str, Any] | None = None, rows: int = 100
         raise ValueError(f"task {task!r}: export a built-in task (arithmetic, code, humaneval, reasoning_gym:<name>)")
     source = load_task(task, params or {}, seed, LOCAL_GRANTS)
     if task == "humaneval":
-        rows = min(rows, len(source))  # each problem once
+        rows = min(rows, len(source))  # type: ignore[arg-type]  # HumanEvalTask has a length: each problem once
     out: list[dict] = []
     for i in range(rows):
         item = source.item(i)

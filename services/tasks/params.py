@@ -20,6 +20,7 @@ import typing
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic.json_schema import JsonDict
 
 # Privileges a job spec can need; an admin token has all, operator settings grant some (see policy.py).
 CUSTOM_CODE = "custom_code"  # import and run code named by the spec (`module:function`)
@@ -51,7 +52,7 @@ class TaskParams(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
 
 
-def _needs(privilege: str) -> dict[str, str]:
+def _needs(privilege: str) -> JsonDict:
     return {"privilege": privilege}
 
 
