@@ -101,6 +101,12 @@ def check_spec(spec: JobSpec, settings: ControlSettings, is_admin: bool,
         size = len(json.dumps(value))  # the schema already refused what is not plain, finite, shallow JSON
         if size > settings.max_free_form_bytes:
             bad.append(Violation(path, f"{size} bytes of JSON; at most {settings.max_free_form_bytes}"))
+    allowed = set(settings.allowed_custom_resources)
+    for field in ("learner_custom_resources", "rollout_custom_resources"):
+        asked = sorted(set(getattr(spec.resources, field)) - allowed)
+        if asked and not is_admin:  # a custom resource chooses nodes: the operator says which a tenant may
+            bad.append(Violation(f"resources.{field}", f"{', '.join(asked)}: not a custom resource tenants may "
+                                 "ask for on this server (setting allowed_custom_resources), or use an admin token"))
     needed = spec.privileges()
     granted = caller_grants(settings, is_admin)
     for field, privilege in needed.items():

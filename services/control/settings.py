@@ -86,6 +86,11 @@ class ControlSettings(BaseModel):
         None, description="A directory on the workers under which tenants' specs may name files "
         "(`task.params.file`, relative); unset: only uploaded datasets (`dataset_id`).",
     )
+    allowed_custom_resources: list[str] = Field(
+        default_factory=list,
+        description="Ray custom resources (node labels such as a GPU pool's) that non-admin tenants may ask for in "
+        "resources.learner_custom_resources / rollout_custom_resources; others need an admin token. JSON list.",
+    )
     metrics_token: str | None = Field(
         None, min_length=16, description="Bearer token that Prometheus sends to read /metrics (admin tokens may "
         "too). Unset: /metrics needs an admin token.",
@@ -125,9 +130,10 @@ class ControlSettings(BaseModel):
             raw = os.environ.get(f"TGC_{name.upper()}")
             if raw is not None and raw != "":
                 values[name] = raw
-        if "trainer_env" in values:
-            import json
+        import json
 
-            values["trainer_env"] = json.loads(values["trainer_env"])
+        for name in ("trainer_env", "allowed_custom_resources"):  # JSON in the environment
+            if name in values:
+                values[name] = json.loads(values[name])
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls.model_validate(values)

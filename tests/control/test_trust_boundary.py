@@ -309,3 +309,19 @@ def test_bad_tenant_names_are_refused(store, tenant):
 def test_entry_points_with_a_trailing_newline_are_not_names(value):
     with pytest.raises(SpecError):
         JobSpec.parse({"task": {"name": value}})
+
+
+def test_custom_resources_that_choose_nodes_are_the_operators_to_give(monkeypatch):
+    spec = JobSpec.parse({"resources": {"learner_custom_resources": {"team_b_gpu": 1},
+                                        "rollout_custom_resources": {"spot": 0.5}}})
+    with pytest.raises(PolicyError) as e:
+        check_spec(spec, ControlSettings(), is_admin=False)
+    assert {v.field for v in e.value.violations} == {"resources.learner_custom_resources",
+                                                     "resources.rollout_custom_resources"}
+    with pytest.raises(PolicyError) as e:
+        check_spec(spec, ControlSettings(allowed_custom_resources=["spot"]), is_admin=False)
+    assert [v.field for v in e.value.violations] == ["resources.learner_custom_resources"]
+    check_spec(spec, ControlSettings(allowed_custom_resources=["spot", "team_b_gpu"]), is_admin=False)
+    check_spec(spec, ControlSettings(), is_admin=True)
+    monkeypatch.setenv("TGC_ALLOWED_CUSTOM_RESOURCES", '["spot", "team_b_gpu"]')
+    check_spec(spec, ControlSettings.from_env(), is_admin=False)
