@@ -61,7 +61,8 @@ args = GRPOConfig(output_dir=cfg["out"], per_device_train_batch_size=cfg["prompt
                   num_generations=cfg["group_size"], max_completion_length=cfg["max_new_tokens"],
                   temperature=cfg["temperature"], learning_rate=cfg["lr"], beta=0.0, loss_type="dr_grpo",
                   max_steps=cfg["steps"], logging_steps=1, bf16=cfg["bf16"], use_cpu=True, report_to="none",
-                  save_strategy="no", seed=0, dataloader_num_workers=0, shuffle_dataset=False)
+                  save_strategy="no", seed=0, dataloader_num_workers=0, shuffle_dataset=False,
+                  gradient_checkpointing=False)  # TRL's default recomputes activations; tgc-rl's learner does not
 timer = Timer()
 trainer = GRPOTrainer(model=cfg["model"], reward_funcs=reward, args=args, train_dataset=Dataset.from_list(rows),
                       callbacks=[timer])
@@ -120,6 +121,7 @@ def run_ours(spec) -> dict:
 
 
 def run_trl(py: Path, spec, args) -> list[float]:
+    from services.config import resolve_dtype
     from services.models import model_dir
     from services.tasks import load_task
     from services.tasks.params import job_grants
@@ -131,7 +133,8 @@ def run_trl(py: Path, spec, args) -> list[float]:
                "answers": [i.answer for i in items], "system": spec.model.system_prompt or "",
                "prompts_per_step": spec.prompts_per_step, "group_size": spec.group_size,
                "max_new_tokens": spec.sampling.max_new_tokens, "temperature": spec.sampling.temperature,
-               "lr": spec.optim.lr, "steps": args.steps, "bf16": spec.model.dtype == "bfloat16",
+               "lr": spec.optim.lr, "steps": args.steps,
+               "bf16": resolve_dtype(spec.model.dtype, on_gpu=False) == "bfloat16",
                "threads": args.threads, "out": d}
         res = subprocess.run([str(py), "-c", _TRL_CHILD, json.dumps(cfg)], stdout=subprocess.PIPE, text=True,
                              check=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
@@ -151,7 +154,10 @@ def main() -> None:
     trl = run_trl(py, spec, args)
     ours = run_ours(spec)
     trl_med, ours_med = statistics.median(trl[1:]), statistics.median(ours["step_s"][1:])
-    print(f"\n# tgc-rl vs TRL {TRL_VERSION} GRPOTrainer: SmolLM2-135M {spec.model.dtype}, {spec.prompts_per_step} "
+    from services.config import resolve_dtype
+
+    print(f"\n# tgc-rl vs TRL {TRL_VERSION} GRPOTrainer: SmolLM2-135M {resolve_dtype(spec.model.dtype, False)}, "
+          f"{spec.prompts_per_step} "
           f"prompts x G={spec.group_size}, {spec.sampling.max_new_tokens} new tokens, dr_grpo, no KL, "
           f"temperature 0.7, lr 1e-6, system prompt {args.system_prompt_words} words; {args.steps - 1} steps "
           f"after warm-up each, back to back in {time.time() - t0:.0f} s; load average {os.getloadavg()[0]:.1f}")
