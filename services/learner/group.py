@@ -89,7 +89,7 @@ class _LearnerRank:
 
     def open_broadcast(self, make_sender: Callable[[str, int, int, Learner], Any], addr: str, port: int) -> None:
         """Join a broadcast group with the rollout replicas: `make_sender(addr, port, rank, learner)` returns this
-        rank's sender (services.rollout.nccl_sync.BroadcastSender); a previous group's sender is dropped."""
+        rank's sender (services.weight_sync.broadcast.BroadcastSender); a previous group's sender is dropped."""
         self.sender = make_sender(addr, port, self.rank, self.learner)
 
     def broadcast(self, version: int) -> str | None:
@@ -163,7 +163,7 @@ class LearnerGroup:
 
     def publish_weights(self, pack: Callable[[dict], Any] | None = None) -> ray.ObjectRef:
         """The full state dict (HF names, model dtype, tied duplicates left out) put into the object store
-        once by rank 0; `pack` optionally converts it first (e.g. services.rollout.weights.FlatWeights.from_state_dict)."""
+        once by rank 0; `pack` optionally converts it first (e.g. services.weight_sync.flat.FlatWeights.from_state_dict)."""
         return self._all(lambda a: a.publish.remote(pack))[0][0]
 
     def open_broadcast(self, make_sender: Callable[[str, int, int, Any], Any]) -> None:

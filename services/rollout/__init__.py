@@ -1,11 +1,9 @@
 """Generation for the RL loop: rollout engines (vLLM or transformers), the Ray actor that hosts one, and the
-pool of replicas the trainer drives. Weights arrive from the learner through the Ray object store."""
+pool of replicas the trainer drives. Weights arrive from the learner through services.weight_sync."""
 
 from services.rollout.engine import RolloutEngine, engine_kind, make_engine, sample_seed
-from services.rollout.weights import FlatWeights, publish_weights
 
-__all__ = ["FlatWeights", "RolloutEngine", "RolloutPool", "engine_kind", "make_engine", "publish_weights",
-           "sample_seed"]
+__all__ = ["RolloutEngine", "RolloutPool", "engine_kind", "make_engine", "sample_seed"]
 
 
 def __getattr__(name: str):

@@ -48,7 +48,7 @@ class RolloutActor:
         """`weights_ref` is [ObjectRef] (wrapped so Ray does not resolve it before the timer starts)."""
         import ray
 
-        from services.rollout.weights import weights_nbytes
+        from services.weight_sync.flat import weights_nbytes
 
         t0 = time.perf_counter()
         weights = ray.get(weights_ref[0])  # same node: a read-only view of the object store, no copy

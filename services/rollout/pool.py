@@ -23,7 +23,7 @@ from services.config import JobSpec
 from services.placement import Placement
 from services.rollout.actor import RolloutActor
 from services.rollout.engine import Sampling, engine_kind
-from services.rollout.weights import FlatWeights, publish_weights
+from services.weight_sync.flat import FlatWeights, publish_weights
 
 log = logging.getLogger(__name__)
 
@@ -168,8 +168,8 @@ class RolloutPool:
         return self._call_all({0: lambda h: h.score.remote(sequences, prompt_len)})[0]
 
     def sync_client(self):
-        """A client for vLLM's native GPU weight transfer into these replicas (see nccl_sync.py)."""
-        from services.rollout.nccl_sync import ReplicaSyncClient
+        """A client for vLLM's native GPU weight transfer into these replicas (see services/weight_sync/broadcast.py)."""
+        from services.weight_sync.broadcast import ReplicaSyncClient
 
         return ReplicaSyncClient(self.actors, max(1, int(self.spec.resources.gpus_per_rollout)))
 

@@ -20,9 +20,9 @@ from services.batch import Completion
 from services.config import JobSpec, resolve_dtype
 from services.models import load_tokenizer
 from services.rollout.engine import RolloutEngine, Sampling, check_requests, prompt_lengths, sample_seed
-from services.rollout.weights import Weights
+from services.weight_sync.flat import Weights
 
-_EXTENSION = "services.rollout.vllm_extension.WeightLoader"
+_EXTENSION = "services.weight_sync.vllm_loader.WeightLoader"
 CPU_BATCH_TOKENS = 4096  # tokens per scheduler step on CPU (vLLM's default budget)
 
 
@@ -64,17 +64,17 @@ def engine_args(spec: JobSpec, model_path: Path | str) -> dict:
         logprobs_mode="processed_logprobs",
         skip_tokenizer_init=True,  # token ids in, token ids out
     )
-    from services.rollout.nccl_sync import weight_transfer_config
+    from services.weight_sync.broadcast import weight_transfer_config
 
     if uses_cuda(spec):
         args.update(gpu_memory_utilization=spec.resources.vllm_memory_fraction,
                     tensor_parallel_size=max(1, int(spec.resources.gpus_per_rollout)),
                     weight_transfer_config=weight_transfer_config("nccl"))
     else:
-        from services.rollout import gloo_transfer
+        from services.weight_sync import gloo
 
-        gloo_transfer.register()  # the broadcast path's CPU stand-in for NCCL (see gloo_transfer.py)
-        args.update(weight_transfer_config=weight_transfer_config(gloo_transfer.BACKEND))
+        gloo.register()  # the broadcast path's CPU stand-in for NCCL (see services/weight_sync/gloo.py)
+        args.update(weight_transfer_config=weight_transfer_config(gloo.BACKEND))
         # On CPU vLLM's gpu_memory_utilization is a share of host RAM minus this process's RSS, which
         # in-process includes torch and the caller; an explicit KV size keeps the spec's meaning.
         args.update(kv_cache_memory_bytes=int(spec.resources.vllm_memory_fraction * host_memory_bytes()),
@@ -190,7 +190,7 @@ class VLLMEngine(RolloutEngine):
     # -- broadcast weight transfer (NCCL on GPU, gloo on CPU) ---------------------------------------------------------------
     def weight_transfer(self, op: str, payload: dict | None = None, version: int | None = None) -> None:
         """Drive vLLM's native weight-transfer protocol (init / start / update / finish): NCCL on GPU, gloo on
-        CPU; see nccl_sync.py."""
+        CPU; see services/weight_sync/broadcast.py."""
         if op == "init":
             self.llm.init_weight_transfer_engine({"init_info": payload})
         elif op == "start":

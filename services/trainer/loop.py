@@ -15,13 +15,14 @@ import torch
 import rlcore
 from services.batch import Completion, TrainBatch, collate
 from services.config import JobSpec
+from services.rollout import engine_kind
 from services.run_layout import checkpoint_name
 from services.tasks import Score
 from services.trainer.checkpoints import Checkpoints, read_state
 from services.trainer.data import Prompt, PromptSource
 from services.trainer.metrics import MetricsSink
 from services.trainer.reporting import Reporter
-from services.trainer.weight_sync import WeightSync, check_weight_sync
+from services.weight_sync import WeightSync
 
 log = logging.getLogger("tgc.trainer")
 
@@ -99,7 +100,7 @@ class Trainer:
         from services.rollout import RolloutPool
 
         name = self.spec.name
-        check_weight_sync(self.spec)
+        engine_kind(self.spec)  # an engine that cannot be built, or cannot receive a broadcast, fails here
         self.rewards = job_rewards(self.spec, name)
         self.learner = LearnerGroup(self.spec, model_path, name)
         if resume is not None:

@@ -69,7 +69,7 @@ def test_generate_splits_whole_prompts_across_replicas(pool, ray_local):
 
 
 def test_update_weights_reaches_every_replica(pool, tiny_bf16_path, bf16_state):
-    from services.rollout import publish_weights
+    from services.weight_sync.flat import publish_weights
 
     seq = PROMPTS[1] + [300, 301, 302, 303, 304]
     before = pool.score([seq], len(PROMPTS[1]))[0]
@@ -115,7 +115,7 @@ def test_a_replica_killed_mid_generation_is_restarted_and_the_call_completes(poo
 
 def test_broadcast_protocol_loads_weights_into_every_replica(pool, tiny_bf16_path, bf16_state):
     """vLLM's native weight-transfer protocol with each replica at its own rank (gloo here, NCCL on GPU)."""
-    from services.rollout.gloo_transfer import GlooSender
+    from services.weight_sync.gloo import GlooSender
 
     client = pool.sync_client()
     assert client.offsets == [1, 2] and client.world_size == 3

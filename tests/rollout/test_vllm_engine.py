@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from services.rollout.weights import FlatWeights
+from services.weight_sync.flat import FlatWeights
 from tests.rollout.rollout_helpers import (
     EOS,
     PROMPTS,

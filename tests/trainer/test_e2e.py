@@ -208,7 +208,7 @@ def test_broadcast_sync_matches_the_learner_and_a_replaced_replica_rejoins(ray_c
     from services.learner import LearnerGroup
     from services.models import model_dir
     from services.rollout import RolloutPool
-    from services.trainer.weight_sync import WeightSync
+    from services.weight_sync import WeightSync
 
     spec = tiny_spec(name="bcast", **{"resources.rollout_engine": "vllm", "resources.learner_ranks": 2,
                                       "resources.weight_sync": "broadcast"})

@@ -15,8 +15,8 @@ Each replica is its own vLLM instance, so it joins the broadcast group at its ow
 trainer engine assumes one instance at offset 1). A replica restarted after a crash is not in the group and
 starts from the pool's last object-store weights: publish through the object store now and then (and after
 a restart), and rebuild the group with a new `make_sender`. The trainer does this (`resources.weight_sync:
-broadcast`, services/trainer/weight_sync.py), with one `BroadcastSender` per learner rank.
-On CPU the same protocol runs over gloo (`gloo_transfer.GlooSender`), which is how the tests exercise it.
+broadcast`, services/weight_sync/sync.py), with one `BroadcastSender` per learner rank.
+On CPU the same protocol runs over gloo (`services.weight_sync.gloo.GlooSender`), which is how the tests exercise it.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ class BroadcastSender:
         if self.gpu:
             self.engine = make_sender(client, learner.policy, master_address, master_port, rank)
         elif rank == 0:
-            from services.rollout.gloo_transfer import GlooSender
+            from services.weight_sync.gloo import GlooSender
 
             self.engine = GlooSender(client, master_address, master_port)
         else:

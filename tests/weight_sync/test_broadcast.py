@@ -2,7 +2,7 @@
 
 import pytest
 
-from services.rollout.nccl_sync import rank_offsets
+from services.weight_sync.broadcast import rank_offsets
 
 
 def test_each_replica_gets_its_own_block_of_broadcast_ranks():

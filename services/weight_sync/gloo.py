@@ -1,4 +1,4 @@
-"""A gloo backend for vLLM's native weight-transfer protocol, so the broadcast path of `nccl_sync.py` runs on CPU.
+"""A gloo backend for vLLM's native weight-transfer protocol, so the broadcast path of `broadcast.py` runs on CPU.
 
 On GPUs the learner broadcasts with vLLM's NCCL engine. Here the same protocol (init -> start -> update ->
 finish, driven through `ReplicaSyncClient`, each replica at its own rank offset, layerwise in-place reload
@@ -75,7 +75,7 @@ def register() -> None:
             self.receive_weights(self.parse_update_info(update_info))  # CPU: nothing to synchronise
 
         def receive_weights(self, update_info: GlooUpdateInfo) -> None:
-            from services.rollout.vllm_extension import with_tied_head
+            from services.weight_sync.vllm_loader import with_tied_head
 
             group = self.group
             if group is None:
