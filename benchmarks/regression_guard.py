@@ -1,7 +1,7 @@
 """Speed regression guard: ratios measured side by side in one run, against stored baselines.
 
 Absolute times on a shared machine swing 2-4x with the load; a ratio of two things measured alternately in
-one process does not. Each ratio below is "higher is better" and is flagged when it falls more than 20%
+one process, on this process's CPU clock (1 thread: no OpenMP spin-waits), much less so. Each ratio below is "higher is better" and is flagged when it falls more than 20%
 under its baseline (benchmarks/baselines.json); exit status 1 then.
 
 - `learner_vs_plain`: a plain single-process torch loop's step time over the 1-rank FSDP2 learner's, the
@@ -58,14 +58,14 @@ def measure(steps: int, threads: int) -> dict[str, float]:
         batch = make_batch(shape, seed=i)
         rows = plan_minibatches(group_spans(batch), 1, 1, spec.optim.micro_batch_size)[0].for_rank(0)
         t = {}
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         plain_loop_step(policy, optimizer, objective, batch, rows, spec.sampling.max_new_tokens,
                         learners[False].compute_dtype)
-        t["plain"] = time.perf_counter() - t0
+        t["plain"] = time.process_time() - t0
         for shared, learner in learners.items():
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             learner.train_step(batch)
-            t[shared] = time.perf_counter() - t0
+            t[shared] = time.process_time() - t0
         if i:  # the first step is warm-up
             ratios["learner_vs_plain"].append(t["plain"] / t[False])
             ratios["shared_prompt_speedup"].append(t[False] / t[True])
