@@ -53,7 +53,8 @@ def run_one(objective: str, seed: int, mask: str | None, steps: int) -> Path:
         seconds = time.perf_counter() - t0
     finally:
         ray.shutdown()
-    rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln]
+    metrics = run_dir / "metrics.jsonl"  # absent when a job fails before its first step
+    rows = [json.loads(ln) for ln in metrics.read_text().splitlines() if ln] if metrics.exists() else []
     keep = [{k: v for k, v in r.items() if k == "step" or k in KEYS or k.startswith("ibpo/")} for r in rows]
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"{spec['name']}.json"
@@ -94,10 +95,10 @@ def report() -> Path:
             f"{_fmt(_mean(rows, 'ibpo/revisions'))} | {_fmt(_mean(rows, 'ibpo/success_rate'))} | "
             f"{_fmt(_mean(rows, 'ibpo/repaired'))} | {_fmt(_mean(rows, 'ibpo/masked_token_frac'))} | {d2s} |")
     lines += ["", "Per condition, over seeds (mean of each run's step mean; accuracy gain = last step - first step):", "",
-              "| condition | seeds | accuracy | accuracy gain | D2 (learner) | entropy | IBPO success | "
+              "| condition | seeds (succeeded runs) | accuracy | accuracy gain | D2 (learner) | entropy | IBPO success | "
               "naive-mask D2 on the same batches |", "|---|---|---|---|---|---|---|---|"]
     conditions: dict[str, list[list[dict[str, Any]]]] = {}
-    for r in runs:
+    for r in (r for r in runs if r["state"] == "succeeded"):  # a failed run enters no mean
         name = r["spec"]["objective"]["name"] + (f" ({r['spec']['ibpo']['mask']} mask)" if "ibpo" in r["spec"] else "")
         conditions.setdefault(name, []).append(r["steps"])
     for name, seeds in sorted(conditions.items()):
