@@ -81,8 +81,12 @@ def main() -> None:
             print(f"{'request':<26}{'clients':>8}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'errors':>8}")
             for label, method, path, body in cases:
                 for conc in args.concurrency:
-                    asyncio.run(_load(cp.url, token, method, path, body, min(50, args.requests), conc))  # warm-up
-                    wall, lat, errors = asyncio.run(_load(cp.url, token, method, path, body, args.requests, conc))
+                    asyncio.run(
+                        _load(cp.url, token, method, path, body, min(50, args.requests), conc)
+                    )  # warm-up
+                    wall, lat, errors = asyncio.run(
+                        _load(cp.url, token, method, path, body, args.requests, conc)
+                    )
                     print(f"{label:<26}{conc:>8}{len(lat) / wall:>10.0f}{_pct(lat, 50) * 1e3:>10.1f}"
                           f"{_pct(lat, 99) * 1e3:>10.1f}{errors:>8}")  # fmt: skip
                 print()

@@ -25,22 +25,38 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root, for rlcore/services
+sys.path.insert(
+    0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)  # the repo root, for rlcore/services
 
-TINY = {"num_hidden_layers": 2, "hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 2,
-        "num_key_value_heads": 1}
+TINY = {
+    "num_hidden_layers": 2,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+}
 
 
 def make_spec(args, **changes):
     from services.config import JobSpec
 
-    model = ({"source": "smollm2-135m-instruct", "dtype": args.dtype} if args.model == "smollm2"
-             else {"source": "random", "dtype": args.dtype, "config_overrides": TINY})
-    data = {"name": "bench-learner", "model": model, "objective": {"name": "cp_grpo"},
-            "group_size": args.group_size, "prompts_per_step": args.groups, "steps": 100,
-            "sampling": {"max_new_tokens": args.response},
-            "optim": {"lr": 1e-6, "micro_batch_size": args.micro_batch_size, "logprob_chunk_tokens": 1024},
-            "resources": {"cpus_per_learner": 1}}
+    model = (
+        {"source": "smollm2-135m-instruct", "dtype": args.dtype}
+        if args.model == "smollm2"
+        else {"source": "random", "dtype": args.dtype, "config_overrides": TINY}
+    )
+    data = {
+        "name": "bench-learner",
+        "model": model,
+        "objective": {"name": "cp_grpo"},
+        "group_size": args.group_size,
+        "prompts_per_step": args.groups,
+        "steps": 100,
+        "sampling": {"max_new_tokens": args.response},
+        "optim": {"lr": 1e-6, "micro_batch_size": args.micro_batch_size, "logprob_chunk_tokens": 1024},
+        "resources": {"cpus_per_learner": 1},
+    }
     data.update(changes)
     return JobSpec.parse(data)
 
@@ -52,12 +68,18 @@ def make_batch(args, seed=0):
     gen = torch.Generator().manual_seed(seed)
     prompts, comps, gids, rewards = [], [], [], []
     for g in range(args.groups):
-        prompt = torch.randint(3, 40000, (int(torch.randint(args.prompt // 2, args.prompt + 1, (1,), generator=gen)),),
-                               generator=gen).tolist()
+        prompt = torch.randint(
+            3,
+            40000,
+            (int(torch.randint(args.prompt // 2, args.prompt + 1, (1,), generator=gen)),),
+            generator=gen,
+        ).tolist()
         for i in range(args.group_size):
             n = int(torch.randint(args.response // 2, args.response + 1, (1,), generator=gen))
             prompts.append(prompt)
-            comps.append(Completion(torch.randint(3, 40000, (n,), generator=gen).tolist(), [-1.0] * n, "stop", 0))
+            comps.append(
+                Completion(torch.randint(3, 40000, (n,), generator=gen).tolist(), [-1.0] * n, "stop", 0)
+            )
             gids.append(g)
             rewards.append(float(i % 2))
     r = torch.tensor(rewards)
@@ -68,13 +90,17 @@ def make_batch(args, seed=0):
 
 # -- 1. step throughput ---------------------------------------------------------------------------------
 
+
 def plain_loop_step(policy, optimizer, objective, batch, micro_rows, max_new_tokens, dtype):
     """One optimizer step without FSDP: the reference a hand-written single-process trainer would run."""
     import rlcore
     from services.learner.plan import trim_padding
 
-    norm = rlcore.StepNorm(tokens=float(batch.response_mask.sum()), sequences=len(batch),
-                           length=max(batch.response_mask.shape[1], max_new_tokens))
+    norm = rlcore.StepNorm(
+        tokens=float(batch.response_mask.sum()),
+        sequences=len(batch),
+        length=max(batch.response_mask.shape[1], max_new_tokens),
+    )
     optimizer.zero_grad(set_to_none=True)
     for rows in micro_rows:
         m = trim_padding(batch.select(rows))
@@ -110,11 +136,17 @@ def bench_throughput(args) -> dict[str, float]:
     optimizer = torch.optim.AdamW(policy.parameters(), lr=spec.optim.lr)
     objective = rlcore.get_objective("cp_grpo")
     # the same computation as the plain loop (one forward per row), and the default (shared prompts)
-    learners = {shared: Learner(make_spec(args, optim={**spec.optim.model_dump(), "shared_prompt_forward": shared}),
-                                path) for shared in (False, True)}
+    learners = {
+        shared: Learner(
+            make_spec(args, optim={**spec.optim.model_dump(), "shared_prompt_forward": shared}), path
+        )
+        for shared in (False, True)
+    }
     plain_s, times, fwd_bwd_s = [], {False: [], True: []}, []
     for i, b in enumerate(batches):
-        rows = plan_minibatches(group_spans(b), 1, 1, spec.optim.micro_batch_size)[0].for_rank(0)  # the learner's
+        rows = plan_minibatches(group_spans(b), 1, 1, spec.optim.micro_batch_size)[0].for_rank(
+            0
+        )  # the learner's
         t0 = time.perf_counter()
         plain_loop_step(policy, optimizer, objective, b, rows, spec.sampling.max_new_tokens, dtype)
         t1 = time.perf_counter()
@@ -131,12 +163,14 @@ def bench_throughput(args) -> dict[str, float]:
         if i:
             plain_s.append(t1 - t0)
         print(line + (" (warm-up)" if i == 0 else ""), flush=True)
-    results = {"tokens_per_step": sum(tokens) / len(tokens),
-               "plain_tokens_per_s": sum(tokens[1:]) / sum(plain_s),
-               "fsdp1_tokens_per_s": sum(tokens[1:]) / sum(times[False]),
-               "fsdp1_shared_tokens_per_s": sum(tokens[1:]) / sum(times[True]),
-               "fsdp1_fwd_bwd_share": sum(fwd_bwd_s) / sum(times[False]),
-               "median_ratio": statistics.median(p / f for p, f in zip(plain_s, times[False], strict=True))}
+    results = {
+        "tokens_per_step": sum(tokens) / len(tokens),
+        "plain_tokens_per_s": sum(tokens[1:]) / sum(plain_s),
+        "fsdp1_tokens_per_s": sum(tokens[1:]) / sum(times[False]),
+        "fsdp1_shared_tokens_per_s": sum(tokens[1:]) / sum(times[True]),
+        "fsdp1_fwd_bwd_share": sum(fwd_bwd_s) / sum(times[False]),
+        "median_ratio": statistics.median(p / f for p, f in zip(plain_s, times[False], strict=True)),
+    }
     for learner in learners.values():
         learner.close()
     del learners, lm, policy, optimizer
@@ -146,11 +180,24 @@ def bench_throughput(args) -> dict[str, float]:
 
         from services.learner import LearnerGroup
 
-        ray.init(num_cpus=max(2, args.ranks), include_dashboard=False, log_to_driver=False,
-                 object_store_memory=512 * 2**20)
-        group = LearnerGroup(make_spec(args, resources={"learner_ranks": args.ranks, "cpus_per_learner": 1,
-                                                        "threads_per_actor": args.threads}),
-                             path, "bench-learner")
+        ray.init(
+            num_cpus=max(2, args.ranks),
+            include_dashboard=False,
+            log_to_driver=False,
+            object_store_memory=512 * 2**20,
+        )
+        group = LearnerGroup(
+            make_spec(
+                args,
+                resources={
+                    "learner_ranks": args.ranks,
+                    "cpus_per_learner": 1,
+                    "threads_per_actor": args.threads,
+                },
+            ),
+            path,
+            "bench-learner",
+        )
         elapsed = []
         for i, b in enumerate(batches):
             t0 = time.perf_counter()
@@ -195,12 +242,23 @@ print(json.dumps({"peak_bytes": status("VmHWM:") - base, "seconds": time.perf_co
 
 
 def bench_head_memory(args) -> dict[str, dict[str, float]]:
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "PYTHONPATH": os.getcwd()}  # big buffers go back to the OS
+    env = {
+        **os.environ,
+        "MALLOC_MMAP_THRESHOLD_": "65536",
+        "PYTHONPATH": os.getcwd(),
+    }  # big buffers go back to the OS
     out = {}
     for chunk in [0, *args.chunks]:
-        res = subprocess.run([sys.executable, "-c", _HEAD_CHILD, str(args.tokens), "49152", str(chunk),
-                              str(args.threads)], capture_output=True, text=True, env=env, check=True)
-        out["full logits" if chunk == 0 else f"chunks of {chunk}"] = json.loads(res.stdout.strip().splitlines()[-1])
+        res = subprocess.run(
+            [sys.executable, "-c", _HEAD_CHILD, str(args.tokens), "49152", str(chunk), str(args.threads)],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
+        )
+        out["full logits" if chunk == 0 else f"chunks of {chunk}"] = json.loads(
+            res.stdout.strip().splitlines()[-1]
+        )
     return out
 
 
@@ -217,8 +275,12 @@ def main() -> None:
     p.add_argument("--ranks", type=int, default=1, help="also time a LearnerGroup of this many ranks (Ray)")
     p.add_argument("--tokens", type=int, default=4096, help="tokens for the log-prob memory benchmark")
     p.add_argument("--chunks", type=int, nargs="+", default=[1024, 256])
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch threads (1 avoids OpenMP spin-waits when the cores are shared)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (1 avoids OpenMP spin-waits when the cores are shared)",
+    )
     p.add_argument("--skip-throughput", action="store_true")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -226,19 +288,27 @@ def main() -> None:
     print(f"# learner benchmark: model={args.model} dtype={args.dtype} threads={args.threads}")
     if not args.skip_throughput:
         r = bench_throughput(args)
-        print(f"\n## step throughput ({args.groups} groups x {args.group_size}, micro-batch {args.micro_batch_size}, "
-              f"~{r['tokens_per_step']:.0f} tokens/step, {args.steps} timed steps)")
+        print(
+            f"\n## step throughput ({args.groups} groups x {args.group_size}, micro-batch {args.micro_batch_size}, "
+            f"~{r['tokens_per_step']:.0f} tokens/step, {args.steps} timed steps)"
+        )
         print(f"{'variant':34s} {'tokens/s':>10s} {'vs plain':>9s}")
         print(f"{'plain single-process torch loop':34s} {r['plain_tokens_per_s']:10.1f} {1.0:9.3f}")
-        print(f"{'FSDP2 learner, 1 rank, full fwd':34s} {r['fsdp1_tokens_per_s']:10.1f} "
-              f"{r['fsdp1_tokens_per_s'] / r['plain_tokens_per_s']:9.3f}   (median of per-step ratios "
-              f"{r['median_ratio']:.3f})")
-        print(f"{'FSDP2 learner, 1 rank, shared':34s} {r['fsdp1_shared_tokens_per_s']:10.1f} "
-              f"{r['fsdp1_shared_tokens_per_s'] / r['plain_tokens_per_s']:9.3f}")
+        print(
+            f"{'FSDP2 learner, 1 rank, full fwd':34s} {r['fsdp1_tokens_per_s']:10.1f} "
+            f"{r['fsdp1_tokens_per_s'] / r['plain_tokens_per_s']:9.3f}   (median of per-step ratios "
+            f"{r['median_ratio']:.3f})"
+        )
+        print(
+            f"{'FSDP2 learner, 1 rank, shared':34s} {r['fsdp1_shared_tokens_per_s']:10.1f} "
+            f"{r['fsdp1_shared_tokens_per_s'] / r['plain_tokens_per_s']:9.3f}"
+        )
         if args.ranks > 1:
             k = f"fsdp{args.ranks}_tokens_per_s"
-            print(f"{f'FSDP2 LearnerGroup, {args.ranks} ranks (Ray)':34s} {r[k]:10.1f} "
-                  f"{r[k] / r['plain_tokens_per_s']:9.3f}")
+            print(
+                f"{f'FSDP2 LearnerGroup, {args.ranks} ranks (Ray)':34s} {r[k]:10.1f} "
+                f"{r[k] / r['plain_tokens_per_s']:9.3f}"
+            )
         print(f"(fwd+bwd share of the FSDP2 step: {r['fsdp1_fwd_bwd_share']:.2f})")
     m = bench_head_memory(args)
     print(f"\n## log-prob head, {args.tokens} tokens x vocab 49152, forward + backward (fp32)")

@@ -43,16 +43,24 @@ def make_inputs(batch: int, width: int, group_size: int, seed: int = 0) -> dict[
     first = (torch.arange(batch) // group_size) * group_size
     tokens[:, :16] = tokens[first, :16]  # a 16-token group-common opening, as in real rollouts
     old[:, :16] = old[first, :16]
-    return dict(old=old, logprobs=old + 0.05 * torch.randn(batch, width, generator=g), mask=mask,
-                group_ids=group_ids, tokens=tokens, rewards=(torch.rand(batch, generator=g) < 0.5).float(),
-                entropies=torch.rand(batch, width, generator=g) * 2)
+    return dict(
+        old=old,
+        logprobs=old + 0.05 * torch.randn(batch, width, generator=g),
+        mask=mask,
+        group_ids=group_ids,
+        tokens=tokens,
+        rewards=(torch.rand(batch, generator=g) < 0.5).float(),
+        entropies=torch.rand(batch, width, generator=g) * 2,
+    )
 
 
 def peak_mib(fn: Callable[[], None]) -> float:
     """High-water mark of memory allocated (net of frees) while fn runs, in MiB."""
     with profile(profile_memory=True) as prof:
         fn()
-    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
+    events = sorted(
+        (e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"
+    )
     live = peak = 0
     for _, nbytes in events:
         live += nbytes
@@ -60,7 +68,9 @@ def peak_mib(fn: Callable[[], None]) -> float:
     return peak / 2**20
 
 
-def interleaved_medians(jobs: dict[str, Callable[[], Callable[[], None]]], repeats: int, clock) -> dict[str, float]:
+def interleaved_medians(
+    jobs: dict[str, Callable[[], Callable[[], None]]], repeats: int, clock
+) -> dict[str, float]:
     """jobs: name -> setup() returning the timed callable (setup itself is not timed). Median ms."""
     times: dict[str, list[float]] = {name: [] for name in jobs}
     for _ in range(repeats):
@@ -73,7 +83,9 @@ def interleaved_medians(jobs: dict[str, Callable[[], Callable[[], None]]], repea
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--group-size", type=int, default=8)
@@ -96,6 +108,7 @@ def main() -> None:
 
     def loss_job(name: str) -> Callable[[], Callable[[], None]]:
         if name == "plain GRPO":
+
             def setup():
                 lp = leaf()
                 return lambda: plain_grpo(lp, old, plain_adv, mask).backward()
@@ -105,6 +118,7 @@ def main() -> None:
             def setup():
                 lp = leaf()
                 return lambda: obj.loss(lp, old, adv, mask, gids).loss.backward()
+
         return setup
 
     candidates = ["plain GRPO", *names]
@@ -125,26 +139,38 @@ def main() -> None:
     diag_ms = interleaved_medians(diag_jobs, args.repeats, clock)
 
     base = loss_ms["plain GRPO"]
-    print(f"B={args.batch} T={args.width} G={args.group_size} float32, threads={args.threads}, "
-          f"median of {args.repeats} interleaved rounds, {args.clock} clock")
-    print(f"{'objective':24s} {'loss+bwd ms':>11s} {'vs plain':>8s} {'peak MiB':>9s} {'vs plain':>8s} "
-          f"{'diag ms':>8s} {'/own':>6s} {'/plain':>6s} {'core ms':>8s} {'/own':>6s} {'/plain':>6s}  cancels")
+    print(
+        f"B={args.batch} T={args.width} G={args.group_size} float32, threads={args.threads}, "
+        f"median of {args.repeats} interleaved rounds, {args.clock} clock"
+    )
+    print(
+        f"{'objective':24s} {'loss+bwd ms':>11s} {'vs plain':>8s} {'peak MiB':>9s} {'vs plain':>8s} "
+        f"{'diag ms':>8s} {'/own':>6s} {'/plain':>6s} {'core ms':>8s} {'/own':>6s} {'/plain':>6s}  cancels"
+    )
     print(f"{'plain GRPO':24s} {base:11.2f} {1.0:7.2f}x {memory['plain GRPO']:9.1f} {1.0:7.2f}x")
     for n in names:
         full, core = diag_ms[(n, True)], diag_ms[(n, False)]
-        print(f"{n:24s} {loss_ms[n]:11.2f} {loss_ms[n] / base:7.2f}x {memory[n]:9.1f} "
-              f"{memory[n] / memory['plain GRPO']:7.2f}x {full:8.2f} {full / loss_ms[n]:6.1%} {full / base:6.1%} "
-              f"{core:8.2f} {core / loss_ms[n]:6.1%} {core / base:6.1%}  {objectives[n].preserves_cancellation}")
-    print("diag: D1-D11 with old_logprobs, entropies and clipped; core: D1, D2, D3, D4, D11; added time relative to "
-          "the preset's own loss + backward (/own) and to the plain GRPO loss + backward (/plain)")
+        print(
+            f"{n:24s} {loss_ms[n]:11.2f} {loss_ms[n] / base:7.2f}x {memory[n]:9.1f} "
+            f"{memory[n] / memory['plain GRPO']:7.2f}x {full:8.2f} {full / loss_ms[n]:6.1%} {full / base:6.1%} "
+            f"{core:8.2f} {core / loss_ms[n]:6.1%} {core / base:6.1%}  {objectives[n].preserves_cancellation}"
+        )
+    print(
+        "diag: D1-D11 with old_logprobs, entropies and clipped; core: D1, D2, D3, D4, D11; added time relative to "
+        "the preset's own loss + backward (/own) and to the plain GRPO loss + backward (/plain)"
+    )
 
     # The diagnostics' pass over (B, T): the compiled CPU loop against the torch ops other devices run.
     w, clipped = weights[names[0]]
-    stage1 = {path.__name__: (lambda f=path: lambda: f(w, mask, None, x["entropies"], clipped, old))
-              for path in (_token_sums_cpu, _token_sums_torch)}
+    stage1 = {
+        path.__name__: (lambda f=path: lambda: f(w, mask, None, x["entropies"], clipped, old))
+        for path in (_token_sums_cpu, _token_sums_torch)
+    }
     s1 = interleaved_medians(stage1, args.repeats, clock)
-    print(f"stage 1 of the diagnostics (one pass over B x T, {names[0]}'s weights, all inputs): compiled CPU loop "
-          f"{s1['_token_sums_cpu']:.2f} ms, torch ops (the path of other devices) {s1['_token_sums_torch']:.2f} ms")
+    print(
+        f"stage 1 of the diagnostics (one pass over B x T, {names[0]}'s weights, all inputs): compiled CPU loop "
+        f"{s1['_token_sums_cpu']:.2f} ms, torch ops (the path of other devices) {s1['_token_sums_torch']:.2f} ms"
+    )
 
 
 if __name__ == "__main__":

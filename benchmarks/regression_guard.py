@@ -43,12 +43,17 @@ def measure(steps: int, threads: int) -> dict[str, float]:
     from services.models import model_dir
 
     torch.set_num_threads(threads)
-    shape = argparse.Namespace(model="smollm2", dtype="bfloat16", groups=2, group_size=8, prompt=58, response=16,
-                               micro_batch_size=16)
+    shape = argparse.Namespace(
+        model="smollm2", dtype="bfloat16", groups=2, group_size=8, prompt=58, response=16, micro_batch_size=16
+    )
     spec = make_spec(shape)
     path = model_dir(spec.model, spec.seed)
-    learners = {shared: Learner(make_spec(shape, optim={**spec.optim.model_dump(), "shared_prompt_forward": shared}),
-                                path) for shared in (False, True)}
+    learners = {
+        shared: Learner(
+            make_spec(shape, optim={**spec.optim.model_dump(), "shared_prompt_forward": shared}), path
+        )
+        for shared in (False, True)
+    }
     lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     policy = PolicyLogprobs(lm, spec.optim.logprob_chunk_tokens, spec.sampling.temperature).train()
     optimizer = torch.optim.AdamW(policy.parameters(), lr=spec.optim.lr)
@@ -59,8 +64,15 @@ def measure(steps: int, threads: int) -> dict[str, float]:
         rows = plan_minibatches(group_spans(batch), 1, 1, spec.optim.micro_batch_size)[0].for_rank(0)
         t = {}
         t0 = time.process_time()
-        plain_loop_step(policy, optimizer, objective, batch, rows, spec.sampling.max_new_tokens,
-                        learners[False].compute_dtype)
+        plain_loop_step(
+            policy,
+            optimizer,
+            objective,
+            batch,
+            rows,
+            spec.sampling.max_new_tokens,
+            learners[False].compute_dtype,
+        )
         t["plain"] = time.process_time() - t0
         for shared, learner in learners.items():
             t0 = time.process_time()
@@ -69,7 +81,10 @@ def measure(steps: int, threads: int) -> dict[str, float]:
         if i:  # the first step is warm-up
             ratios["learner_vs_plain"].append(t["plain"] / t[False])
             ratios["shared_prompt_speedup"].append(t[False] / t[True])
-        print(f"  step {i}: plain {t['plain']:.2f} s, learner {t[False]:.2f} s, shared {t[True]:.2f} s", flush=True)
+        print(
+            f"  step {i}: plain {t['plain']:.2f} s, learner {t[False]:.2f} s, shared {t[True]:.2f} s",
+            flush=True,
+        )
     for learner in learners.values():
         learner.close()
     return {k: statistics.median(v) for k, v in ratios.items()}
@@ -90,7 +105,9 @@ def main() -> None:
         rel = value / ref if ref else float("nan")
         flag = ref is not None and rel < TOLERANCE
         failed += [key] if flag else []
-        print(f"{key:28s} {value:9.3f} {ref if ref else float('nan'):9.3f} {rel:8.2f}{'  SLOWER' if flag else ''}")
+        print(
+            f"{key:28s} {value:9.3f} {ref if ref else float('nan'):9.3f} {rel:8.2f}{'  SLOWER' if flag else ''}"
+        )
     if args.update:
         BASELINES.write_text(json.dumps({k: round(v, 3) for k, v in got.items()}, indent=2) + "\n")
         print(f"baseline written to {BASELINES}")

@@ -18,9 +18,16 @@ from services.reward import RewardPool
 from services.tasks import Score, TaskItem, load_task
 
 # Math answers in the forms a model writes them, half right, half wrong.
-_MATH = [("\\frac{1}{2}", "so the probability is 0.5"), ("(x+1)^2", "$x^2 + 2x + 1$"), ("72", "#### 72"),
-         ("1000", "The total is 1,000."), ("7", "\\boxed{8}"), ("\\frac{3}{4}", "It is 0.7."),
-         ("12", "12 apples"), ("5", "I think it is 6")]
+_MATH = [
+    ("\\frac{1}{2}", "so the probability is 0.5"),
+    ("(x+1)^2", "$x^2 + 2x + 1$"),
+    ("72", "#### 72"),
+    ("1000", "The total is 1,000."),
+    ("7", "\\boxed{8}"),
+    ("\\frac{3}{4}", "It is 0.7."),
+    ("12", "12 apples"),
+    ("5", "I think it is 6"),
+]
 
 
 def math_batch(n: int) -> tuple[list[TaskItem], list[str]]:
@@ -32,8 +39,10 @@ def math_batch(n: int) -> tuple[list[TaskItem], list[str]]:
 def code_batch(n: int) -> tuple[list[TaskItem], list[str]]:
     task = load_task("code", {"cases": 3}, 0)
     items = [task.item(i) for i in range(n)]
-    responses = [f"```python\n{it.meta['reference']}```" if i % 2 else "```python\nprint(0)\n```"
-                 for i, it in enumerate(items)]
+    responses = [
+        f"```python\n{it.meta['reference']}```" if i % 2 else "```python\nprint(0)\n```"
+        for i, it in enumerate(items)
+    ]
     return items, responses
 
 
@@ -68,8 +77,9 @@ def burst(spec: TaskSpec, n: int) -> None:
         futures = []
         for i, (item, response) in enumerate(zip(items, responses, strict=True)):
             f = pool.submit(item, response)
-            f.add_done_callback(lambda _, i=i: (lock.acquire(), done_at.__setitem__(i, time.perf_counter()),
-                                                lock.release()))
+            f.add_done_callback(
+                lambda _, i=i: (lock.acquire(), done_at.__setitem__(i, time.perf_counter()), lock.release())
+            )
             futures.append(f)
         scores: list[Score] = [f.result() for f in futures]
         wall = time.perf_counter() - start
@@ -78,11 +88,15 @@ def burst(spec: TaskSpec, n: int) -> None:
     statuses = collections.Counter(s.status for s in scores)
     print(f"\nburst of {n} requests submitted at once ({spec.reward_workers} workers):")
     print(f"  answered {len(scores)}/{n} (lost: {n - len(scores)}), statuses {dict(statuses)}")
-    print(f"  end-to-end latency p50 {statistics.median(latencies) * 1000:.0f} ms, "
-          f"p99 {latencies[int(0.99 * (n - 1))] * 1000:.0f} ms, max {latencies[-1] * 1000:.0f} ms; "
-          f"drained in {wall:.2f} s ({n / wall:.0f}/s)")
-    print(f"  per-verification latency in the workers p50 {stats['reward/latency_p50_s'] * 1000:.1f} ms, "
-          f"p99 {stats['reward/latency_p99_s'] * 1000:.1f} ms")
+    print(
+        f"  end-to-end latency p50 {statistics.median(latencies) * 1000:.0f} ms, "
+        f"p99 {latencies[int(0.99 * (n - 1))] * 1000:.0f} ms, max {latencies[-1] * 1000:.0f} ms; "
+        f"drained in {wall:.2f} s ({n / wall:.0f}/s)"
+    )
+    print(
+        f"  per-verification latency in the workers p50 {stats['reward/latency_p50_s'] * 1000:.1f} ms, "
+        f"p99 {stats['reward/latency_p99_s'] * 1000:.1f} ms"
+    )
 
 
 def main() -> None:

@@ -39,20 +39,28 @@ def main() -> None:
     from services.rollout.vllm_engine import engine_args, in_process_llm, sampling_params
     from services.tasks.arithmetic import ArithmeticTask
 
-    spec = JobSpec.parse({
-        "name": "bench-rollout",
-        "model": {"dtype": args.dtype},  # SmolLM2-135M-Instruct, the embedded default
-        "sampling": {"max_new_tokens": args.max_new_tokens, "max_prompt_tokens": 128, "temperature": 1.0},
-        "resources": {"rollout_engine": "vllm", "rollout_replicas": 1, "cpus_per_rollout": args.threads,
-                      "threads_per_actor": args.threads, "vllm_memory_fraction": 0.03},
-    })
+    spec = JobSpec.parse(
+        {
+            "name": "bench-rollout",
+            "model": {"dtype": args.dtype},  # SmolLM2-135M-Instruct, the embedded default
+            "sampling": {"max_new_tokens": args.max_new_tokens, "max_prompt_tokens": 128, "temperature": 1.0},
+            "resources": {
+                "rollout_engine": "vllm",
+                "rollout_replicas": 1,
+                "cpus_per_rollout": args.threads,
+                "threads_per_actor": args.threads,
+                "vllm_memory_fraction": 0.03,
+            },
+        }
+    )
     path = model_dir(spec.model, spec.seed)
     tok = load_tokenizer(spec.model)
     task = ArithmeticTask(seed=0)
     prompts = []
     for i in range(args.prompts):
-        enc = tok.apply_chat_template([{"role": "user", "content": task.item(i).prompt}],
-                                      add_generation_prompt=True, tokenize=True)
+        enc = tok.apply_chat_template(
+            [{"role": "user", "content": task.item(i).prompt}], add_generation_prompt=True, tokenize=True
+        )
         prompts.append(list(enc["input_ids"] if hasattr(enc, "keys") else enc))
     seeds = list(range(args.prompts))
     n = args.samples
@@ -111,24 +119,38 @@ def main() -> None:
         pool.shutdown()
         ray.shutdown()
 
-    print(f"\nRollout throughput  (SmolLM2-135M-Instruct {args.dtype}, {args.prompts} prompts x {n} samples, "
-          f"<= {args.max_new_tokens} new tokens, {args.threads} threads each, vLLM CPU in-process engine core)")
+    print(
+        f"\nRollout throughput  (SmolLM2-135M-Instruct {args.dtype}, {args.prompts} prompts x {n} samples, "
+        f"<= {args.max_new_tokens} new tokens, {args.threads} threads each, vLLM CPU in-process engine core)"
+    )
     print(f"start-up: actor {actor_start:.1f} s (incl. Ray worker + imports), direct {direct_start:.1f} s")
-    print(f"{'run':>4} {'tokens':>7} {'direct s':>9} {'direct tok/s':>13} {'actor s':>8} {'actor tok/s':>12} "
-          f"{'wall ratio':>10} {'cpu ratio':>10} {'in engine s':>11} {'layer ovh s':>11}")
+    print(
+        f"{'run':>4} {'tokens':>7} {'direct s':>9} {'direct tok/s':>13} {'actor s':>8} {'actor tok/s':>12} "
+        f"{'wall ratio':>10} {'cpu ratio':>10} {'in engine s':>11} {'layer ovh s':>11}"
+    )
     wall, cpu, layer = [], [], []
     for r, tok, d_s, d_cpu, a_s, a_cpu, in_s in rows:
         wall.append(d_s / a_s)
         cpu.append(d_cpu / a_cpu)
         layer.append(in_s / a_s)
-        print(f"{r:>4} {tok:>7} {d_s:>9.2f} {tok / d_s:>13.1f} {a_s:>8.2f} {tok / a_s:>12.1f} {wall[-1]:>10.3f} "
-              f"{cpu[-1]:>10.3f} {in_s:>11.2f} {a_s - in_s:>11.3f}")
-    print(f"median actor/direct throughput: wall {statistics.median(wall):.3f}, per CPU-second "
-          f"{statistics.median(cpu):.3f}  (target >= 0.95)")
-    print(f"share of an actor call spent inside the engine (1 - actor-layer overhead): {statistics.median(layer):.4f}")
+        print(
+            f"{r:>4} {tok:>7} {d_s:>9.2f} {tok / d_s:>13.1f} {a_s:>8.2f} {tok / a_s:>12.1f} {wall[-1]:>10.3f} "
+            f"{cpu[-1]:>10.3f} {in_s:>11.2f} {a_s - in_s:>11.3f}"
+        )
+    print(
+        f"median actor/direct throughput: wall {statistics.median(wall):.3f}, per CPU-second "
+        f"{statistics.median(cpu):.3f}  (target >= 0.95)"
+    )
+    print(
+        f"share of an actor call spent inside the engine (1 - actor-layer overhead): {statistics.median(layer):.4f}"
+    )
     print("  wall: tokens per wall second; per CPU-second: tokens per CPU second of the processes involved")
-    print("  (direct: this process; actor: the replica's process plus this one), less sensitive to other load;")
-    print("  layer ovh: pool.generate wall time minus the replica's own engine.generate time (Ray call, transfer)")
+    print(
+        "  (direct: this process; actor: the replica's process plus this one), less sensitive to other load;"
+    )
+    print(
+        "  layer ovh: pool.generate wall time minus the replica's own engine.generate time (Ray call, transfer)"
+    )
     print(f"identical tokens on both paths (same seeds): {same}")
     print(f"load average during the run: {os.getloadavg()[0]:.2f} (1 min), cores: {os.cpu_count()}")
 

@@ -46,8 +46,11 @@ def main() -> None:
     def unsafe_local() -> None:
         assert unsafe.run(PROGRAM).stdout == "ok\n"
 
-    columns = {"plain subprocess.run": plain, "unsafe_local (no namespaces)": unsafe_local,
-               "bwrap sandbox": sandboxed}
+    columns = {
+        "plain subprocess.run": plain,
+        "unsafe_local (no namespaces)": unsafe_local,
+        "bwrap sandbox": sandboxed,
+    }
     times: dict[str, list[float]] = {name: [] for name in columns}
     for fn in columns.values():  # warm the page cache
         fn()
@@ -56,20 +59,27 @@ def main() -> None:
             t0 = time.perf_counter()
             fn()
             times[name].append((time.perf_counter() - t0) * 1000)
-    print(f"{args.calls} calls each of {PROGRAM!r} with {py}; load average {os.getloadavg()[0]:.2f}, "
-          f"{os.cpu_count()} CPUs")
-    print(f"{'':<30}{'median ms':>10}{'p90 ms':>8}{'min ms':>8}{'added (median) ms':>19}"
-          f"{'added (min) ms':>16}")
+    print(
+        f"{args.calls} calls each of {PROGRAM!r} with {py}; load average {os.getloadavg()[0]:.2f}, "
+        f"{os.cpu_count()} CPUs"
+    )
+    print(
+        f"{'':<30}{'median ms':>10}{'p90 ms':>8}{'min ms':>8}{'added (median) ms':>19}{'added (min) ms':>16}"
+    )
     base = statistics.median(times["plain subprocess.run"])
     base_min = min(times["plain subprocess.run"])
     for name, ts in times.items():
         med = statistics.median(ts)
-        print(f"{name:<30}{med:>10.1f}{_pct(ts, 0.9):>8.1f}{min(ts):>8.1f}{med - base:>19.1f}"
-              f"{min(ts) - base_min:>16.1f}")
+        print(
+            f"{name:<30}{med:>10.1f}{_pct(ts, 0.9):>8.1f}{min(ts):>8.1f}{med - base:>19.1f}"
+            f"{min(ts) - base_min:>16.1f}"
+        )
     added = statistics.median(times["bwrap sandbox"]) - base
     added_min = min(times["bwrap sandbox"]) - base_min
-    print(f"sandbox overhead: {added:.1f} ms added per call at the median ({added_min:.1f} ms at the "
-          f"minimum); target < 50 ms: {'met' if added < 50 else 'MISSED'}")
+    print(
+        f"sandbox overhead: {added:.1f} ms added per call at the median ({added_min:.1f} ms at the "
+        f"minimum); target < 50 ms: {'met' if added < 50 else 'MISSED'}"
+    )
 
 
 if __name__ == "__main__":

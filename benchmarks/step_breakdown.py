@@ -24,7 +24,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("spec", nargs="?", default="examples/default.yaml")
     ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--threads", type=int, default=None, help="resources.threads_per_actor (default: the spec's)")
+    ap.add_argument(
+        "--threads", type=int, default=None, help="resources.threads_per_actor (default: the spec's)"
+    )
     args = ap.parse_args()
     spec = JobSpec.from_yaml(args.spec)
     spec.steps = args.steps
@@ -35,8 +37,10 @@ def main() -> None:
         state = run(spec, Path(d), progress=False)
         rows = [json.loads(ln) for ln in (Path(d) / "metrics.jsonl").read_text().splitlines()]
     rows = rows[1:] or rows  # the first step pays one-off warm-up costs
-    print(f"job {spec.name}: {state}; {len(rows)} steps measured; threads per actor "
-          f"{spec.resources.threads_per_actor or 'default'}; load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"job {spec.name}: {state}; {len(rows)} steps measured; threads per actor "
+        f"{spec.resources.threads_per_actor or 'default'}; load average {os.getloadavg()[0]:.2f}"
+    )
     step = statistics.median(r["timing/step_s"] for r in rows)
     print(f"{'phase':<22}{'median s':>10}{'share':>9}")
     accounted = 0.0
@@ -45,7 +49,8 @@ def main() -> None:
         accounted += v
         print(f"{p:<22}{v:>10.3f}{v / step:>9.1%}")
     overhead = statistics.median(
-        (r["timing/step_s"] - sum(r.get(p, 0.0) for p in PHASES)) / r["timing/step_s"] for r in rows)
+        (r["timing/step_s"] - sum(r.get(p, 0.0) for p in PHASES)) / r["timing/step_s"] for r in rows
+    )
     print(f"{'overhead (rest)':<22}{step - accounted:>10.3f}{overhead:>9.1%}   target < 5%")
     print(f"{'step':<22}{step:>10.3f}")
 

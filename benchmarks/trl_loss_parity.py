@@ -82,9 +82,13 @@ def make_inputs(B: int = 16, T: int = 24, seed: int = 0, noise: float = 0.3) -> 
     mask = (torch.arange(T)[None] < lengths[:, None]).double()
     logprobs = (-torch.rand(B, T, generator=gen, dtype=torch.float64) * 3) * mask
     old = (logprobs + torch.randn(B, T, generator=gen, dtype=torch.float64) * noise) * mask
-    return {"logprobs": logprobs, "old": old, "mask": mask,
-            "advantages": torch.randn(B, generator=gen, dtype=torch.float64),
-            "group_ids": torch.arange(B) // 4}
+    return {
+        "logprobs": logprobs,
+        "old": old,
+        "mask": mask,
+        "advantages": torch.randn(B, generator=gen, dtype=torch.float64),
+        "group_ids": torch.arange(B) // 4,
+    }
 
 
 def rlcore_grads(data: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -96,8 +100,11 @@ def rlcore_grads(data: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     for name in TRL_SETTINGS:
         lp = data["logprobs"].clone().requires_grad_(True)
         norm = rlcore.StepNorm(tokens=float(mask.sum()), sequences=B, length=T, group_size=4)
-        loss = rlcore.get_objective(name).loss(lp, data["old"], data["advantages"], mask, data["group_ids"],
-                                               step=norm).loss
+        loss = (
+            rlcore.get_objective(name)
+            .loss(lp, data["old"], data["advantages"], mask, data["group_ids"], step=norm)
+            .loss
+        )
         out[name] = torch.autograd.grad(loss, lp)[0]
     return out
 
@@ -113,21 +120,34 @@ def compare(py: Path, data: dict[str, torch.Tensor]) -> None:
     ours = rlcore_grads(data)
     with tempfile.TemporaryDirectory() as d:
         torch.save(data, Path(d) / "in.pt")
-        subprocess.run([str(py), "-c", _TRL_CHILD, str(Path(d) / "in.pt"), json.dumps(TRL_SETTINGS),
-                        str(Path(d) / "out.pt")], check=True)
+        subprocess.run(
+            [
+                str(py),
+                "-c",
+                _TRL_CHILD,
+                str(Path(d) / "in.pt"),
+                json.dumps(TRL_SETTINGS),
+                str(Path(d) / "out.pt"),
+            ],
+            check=True,
+        )
         trl = torch.load(Path(d) / "out.pt")
     on = data["mask"].bool()
     ratio = (data["logprobs"] - data["old"]).exp()
     clipped = on & ((ratio < 0.8) | (ratio > 1.28))
-    print(f"\n# per-token gradient d loss / d log p, rlcore vs TRL GRPOTrainer._compute_loss, float64, "
-          f"{tuple(data['mask'].shape)} tokens ({int(on.sum())} on the mask), ratio range "
-          f"{float(ratio[on].min()):.2f}-{float(ratio[on].max()):.2f}, {int(clipped.sum())} tokens outside "
-          f"every preset's clip range")
+    print(
+        f"\n# per-token gradient d loss / d log p, rlcore vs TRL GRPOTrainer._compute_loss, float64, "
+        f"{tuple(data['mask'].shape)} tokens ({int(on.sum())} on the mask), ratio range "
+        f"{float(ratio[on].min()):.2f}-{float(ratio[on].max()):.2f}, {int(clipped.sum())} tokens outside "
+        f"every preset's clip range"
+    )
     print(f"{'objective':10s} {'max |diff|':>11s} {'max |grad|':>11s} {'tokens differing':>17s}")
     for name in TRL_SETTINGS:
         diff = (ours[name] - trl[name]).abs()
-        print(f"{name:10s} {float(diff.max()):11.2e} {float(trl[name].abs().max()):11.2e} "
-              f"{int((diff > 1e-12).sum()):17d}")
+        print(
+            f"{name:10s} {float(diff.max()):11.2e} {float(trl[name].abs().max()):11.2e} "
+            f"{int((diff > 1e-12).sum()):17d}"
+        )
 
 
 if __name__ == "__main__":

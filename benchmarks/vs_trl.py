@@ -73,8 +73,13 @@ print(json.dumps({"step_s": timer.times}))
 
 def ensure_trl_venv() -> Path:
     py = TRL_VENV / "bin" / "python"
-    if py.exists() and subprocess.run([py, "-c", f"import trl; assert trl.__version__ == '{TRL_VERSION}'"],
-                                      capture_output=True).returncode == 0:
+    if (
+        py.exists()
+        and subprocess.run(
+            [py, "-c", f"import trl; assert trl.__version__ == '{TRL_VERSION}'"], capture_output=True
+        ).returncode
+        == 0
+    ):
         return py
     subprocess.run(["python3", "-m", "venv", str(TRL_VENV)], check=True)
     pip = [str(py), "-m", "pip", "install", "-q"]
@@ -102,8 +107,10 @@ def job_spec(args):
 
 
 def system_prompt(words: int) -> str:
-    base = ("You are a careful assistant that answers arithmetic questions. Read the question, add the two "
-            "numbers exactly, check the sum once more, and reply with the number alone. ").split()
+    base = (
+        "You are a careful assistant that answers arithmetic questions. Read the question, add the two "
+        "numbers exactly, check the sum once more, and reply with the number alone. "
+    ).split()
     return " ".join(base[i % len(base)] for i in range(words))
 
 
@@ -129,15 +136,28 @@ def run_trl(py: Path, spec, args) -> list[float]:
     task = load_task(spec.task.name, spec.task.params, spec.seed, job_grants())
     items = [task.item(i) for i in range(spec.prompts_per_step * args.steps)]
     with tempfile.TemporaryDirectory() as d:
-        cfg = {"model": str(model_dir(spec.model, spec.seed)), "prompts": [i.prompt for i in items],
-               "answers": [i.answer for i in items], "system": spec.model.system_prompt or "",
-               "prompts_per_step": spec.prompts_per_step, "group_size": spec.group_size,
-               "max_new_tokens": spec.sampling.max_new_tokens, "temperature": spec.sampling.temperature,
-               "lr": spec.optim.lr, "steps": args.steps,
-               "bf16": resolve_dtype(spec.model.dtype, on_gpu=False) == "bfloat16",
-               "threads": args.threads, "out": d}
-        res = subprocess.run([str(py), "-c", _TRL_CHILD, json.dumps(cfg)], stdout=subprocess.PIPE, text=True,
-                             check=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+        cfg = {
+            "model": str(model_dir(spec.model, spec.seed)),
+            "prompts": [i.prompt for i in items],
+            "answers": [i.answer for i in items],
+            "system": spec.model.system_prompt or "",
+            "prompts_per_step": spec.prompts_per_step,
+            "group_size": spec.group_size,
+            "max_new_tokens": spec.sampling.max_new_tokens,
+            "temperature": spec.sampling.temperature,
+            "lr": spec.optim.lr,
+            "steps": args.steps,
+            "bf16": resolve_dtype(spec.model.dtype, on_gpu=False) == "bfloat16",
+            "threads": args.threads,
+            "out": d,
+        }
+        res = subprocess.run(
+            [str(py), "-c", _TRL_CHILD, json.dumps(cfg)],
+            stdout=subprocess.PIPE,
+            text=True,
+            check=True,
+            env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
+        )
     return json.loads(res.stdout.strip().splitlines()[-1])["step_s"]
 
 
@@ -156,15 +176,21 @@ def main() -> None:
     trl_med, ours_med = statistics.median(trl[1:]), statistics.median(ours["step_s"][1:])
     from services.config import resolve_dtype
 
-    print(f"\n# tgc-rl vs TRL {TRL_VERSION} GRPOTrainer: SmolLM2-135M {resolve_dtype(spec.model.dtype, False)}, "
-          f"{spec.prompts_per_step} "
-          f"prompts x G={spec.group_size}, {spec.sampling.max_new_tokens} new tokens, dr_grpo, no KL, "
-          f"temperature 0.7, lr 1e-6, system prompt {args.system_prompt_words} words; {args.steps - 1} steps "
-          f"after warm-up each, back to back in {time.time() - t0:.0f} s; load average {os.getloadavg()[0]:.1f}")
-    print(f"TRL GRPOTrainer median step   {trl_med:8.2f} s   (steps {', '.join(f'{s:.1f}' for s in trl[1:])})")
-    print(f"tgc-rl median step            {ours_med:8.2f} s   (steps "
-          f"{', '.join(f'{s:.1f}' for s in ours['step_s'][1:])}; generate {ours['timing/generate_s']:.2f}, "
-          f"train {ours['timing/train_s']:.2f}, reward {ours['timing/reward_s']:.2f}, sync {ours['timing/sync_s']:.2f})")
+    print(
+        f"\n# tgc-rl vs TRL {TRL_VERSION} GRPOTrainer: SmolLM2-135M {resolve_dtype(spec.model.dtype, False)}, "
+        f"{spec.prompts_per_step} "
+        f"prompts x G={spec.group_size}, {spec.sampling.max_new_tokens} new tokens, dr_grpo, no KL, "
+        f"temperature 0.7, lr 1e-6, system prompt {args.system_prompt_words} words; {args.steps - 1} steps "
+        f"after warm-up each, back to back in {time.time() - t0:.0f} s; load average {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        f"TRL GRPOTrainer median step   {trl_med:8.2f} s   (steps {', '.join(f'{s:.1f}' for s in trl[1:])})"
+    )
+    print(
+        f"tgc-rl median step            {ours_med:8.2f} s   (steps "
+        f"{', '.join(f'{s:.1f}' for s in ours['step_s'][1:])}; generate {ours['timing/generate_s']:.2f}, "
+        f"train {ours['timing/train_s']:.2f}, reward {ours['timing/reward_s']:.2f}, sync {ours['timing/sync_s']:.2f})"
+    )
     print(f"ratio tgc-rl / TRL            {ours_med / trl_med:8.3f}   (target <= 0.33)")
 
 

@@ -30,7 +30,9 @@ def _report(results_dir: Path, report_path: Path, notes: Path | None = NOTES) ->
     print(f"report: {write_report(results_dir, report_path, notes_path=notes)}")
 
 
-def _study(testbed: str, size: str, out: Path, workers: int, cache: Path, args: argparse.Namespace | None = None) -> Path:
+def _study(
+    testbed: str, size: str, out: Path, workers: int, cache: Path, args: argparse.Namespace | None = None
+) -> Path:
     from experiments.runner import run_study
     from experiments.studies import STUDIES
 
@@ -60,26 +62,36 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser, out_default: Path) -> None:
-        p.add_argument("--out", type=Path, default=out_default, help=f"results directory (default {out_default})")
+        p.add_argument(
+            "--out", type=Path, default=out_default, help=f"results directory (default {out_default})"
+        )
         p.add_argument("--cache", type=Path, default=paths.CACHE, help="per-run cache (resume)")
         p.add_argument("--workers", type=int, default=1, help="worker processes (one core each)")
         p.add_argument("--no-report", action="store_true", help="do not rewrite the report afterwards")
 
     p_ci = sub.add_parser("ci", help="CI-sized testbeds 1-2 and their report (minutes)")
     common(p_ci, paths.CACHE / "ci")  # not committed: CI output is checked, not kept
-    for name, helptext in (("tabular", "testbed 1: tabular toy on rlcore objectives"),
-                           ("tinylm", "testbed 2: tiny transformer trained from scratch")):
+    for name, helptext in (
+        ("tabular", "testbed 1: tabular toy on rlcore objectives"),
+        ("tinylm", "testbed 2: tiny transformer trained from scratch"),
+    ):
         p = sub.add_parser(name, help=helptext)
         common(p, paths.RESULTS)
         p.add_argument("--size", choices=("full", "ci"), default="full")
         # A part of the study (the cache keeps it; the results file and report cover every cached run).
-        p.add_argument("--objectives", type=_names, default=None, help="run only these objectives (comma-separated)")
-        p.add_argument("--groups", type=_names, default=None, help="run only these groups (main, epochs, split, ...)")
+        p.add_argument(
+            "--objectives", type=_names, default=None, help="run only these objectives (comma-separated)"
+        )
+        p.add_argument(
+            "--groups", type=_names, default=None, help="run only these groups (main, epochs, split, ...)"
+        )
         p.add_argument("--seeds", type=_ints, default=None, help="run only these seeds (comma-separated)")
     p_tr = sub.add_parser("trainer", help="testbed 3: SmolLM2-135M through the real trainer, run here")
     common(p_tr, paths.RESULTS)
     p_tr.add_argument("--size", choices=("small", "full", "tiny"), default="small")
-    p_tr.add_argument("--objectives", type=_names, default=None, help="run only these objectives (comma-separated)")
+    p_tr.add_argument(
+        "--objectives", type=_names, default=None, help="run only these objectives (comma-separated)"
+    )
     p_tr.add_argument("--tasks", type=_names, default=None, help="run only these tasks (comma-separated)")
     p_tr.add_argument("--seeds", type=_ints, default=None, help="run only these seeds (comma-separated)")
     p_sw = sub.add_parser("sweep", help="testbed 3 as control-plane jobs (SDK)")
@@ -92,13 +104,18 @@ def main(argv: list[str] | None = None) -> int:
     p_sw.add_argument("--no-wait", action="store_true", help="collect only jobs that have finished")
     p_rep = sub.add_parser("report", help="figures and REPORT.md from a results directory")
     p_rep.add_argument("--results", type=Path, default=paths.RESULTS)
-    p_rep.add_argument("--report", type=Path, default=None, help="default: experiments/REPORT.md for the "
-                       "committed results, else <results>/REPORT.md")
+    p_rep.add_argument(
+        "--report",
+        type=Path,
+        default=None,
+        help="default: experiments/REPORT.md for the committed results, else <results>/REPORT.md",
+    )
     args = parser.parse_args(argv)
 
     if args.command == "report":
-        target = args.report or (paths.REPORT if args.results.resolve() == paths.RESULTS.resolve()
-                                 else args.results / "REPORT.md")
+        target = args.report or (
+            paths.REPORT if args.results.resolve() == paths.RESULTS.resolve() else args.results / "REPORT.md"
+        )
         _report(args.results, target, NOTES if target == paths.REPORT else None)
         return 0
     if args.command == "sweep":
@@ -111,8 +128,10 @@ def main(argv: list[str] | None = None) -> int:
                 sweep.submit(client, args.size, manifest)
             else:
                 sweep.collect(client, manifest, args.out, wait=not args.no_wait)
-                _report(args.out, paths.REPORT if args.out.resolve() == paths.RESULTS.resolve()
-                        else args.out / "REPORT.md")
+                _report(
+                    args.out,
+                    paths.REPORT if args.out.resolve() == paths.RESULTS.resolve() else args.out / "REPORT.md",
+                )
         return 0
     if args.workers < 1:
         parser.error("--workers must be >= 1")
@@ -134,7 +153,11 @@ def main(argv: list[str] | None = None) -> int:
         _study(args.command, args.size, args.out, args.workers, args.cache, args)
     if not args.no_report:
         main_results = args.out.resolve() == paths.RESULTS.resolve()
-        _report(args.out, paths.REPORT if main_results else args.out / "REPORT.md", NOTES if main_results else None)
+        _report(
+            args.out,
+            paths.REPORT if main_results else args.out / "REPORT.md",
+            NOTES if main_results else None,
+        )
     return 0
 
 

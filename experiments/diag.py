@@ -21,5 +21,7 @@ def mean_defined(diags: Iterable[dict[str, float]]) -> dict[str, float]:
     weighs the same, as a time average over training should."""
     diags = list(diags)
     keys = {k for d in diags for k in d}
-    return {k: float(np.mean(vals)) if (vals := [d[k] for d in diags if k in d]) else float("nan")
-            for k in sorted(keys)}
+    return {
+        k: float(np.mean(vals)) if (vals := [d[k] for d in diags if k in d]) else float("nan")
+        for k in sorted(keys)
+    }

@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 
 
-def minibatch_rows(n_groups: int, group_size: int, mini_batches: int, split: bool,
-                   gen: torch.Generator) -> list[torch.Tensor]:
+def minibatch_rows(
+    n_groups: int, group_size: int, mini_batches: int, split: bool, gen: torch.Generator
+) -> list[torch.Tensor]:
     """Row indices of each optimizer step. Whole: groups shuffled into mini-batches. Split: every group's
     responses shuffled and dealt evenly over all mini-batches (the pipeline breaker of
     docs/objectives.md#step-constant-normalisers)."""
@@ -19,8 +20,15 @@ def minibatch_rows(n_groups: int, group_size: int, mini_batches: int, split: boo
     return [dealt[:, m].flatten() for m in range(mini_batches)]
 
 
-def split_sequence_weights(objective, logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                           mask: torch.Tensor, group_ids: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+def split_sequence_weights(
+    objective,
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    group_ids: torch.Tensor,
+    rows: torch.Tensor,
+) -> torch.Tensor:
     """DFPO weights of `rows` when their groups are split across optimizer steps.
 
     The transform needs whole groups (`Objective.sequence_weights` over the whole batch); the result

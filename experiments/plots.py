@@ -18,8 +18,20 @@ from experiments.stats import summarize  # noqa: E402
 DPI = 72
 # One fixed colour per objective in every figure (tab10, then the light tab20 shades).
 _PALETTE = list(plt.get_cmap("tab10").colors) + list(plt.get_cmap("tab20").colors[1::2])
-_FIXED = ("grpo", "dr_grpo", "dapo", "gspo", "cispo", "dfpo_min", "dfpo_orth", "cp_grpo", "grpo_ar", "grpo_lopti",
-          "dfpo_min_seqlen", "dr_grpo_symgate")
+_FIXED = (
+    "grpo",
+    "dr_grpo",
+    "dapo",
+    "gspo",
+    "cispo",
+    "dfpo_min",
+    "dfpo_orth",
+    "cp_grpo",
+    "grpo_ar",
+    "grpo_lopti",
+    "dfpo_min_seqlen",
+    "dr_grpo_symgate",
+)
 
 
 def colour(objective: str, order: Sequence[str]) -> Any:
@@ -53,8 +65,14 @@ def _name(cond: dict[str, Any], results: dict[str, Any]) -> str:
     return f"{cond['objective']} (n={len(cond['seeds'])})" if partial else cond["objective"]
 
 
-def bar_figure(results: dict[str, Any], panels: Sequence[tuple[str, str, float | None]], path: Path,
-               group: str = "main", title: str = "", cols: int = 4) -> Path:
+def bar_figure(
+    results: dict[str, Any],
+    panels: Sequence[tuple[str, str, float | None]],
+    path: Path,
+    group: str = "main",
+    title: str = "",
+    cols: int = 4,
+) -> Path:
     """One bar panel per (metric, title, reference line) over the objectives of `group`."""
     conds = conditions(results, group)
     order = objective_order(results)
@@ -63,8 +81,15 @@ def bar_figure(results: dict[str, Any], panels: Sequence[tuple[str, str, float |
     for ax, (key, label, ref) in zip(axes.flat, panels, strict=False):
         stats = [summarize(c["final"].get(key, [])) for c in conds]
         xs = range(len(conds))
-        bars = ax.bar(xs, [s.mean for s in stats], yerr=[s.se if s.n > 1 else 0 for s in stats], capsize=2,
-                      color=[colour(c["objective"], order) for c in conds], edgecolor="black", linewidth=0.5)
+        bars = ax.bar(
+            xs,
+            [s.mean for s in stats],
+            yerr=[s.se if s.n > 1 else 0 for s in stats],
+            capsize=2,
+            color=[colour(c["objective"], order) for c in conds],
+            edgecolor="black",
+            linewidth=0.5,
+        )
         for bar, c in zip(bars, conds, strict=True):
             if _preserves(c):
                 bar.set_hatch("///")
@@ -73,7 +98,7 @@ def bar_figure(results: dict[str, Any], panels: Sequence[tuple[str, str, float |
         ax.set_xticks(list(xs), [_name(c, results) for c in conds], rotation=60, ha="right", fontsize=7)
         ax.set_title(label, fontsize=9)
         ax.tick_params(axis="y", labelsize=7)
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     if title:
         fig.suptitle(title, fontsize=10)
@@ -83,9 +108,15 @@ def bar_figure(results: dict[str, Any], panels: Sequence[tuple[str, str, float |
     return path
 
 
-def curve_figure(results: dict[str, Any], panels: Sequence[tuple[str, str, float | None]], path: Path,
-                 group: str = "main", objectives: Sequence[str] | None = None, title: str = "",
-                 cols: int = 4) -> Path:
+def curve_figure(
+    results: dict[str, Any],
+    panels: Sequence[tuple[str, str, float | None]],
+    path: Path,
+    group: str = "main",
+    objectives: Sequence[str] | None = None,
+    title: str = "",
+    cols: int = 4,
+) -> Path:
     """Mean ± s.e. curves over training, one line per objective."""
     conds = [c for c in conditions(results, group) if objectives is None or c["objective"] in objectives]
     order = objective_order(results)
@@ -102,15 +133,21 @@ def curve_figure(results: dict[str, Any], panels: Sequence[tuple[str, str, float
             col = colour(c["objective"], order)
             style = "-" if _preserves(c) else "--"
             ax.plot(x, m, style, color=col, linewidth=1.1, label=_name(c, results))
-            ax.fill_between(x, [a - b for a, b in zip(m, se, strict=True)], [a + b for a, b in zip(m, se, strict=True)],
-                            color=col, alpha=0.15, linewidth=0)
+            ax.fill_between(
+                x,
+                [a - b for a, b in zip(m, se, strict=True)],
+                [a + b for a, b in zip(m, se, strict=True)],
+                color=col,
+                alpha=0.15,
+                linewidth=0,
+            )
         if ref is not None:
             ax.axhline(ref, color="black", linestyle=":", linewidth=0.8)
         ax.set_title(label, fontsize=9)
         ax.set_xlabel("step", fontsize=7)
         ax.tick_params(labelsize=7)
     handles, labels = axes.flat[0].get_legend_handles_labels()
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), fontsize=7, frameon=False)
     if title:
@@ -121,8 +158,13 @@ def curve_figure(results: dict[str, Any], panels: Sequence[tuple[str, str, float
     return path
 
 
-def ablation_figure(results: dict[str, Any], panels: Sequence[tuple[str, str, str, float | None]], path: Path,
-                    title: str = "", cols: int = 3) -> Path:
+def ablation_figure(
+    results: dict[str, Any],
+    panels: Sequence[tuple[str, str, str, float | None]],
+    path: Path,
+    title: str = "",
+    cols: int = 3,
+) -> Path:
     """Panels (ablation group, metric, title, reference): grouped bars per objective, one bar per setting
     of the group plus the main setting for comparison (epochs, group size; split has its own baseline)."""
     order = objective_order(results)
@@ -139,22 +181,35 @@ def ablation_figure(results: dict[str, Any], panels: Sequence[tuple[str, str, st
         for j, setting in enumerate(settings):
             ys, es, xs = [], [], []
             for i, obj in enumerate(objs):
-                match = [c for c in conds if c["objective"] == obj and _setting_label(c, group, results["base"]) == setting]
+                match = [
+                    c
+                    for c in conds
+                    if c["objective"] == obj and _setting_label(c, group, results["base"]) == setting
+                ]
                 if not match:
                     continue
                 s = summarize(match[0]["final"].get(key, []))
                 xs.append(i + (j - (len(settings) - 1) / 2) * width)
                 ys.append(s.mean)
                 es.append(s.se if s.n > 1 else 0)
-            ax.bar(xs, ys, width, yerr=es, capsize=1.5, label=setting,
-                   color=shades(j / max(len(settings) - 1, 1)), edgecolor="black", linewidth=0.4)
+            ax.bar(
+                xs,
+                ys,
+                width,
+                yerr=es,
+                capsize=1.5,
+                label=setting,
+                color=shades(j / max(len(settings) - 1, 1)),
+                edgecolor="black",
+                linewidth=0.4,
+            )
         if ref is not None:
             ax.axhline(ref, color="black", linestyle="--", linewidth=0.8)
         ax.set_xticks(range(len(objs)), objs, rotation=45, ha="right", fontsize=7)
         ax.set_title(label, fontsize=9)
         ax.tick_params(axis="y", labelsize=7)
         ax.legend(fontsize=6, frameon=False)
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     if title:
         fig.suptitle(title, fontsize=10)

@@ -20,8 +20,11 @@ from experiments.stats import Summary, compare, summarize
 
 ALPHA = 0.05
 EXACT = 1e-4  # a D1 residual at or below this is cancellation up to floating-point rounding (float32 in testbed 2)
-TESTBEDS = {"tabular": "Testbed 1 (tabular toy)", "tinylm": "Testbed 2 (tiny LM)",
-            "trainer": "Testbed 3 (real trainer)"}
+TESTBEDS = {
+    "tabular": "Testbed 1 (tabular toy)",
+    "tinylm": "Testbed 2 (tiny LM)",
+    "trainer": "Testbed 3 (real trainer)",
+}
 
 
 # -- reading results ------------------------------------------------------------------------------------
@@ -77,9 +80,13 @@ class View:
 
     def provenance(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """(conditions that ran, planned conditions that have not) among those requested since the last call."""
+
         def asked(c: dict[str, Any]) -> bool:
-            return any(c["group"] == g and o in (None, c["objective"]) and lab in (None, c["label"])
-                       for o, g, lab in self.requests)
+            return any(
+                c["group"] == g and o in (None, c["objective"]) and lab in (None, c["label"])
+                for o, g, lab in self.requests
+            )
+
         ran = [c for c in self.results["conditions"] if asked(c)]
         keys = {c["key"] for c in ran}
         missing = [c for c in self.planned() if asked(c) and c["key"] not in keys]
@@ -107,19 +114,19 @@ def load_results(results_dir: Path) -> dict[str, dict[str, Any]]:
 @dataclass
 class Finding:
     testbed: str
-    verdict: str          # "reproduced" | "not reproduced" | "partly" | "not measured"
-    text: str             # one or two sentences with the numbers
+    verdict: str  # "reproduced" | "not reproduced" | "partly" | "not measured"
+    text: str  # one or two sentences with the numbers
     table: list[list[str]] | None = None
-    data: str = ""        # part-run studies only: the runs the finding rests on, what has not run yet
-    note: str = ""        # part-run studies only: the summary table's " (N runs, partial)"
+    data: str = ""  # part-run studies only: the runs the finding rests on, what has not run yet
+    note: str = ""  # part-run studies only: the summary table's " (N runs, partial)"
 
 
 @dataclass
 class Claim:
     ident: str
     title: str
-    source: str           # where the claim comes from
-    rule: str             # how the verdict is decided
+    source: str  # where the claim comes from
+    rule: str  # how the verdict is decided
     check: Callable[[View], Finding | None]
 
 
@@ -149,18 +156,43 @@ def _direction(a: list[float], b: list[float]) -> tuple[str, str]:
 def _keys(view: View) -> dict[str, str]:
     """Metric names per testbed for the quantities the claims talk about."""
     if view.testbed == "tabular":
-        return {"d1": "cancel_resid", "verbose": "p_verbose", "acc": "success", "t": "t75",
-                "equiv": "solution_logodds", "tmpl": "template_drift", "ent_common": "diag/d7_entropy_common",
-                "ent": "filler_entropy", "clip_pos": "diag/d10_clipfrac_common_pos",
-                "clip_neg": "diag/d10_clipfrac_common_neg"}
+        return {
+            "d1": "cancel_resid",
+            "verbose": "p_verbose",
+            "acc": "success",
+            "t": "t75",
+            "equiv": "solution_logodds",
+            "tmpl": "template_drift",
+            "ent_common": "diag/d7_entropy_common",
+            "ent": "filler_entropy",
+            "clip_pos": "diag/d10_clipfrac_common_pos",
+            "clip_neg": "diag/d10_clipfrac_common_neg",
+        }
     if view.testbed == "tinylm":
-        return {"d1": "diag/d1_gcpr", "verbose": "eval/p_verbose", "acc": "eval/accuracy",
-                "t": "eval/steps_to_threshold", "equiv": "eval/equiv_drift", "tmpl": "eval/template_drift",
-                "ent_common": "diag/d7_entropy_common", "ent": "diag/d7_entropy_mean", "probe": "probe/kl",
-                "len_ok": "rollout/length_correct", "len_bad": "rollout/length_wrong",
-                "clip_pos": "diag/d10_clipfrac_common_pos", "clip_neg": "diag/d10_clipfrac_common_neg"}
-    return {"d1": "diag/d1_gcpr", "d2": "diag/d2_residual", "acc": "reward/accuracy", "ent": "diag/d7_entropy_mean",
-            "ent_common": "diag/d7_entropy_common", "len": "response/length_mean", "t": "steps_to_threshold"}
+        return {
+            "d1": "diag/d1_gcpr",
+            "verbose": "eval/p_verbose",
+            "acc": "eval/accuracy",
+            "t": "eval/steps_to_threshold",
+            "equiv": "eval/equiv_drift",
+            "tmpl": "eval/template_drift",
+            "ent_common": "diag/d7_entropy_common",
+            "ent": "diag/d7_entropy_mean",
+            "probe": "probe/kl",
+            "len_ok": "rollout/length_correct",
+            "len_bad": "rollout/length_wrong",
+            "clip_pos": "diag/d10_clipfrac_common_pos",
+            "clip_neg": "diag/d10_clipfrac_common_neg",
+        }
+    return {
+        "d1": "diag/d1_gcpr",
+        "d2": "diag/d2_residual",
+        "acc": "reward/accuracy",
+        "ent": "diag/d7_entropy_mean",
+        "ent_common": "diag/d7_entropy_common",
+        "len": "response/length_mean",
+        "t": "steps_to_threshold",
+    }
 
 
 def coefficient_class(preset: str, overrides: dict[str, Any]) -> str:
@@ -188,11 +220,18 @@ def check_residual(view: View) -> Finding | None:
             bad.append(f"{c['objective']} ({cls}, D1 {_fmt(s)})")
     if not rows:
         return None
-    text = ("Every exchangeable objective has D1 <= 1e-4 and every response-coupled one has D1 >= 0.05; "
-            "gate-only breakers sit in between, depending on how often their gate bites." if not bad else
-            "Exceptions to the rule: " + ", ".join(bad) + ".")
-    return Finding(view.testbed, "reproduced" if not bad else "partly", text,
-                   [["objective", "coefficient class", "D1 residual (mean over optimizer steps)"], *rows])
+    text = (
+        "Every exchangeable objective has D1 <= 1e-4 and every response-coupled one has D1 >= 0.05; "
+        "gate-only breakers sit in between, depending on how often their gate bites."
+        if not bad
+        else "Exceptions to the rule: " + ", ".join(bad) + "."
+    )
+    return Finding(
+        view.testbed,
+        "reproduced" if not bad else "partly",
+        text,
+        [["objective", "coefficient class", "D1 residual (mean over optimizer steps)"], *rows],
+    )
 
 
 def check_drift(view: View) -> Finding | None:
@@ -203,22 +242,39 @@ def check_drift(view: View) -> Finding | None:
     if not g or not cp:
         return None
     verdict, diff = _direction(_drift(g), _drift(cp))
-    text = (f"P(verbose) (init 0.5) ends at {_fmt(summarize(g))} under grpo and {_fmt(summarize(cp))} under "
-            f"cp_grpo; drift |p-0.5| grpo - cp_grpo = {diff}.")
+    text = (
+        f"P(verbose) (init 0.5) ends at {_fmt(summarize(g))} under grpo and {_fmt(summarize(cp))} under "
+        f"cp_grpo; drift |p-0.5| grpo - cp_grpo = {diff}."
+    )
     lengths = view.testbed == "tinylm"  # the tiny LM also chooses its length freely (reward-irrelevant)
-    rows = [["objective", "P(verbose) final", "abs(P(verbose)-0.5)"]
-            + (["length of correct responses", "length of wrong responses"] if lengths else [])]
+    rows = [
+        ["objective", "P(verbose) final", "abs(P(verbose)-0.5)"]
+        + (["length of correct responses", "length of wrong responses"] if lengths else [])
+    ]
     for o in view.objectives():
         vals = view.values(o, k)
-        rows.append([o, _fmt(summarize(vals)), _fmt(summarize(_drift(vals)))]
-                    + ([_fmt(view.summary(o, "rollout/length_correct")), _fmt(view.summary(o, "rollout/length_wrong"))]
-                       if lengths else []))
-    start = [(view.cond(o) or {}).get("curves", {}).get(f"rollout/length_{w}", {}).get("mean", [None])[0]
-             for o in ("grpo", "cp_grpo") for w in ("correct", "wrong")]
+        rows.append(
+            [o, _fmt(summarize(vals)), _fmt(summarize(_drift(vals)))]
+            + (
+                [
+                    _fmt(view.summary(o, "rollout/length_correct")),
+                    _fmt(view.summary(o, "rollout/length_wrong")),
+                ]
+                if lengths
+                else []
+            )
+        )
+    start = [
+        (view.cond(o) or {}).get("curves", {}).get(f"rollout/length_{w}", {}).get("mean", [None])[0]
+        for o in ("grpo", "cp_grpo")
+        for w in ("correct", "wrong")
+    ]
     if lengths and None not in start:
-        text += (f" Response lengths are reward-irrelevant too; over the first evaluation interval they are "
-                 f"{start[0]:.1f} (correct) / {start[1]:.1f} (wrong) tokens under grpo and {start[2]:.1f} / "
-                 f"{start[3]:.1f} under cp_grpo.")
+        text += (
+            f" Response lengths are reward-irrelevant too; over the first evaluation interval they are "
+            f"{start[0]:.1f} (correct) / {start[1]:.1f} (wrong) tokens under grpo and {start[2]:.1f} / "
+            f"{start[3]:.1f} under cp_grpo."
+        )
     return Finding(view.testbed, verdict, text, rows)
 
 
@@ -234,9 +290,11 @@ def check_family_drift(view: View) -> Finding | None:
     a = [v for o in coupled for v in _drift(view.values(o, k))]
     b = [v for o in constant for v in _drift(view.values(o, k))]
     verdict, diff = _direction(a, b)
-    text = (f"Pooled over seeds, |P(verbose)-0.5| is {_fmt(summarize(a))} for response-coupled coefficients "
-            f"({', '.join(coupled)}) and {_fmt(summarize(b))} for step-constant ones ({', '.join(constant)}); "
-            f"difference {diff}.")
+    text = (
+        f"Pooled over seeds, |P(verbose)-0.5| is {_fmt(summarize(a))} for response-coupled coefficients "
+        f"({', '.join(coupled)}) and {_fmt(summarize(b))} for step-constant ones ({', '.join(constant)}); "
+        f"difference {diff}."
+    )
     return Finding(view.testbed, verdict, text)
 
 
@@ -267,7 +325,10 @@ def check_clip(view: View) -> Finding | None:
     group = "gate" if view.labels("gate") else "main"
     findings = []
     for label in labels:
-        dr, sym = view.values("dr_grpo", k["d1"], group, label), view.values("dr_grpo_symgate", k["d1"], group, label)
+        dr, sym = (
+            view.values("dr_grpo", k["d1"], group, label),
+            view.values("dr_grpo_symgate", k["d1"], group, label),
+        )
         ref_name = "dr_grpo_symgate" if sym else "cp_grpo"
         ref = sym or view.values("cp_grpo", k["d1"], group, label)
         if not dr or not ref:
@@ -275,14 +336,21 @@ def check_clip(view: View) -> Finding | None:
         verdict, diff = _direction(dr, ref)
         if max(summarize(dr).mean, summarize(ref).mean) <= EXACT:
             # Both cancel to rounding (C1's threshold): a "difference" there is float noise, not a residual.
-            verdict, diff = "not reproduced", f"{diff}, both at numerical zero (<= {EXACT:g}: rounding, no residual)"
+            verdict, diff = (
+                "not reproduced",
+                f"{diff}, both at numerical zero (<= {EXACT:g}: rounding, no residual)",
+            )
         bite = view.summary("dr_grpo", k["clip_pos"], group, label).mean if "clip_pos" in k else float("nan")
-        bite_neg = view.summary("dr_grpo", k["clip_neg"], group, label).mean if "clip_neg" in k else float("nan")
+        bite_neg = (
+            view.summary("dr_grpo", k["clip_neg"], group, label).mean if "clip_neg" in k else float("nan")
+        )
         where = f"the '{label}' setting" if label else "the main setting"
-        text = (f"In {where}, dr_grpo (sign-dependent PPO clip, constant normaliser) has D1 {_fmt(summarize(dr))}; "
-                f"{ref_name} (sign-independent gate) {_fmt(summarize(ref))}; difference {diff}.")
+        text = (
+            f"In {where}, dr_grpo (sign-dependent PPO clip, constant normaliser) has D1 {_fmt(summarize(dr))}; "
+            f"{ref_name} (sign-independent gate) {_fmt(summarize(ref))}; difference {diff}."
+        )
         if "clip_pos" in k:
-            text += (f" The gate removed {bite:.2g} (A>0) and {bite_neg:.2g} (A<0) of dr_grpo's common-prefix tokens.")
+            text += f" The gate removed {bite:.2g} (A>0) and {bite_neg:.2g} (A<0) of dr_grpo's common-prefix tokens."
         findings.append((max(bite, bite_neg) if bite == bite else 0.0, verdict, text, label))
     if not findings:
         return None
@@ -293,9 +361,15 @@ def check_clip(view: View) -> Finding | None:
         for o in view.objectives(group):
             if view.cond(o, group, label) is None:
                 continue
-            rows.append([label or "main", o, _fmt(view.summary(o, k["d1"], group, label)),
-                         _fmt(view.summary(o, k.get("verbose", ""), group, label)),
-                         _fmt(view.summary(o, k["acc"], group, label))])
+            rows.append(
+                [
+                    label or "main",
+                    o,
+                    _fmt(view.summary(o, k["d1"], group, label)),
+                    _fmt(view.summary(o, k.get("verbose", ""), group, label)),
+                    _fmt(view.summary(o, k["acc"], group, label)),
+                ]
+            )
     return Finding(view.testbed, findings[0][1], " ".join(f[2] for f in findings), rows)
 
 
@@ -320,22 +394,36 @@ def check_spillover(view: View) -> Finding | None:
         return None
     rows = [["objective", "probe KL", "probe KL at template", "learning tax (KL / acc gain)"]]
     for o in view.objectives():
-        rows.append([o, _fmt(view.summary(o, "probe/kl")), _fmt(view.summary(o, "probe/kl_template")),
-                     _fmt(view.summary(o, "probe/learning_tax"))])
+        rows.append(
+            [
+                o,
+                _fmt(view.summary(o, "probe/kl")),
+                _fmt(view.summary(o, "probe/kl_template")),
+                _fmt(view.summary(o, "probe/learning_tax")),
+            ]
+        )
     f.table = rows
     return f
 
 
 def check_entropy(view: View) -> Finding | None:
-    f = _pair(view, "ent_common", "Entropy on group-common-prefix positions (D7, lower = more collapsed)",
-              higher_is_worse=False)
+    f = _pair(
+        view,
+        "ent_common",
+        "Entropy on group-common-prefix positions (D7, lower = more collapsed)",
+        higher_is_worse=False,
+    )
     k = _keys(view)
     if f is not None and not view.values("grpo", k["d1"]) and not view.values("cp_grpo", k["d1"]):
         # D1 undefined in every run: no group ever shared a prefix, and D7's common-prefix entropy reads 0 by
         # the diagnostics' convention for an undefined statistic, which is no evidence either way.
-        f = Finding(view.testbed, "not measured", "No group of responses shared a common prefix in any step (D1 "
-                    "undefined in every run), so there were no common-prefix positions whose entropy could "
-                    "collapse; D7's common-prefix entropy reads 0 by convention.")
+        f = Finding(
+            view.testbed,
+            "not measured",
+            "No group of responses shared a common prefix in any step (D1 "
+            "undefined in every run), so there were no common-prefix positions whose entropy could "
+            "collapse; D7's common-prefix entropy reads 0 by convention.",
+        )
     return f
 
 
@@ -364,8 +452,12 @@ def check_efficiency(view: View) -> Finding | None:
             slow.append(o)
     gs, dm = view.summary("gspo", t), view.summary("dfpo_min", t)
     extra = f" dfpo_min / gspo = {dm.mean / gs.mean:.2f} (paper: 0.91)." if gs.n and dm.n and gs.mean else ""
-    text = (f"The cancellation-preserving fixes ({', '.join(fixes)}) reach the threshold within 10% of grpo's steps "
-            "or faster." if not slow else f"Slower than grpo by more than 10%: {', '.join(slow)}.") + extra
+    text = (
+        f"The cancellation-preserving fixes ({', '.join(fixes)}) reach the threshold within 10% of grpo's steps "
+        "or faster."
+        if not slow
+        else f"Slower than grpo by more than 10%: {', '.join(slow)}."
+    ) + extra
     return Finding(view.testbed, "reproduced" if not slow else "not reproduced", text, rows)
 
 
@@ -375,7 +467,9 @@ def check_group_size(view: View) -> Finding | None:
     if not labels:
         return None
     base_g = view.results["base"]["group_size"]
-    rows = [["G", "grpo D1", "grpo abs(P(verbose)-0.5)", "cp_grpo abs(P(verbose)-0.5)", "gap (grpo - cp_grpo)"]]
+    rows = [
+        ["G", "grpo D1", "grpo abs(P(verbose)-0.5)", "cp_grpo abs(P(verbose)-0.5)", "gap (grpo - cp_grpo)"]
+    ]
     gaps = []
     for lab in sorted([*labels, f"G={base_g}"], key=lambda s: int(s.split("=")[1])):
         group = "main" if lab == f"G={base_g}" else "group_size"
@@ -387,8 +481,11 @@ def check_group_size(view: View) -> Finding | None:
         gaps.append(c.diff)
         rows.append([lab.split("=")[1], _fmt(d1), _fmt(summarize(g)), _fmt(summarize(cp)), c.fmt()])
     grows = all(b >= a - 1e-9 for a, b in zip(gaps, gaps[1:], strict=False)) and gaps[-1] > gaps[0]
-    text = ("The grpo-vs-cp_grpo drift gap grows monotonically with G." if grows else
-            "The grpo-vs-cp_grpo drift gap does not grow monotonically with G.")
+    text = (
+        "The grpo-vs-cp_grpo drift gap grows monotonically with G."
+        if grows
+        else "The grpo-vs-cp_grpo drift gap does not grow monotonically with G."
+    )
     return Finding(view.testbed, "reproduced" if grows else "not reproduced", text, rows)
 
 
@@ -398,21 +495,36 @@ def check_split(view: View) -> Finding | None:
     if len(labels) < 2:
         return None
     whole, split = labels[0], labels[1]
-    rows = [["objective", f"D1 ({whole})", f"D1 ({split})", f"abs(P(verbose)-0.5) ({whole})",
-             f"abs(P(verbose)-0.5) ({split})"]]
+    rows = [
+        [
+            "objective",
+            f"D1 ({whole})",
+            f"D1 ({split})",
+            f"abs(P(verbose)-0.5) ({whole})",
+            f"abs(P(verbose)-0.5) ({split})",
+        ]
+    ]
     cp_whole = view.values("cp_grpo", k["d1"], "split", whole)
     cp_split = view.values("cp_grpo", k["d1"], "split", split)
     for o in view.objectives("split"):
         if o in [r[0] for r in rows]:
             continue
-        rows.append([o, _fmt(view.summary(o, k["d1"], "split", whole)), _fmt(view.summary(o, k["d1"], "split", split)),
-                     _fmt(summarize(_drift(view.values(o, k["verbose"], "split", whole)))),
-                     _fmt(summarize(_drift(view.values(o, k["verbose"], "split", split))))])
+        rows.append(
+            [
+                o,
+                _fmt(view.summary(o, k["d1"], "split", whole)),
+                _fmt(view.summary(o, k["d1"], "split", split)),
+                _fmt(summarize(_drift(view.values(o, k["verbose"], "split", whole)))),
+                _fmt(summarize(_drift(view.values(o, k["verbose"], "split", split)))),
+            ]
+        )
     if not cp_whole or not cp_split:
         return Finding(view.testbed, "not measured", "cp_grpo was not part of the split ablation.", rows)
     verdict, diff = _direction(cp_split, cp_whole)
-    text = (f"Splitting each group over two optimizer steps raises cp_grpo's per-step D1 from "
-            f"{_fmt(summarize(cp_whole))} to {_fmt(summarize(cp_split))} (difference {diff}).")
+    text = (
+        f"Splitting each group over two optimizer steps raises cp_grpo's per-step D1 from "
+        f"{_fmt(summarize(cp_whole))} to {_fmt(summarize(cp_split))} (difference {diff})."
+    )
     return Finding(view.testbed, verdict, text, rows)
 
 
@@ -420,18 +532,36 @@ def check_epochs(view: View) -> Finding | None:
     k = _keys(view)
     if "1 epoch" not in view.labels("epochs"):
         return None
-    g, cp = _drift(view.values("grpo", k["verbose"], "epochs", "1 epoch")), \
-        _drift(view.values("cp_grpo", k["verbose"], "epochs", "1 epoch"))
+    g, cp = (
+        _drift(view.values("grpo", k["verbose"], "epochs", "1 epoch")),
+        _drift(view.values("cp_grpo", k["verbose"], "epochs", "1 epoch")),
+    )
     if not g or not cp:
         return None
     verdict, diff = _direction(g, cp)
-    rows = [["objective", "D1 (1 epoch)", f"D1 ({view.results['base']['epochs']} epochs)", "P(verbose) (1 epoch)",
-             f"P(verbose) ({view.results['base']['epochs']} epochs)"]]
+    rows = [
+        [
+            "objective",
+            "D1 (1 epoch)",
+            f"D1 ({view.results['base']['epochs']} epochs)",
+            "P(verbose) (1 epoch)",
+            f"P(verbose) ({view.results['base']['epochs']} epochs)",
+        ]
+    ]
     for o in view.objectives("epochs"):
-        rows.append([o, _fmt(view.summary(o, k["d1"], "epochs", "1 epoch")), _fmt(view.summary(o, k["d1"])),
-                     _fmt(view.summary(o, k["verbose"], "epochs", "1 epoch")), _fmt(view.summary(o, k["verbose"]))])
-    text = (f"With one update per rollout (on-policy, no gate can bite), the drift gap |P(verbose)-0.5| "
-            f"grpo - cp_grpo is {diff}.")
+        rows.append(
+            [
+                o,
+                _fmt(view.summary(o, k["d1"], "epochs", "1 epoch")),
+                _fmt(view.summary(o, k["d1"])),
+                _fmt(view.summary(o, k["verbose"], "epochs", "1 epoch")),
+                _fmt(view.summary(o, k["verbose"])),
+            ]
+        )
+    text = (
+        f"With one update per rollout (on-policy, no gate can bite), the drift gap |P(verbose)-0.5| "
+        f"grpo - cp_grpo is {diff}."
+    )
     return Finding(view.testbed, verdict, text, rows)
 
 
@@ -447,85 +577,175 @@ def check_trainer(view: View) -> Finding | None:
     row per task and objective; the verdict needs every task where grpo and cp_grpo both ran to agree."""
     if view.testbed != "trainer":
         return None
-    rows = [["task", "objective", "seeds", "D1 residual", "D2 residual", "D2 credit", "D2 nodes/step",
-             "D3 kappa CV", "final accuracy", "entropy", "common-prefix entropy", "length"]]
+    rows = [
+        [
+            "task",
+            "objective",
+            "seeds",
+            "D1 residual",
+            "D2 residual",
+            "D2 credit",
+            "D2 nodes/step",
+            "D3 kappa CV",
+            "final accuracy",
+            "entropy",
+            "common-prefix entropy",
+            "length",
+        ]
+    ]
     k = _keys(view)
     texts, oks = [], []
     for group, task in trainer_tasks(view.results):
         for o in view.objectives(group):
+
             def cell(key: str, o: str = o, group: str = group) -> str:
                 return _fmt(view.summary(o, key, group))
-            rows.append([task, o, str(len((view.cond(o, group) or {}).get("seeds", []))), cell(k["d1"]),
-                         cell(k["d2"]), cell("diag/d2_credit_frac"), cell("diag/d2_nodes"),
-                         cell("diag/d3_kappa_cv"), cell(k["acc"]), cell(k["ent"]),
-                         # D7 reports 0 where no group had a common prefix; D1 is absent then
-                         cell(k["ent_common"]) if view.values(o, k["d1"], group) else "n/a", cell(k["len"])])
+
+            rows.append(
+                [
+                    task,
+                    o,
+                    str(len((view.cond(o, group) or {}).get("seeds", []))),
+                    cell(k["d1"]),
+                    cell(k["d2"]),
+                    cell("diag/d2_credit_frac"),
+                    cell("diag/d2_nodes"),
+                    cell("diag/d3_kappa_cv"),
+                    cell(k["acc"]),
+                    cell(k["ent"]),
+                    # D7 reports 0 where no group had a common prefix; D1 is absent then
+                    cell(k["ent_common"]) if view.values(o, k["d1"], group) else "n/a",
+                    cell(k["len"]),
+                ]
+            )
         for name, key in (("D2", k["d2"]), ("D1", k["d1"])):
             g, cp = view.values("grpo", key, group), view.values("cp_grpo", key, group)
             if not (g and cp):
                 continue
             oks.append(summarize(cp).mean <= 1e-4 < summarize(g).mean)
-            text = (f"On {task}, {name} is {_fmt(summarize(g))} under grpo and {_fmt(summarize(cp))} under "
-                    f"cp_grpo (mean over each run's steps; seeds as in the table).")
+            text = (
+                f"On {task}, {name} is {_fmt(summarize(g))} under grpo and {_fmt(summarize(cp))} under "
+                f"cp_grpo (mean over each run's steps; seeds as in the table)."
+            )
             orth = view.values("dfpo_orth", key, group)
-            if name == "D2" and orth:  # its reweighting cancels on group-common nodes only (docs/objectives.md#dfpo-transforms)
-                text += (f" dfpo_orth, which cancels on tokens common to the whole group by construction, leaves "
-                         f"{_fmt(summarize(orth))} on tokens that only some responses share.")
+            if (
+                name == "D2" and orth
+            ):  # its reweighting cancels on group-common nodes only (docs/objectives.md#dfpo-transforms)
+                text += (
+                    f" dfpo_orth, which cancels on tokens common to the whole group by construction, leaves "
+                    f"{_fmt(summarize(orth))} on tokens that only some responses share."
+                )
             texts.append(text)
             break
     if not oks:
-        return Finding(view.testbed, "not measured", "grpo and cp_grpo were not both run on a task, or no step "
-                       "had a node shared by two responses.", rows)
+        return Finding(
+            view.testbed,
+            "not measured",
+            "grpo and cp_grpo were not both run on a task, or no step had a node shared by two responses.",
+            rows,
+        )
     verdict = "reproduced" if all(oks) else "not reproduced"
     return Finding(view.testbed, verdict, "Through the real trainer: " + " ".join(texts), rows)
 
 
 CLAIMS = [
-    Claim("C1", "Response-coupled coefficients and sign-dependent gates leave a residual on group-common tokens; "
-          "exchangeable objectives cancel exactly", "arXiv 2604.13088 v1 Cor. 3.3; docs/objectives.md#shared-nodes-and-cancellation, #knobs-and-the-cancellation-verdict",
-          "D1 <= 1e-4 for every objective rlcore marks cancellation-preserving and >= 0.05 for the others.",
-          check_residual),
-    Claim("C2", "Non-cancellation causes systematic reward-irrelevant drift: grpo drifts, cp_grpo does not",
-          "paper abstract ('solution probability drift'); docs/objectives.md#length-normalisation",
-          f"|P(verbose) - 0.5| larger under grpo than under cp_grpo, permutation p < {ALPHA}.", check_drift),
-    Claim("C2b", "The drift follows the coefficient class (U), not the name of the method",
-          "docs/objectives.md#shared-nodes-and-cancellation (U), #the-tabular-toy",
-          f"pooled |P(verbose)-0.5| of response-coupled objectives > step-constant ones, p < {ALPHA}.",
-          check_family_drift),
-    Claim("C3", "DFPO transforms: Min-Replace on the IS factor cancels without drift; Orth cancels on "
-          "group-common prefixes but still drifts; Min-Replace over s_i/l_i over-corrects",
-          "arXiv 2604.13088 v1 Eq. 17-18; docs/objectives.md#dfpo-transforms",
-          "dfpo_min: D1 <= 1e-4 and |P(verbose)-0.5| < 0.25; dfpo_orth: |P(verbose)-0.5| >= 0.25; "
-          "dfpo_min_seqlen: P(verbose) > 0.9 or < 0.1.", check_dfpo),
-    Claim("C4", "The sign-dependent PPO clip alone breaks cancellation once it bites",
-          "arXiv 2604.13088 v1 (asymmetric clipping); docs/objectives.md#sign-dependent-clipping",
-          f"in the high-lr / 8-epoch setting where the gate bites (else the main setting), D1 of dr_grpo (PPO clip) > "
-          f"D1 of dr_grpo_symgate (same objective, sign-independent gate; else cp_grpo), p < {ALPHA}; two D1 values "
-          f"both <= {EXACT:g} (rounding) count as no difference.",
-          check_clip),
-    Claim("C5", "Learning tax: non-cancelling updates spill over to unrelated contexts (probe drift)",
-          "paper abstract ('learning tax'); docs/objectives.md#what-cancellation-does-not-fix, docs/diagnostics.md#not-computed-by-rlcore",
-          f"probe KL larger under grpo than cp_grpo, p < {ALPHA}.", check_spillover),
-    Claim("C6", "Non-cancellation accelerates entropy collapse on shared tokens",
-          "paper abstract and Fig. 1 ('entropy collapse'); docs/diagnostics.md#d7-entropy-by-position",
-          f"common-prefix entropy lower under grpo than cp_grpo, p < {ALPHA}.", check_entropy),
-    Claim("C7", "Equivalent solutions drift apart faster without cancellation",
-          "paper Cor. 3.2; docs/objectives.md#what-cancellation-does-not-fix (rich-get-richer exists even with cancellation)",
-          f"equivalent-solution log-odds drift larger under grpo than cp_grpo, p < {ALPHA}.", check_equiv),
-    Claim("C8", "The fixes cost no sample efficiency (paper: DFPO reaches the threshold at 0.91x GSPO's compute)",
-          "paper Table 2; docs/objectives.md#the-tabular-toy", "cp_grpo and dfpo_min need at most 1.1x grpo's steps to the "
-          "accuracy threshold (a run that never reaches it counts as the step budget).", check_efficiency),
-    Claim("C9", "The benefit grows with the group size (paper Table 4: +3.1 at G=2 to +5.7 at G=16)",
-          "paper Table 4", "the grpo - cp_grpo drift gap is non-decreasing in G and larger at the largest G.",
-          check_group_size),
-    Claim("C10", "Splitting a group across optimizer steps breaks cancellation even for exchangeable objectives",
-          "docs/objectives.md#step-constant-normalisers; arXiv 2605.08666", f"cp_grpo's per-step D1 higher with split groups, p < {ALPHA}.",
-          check_split),
-    Claim("C11", "The drift does not need off-policy epochs (it is the coefficient, not the clip)",
-          "docs/objectives.md#length-normalisation (the coefficient, not the clip)", f"with 1 epoch, grpo's drift > cp_grpo's, p < {ALPHA}.",
-          check_epochs),
-    Claim("C12", "On a real model through the real trainer, grpo leaves a residual and cp_grpo cancels",
-          "project claim (README)", "cp_grpo D2 <= 1e-4 < grpo D2 (D1 where D2 was not recorded).", check_trainer),
+    Claim(
+        "C1",
+        "Response-coupled coefficients and sign-dependent gates leave a residual on group-common tokens; "
+        "exchangeable objectives cancel exactly",
+        "arXiv 2604.13088 v1 Cor. 3.3; docs/objectives.md#shared-nodes-and-cancellation, #knobs-and-the-cancellation-verdict",
+        "D1 <= 1e-4 for every objective rlcore marks cancellation-preserving and >= 0.05 for the others.",
+        check_residual,
+    ),
+    Claim(
+        "C2",
+        "Non-cancellation causes systematic reward-irrelevant drift: grpo drifts, cp_grpo does not",
+        "paper abstract ('solution probability drift'); docs/objectives.md#length-normalisation",
+        f"|P(verbose) - 0.5| larger under grpo than under cp_grpo, permutation p < {ALPHA}.",
+        check_drift,
+    ),
+    Claim(
+        "C2b",
+        "The drift follows the coefficient class (U), not the name of the method",
+        "docs/objectives.md#shared-nodes-and-cancellation (U), #the-tabular-toy",
+        f"pooled |P(verbose)-0.5| of response-coupled objectives > step-constant ones, p < {ALPHA}.",
+        check_family_drift,
+    ),
+    Claim(
+        "C3",
+        "DFPO transforms: Min-Replace on the IS factor cancels without drift; Orth cancels on "
+        "group-common prefixes but still drifts; Min-Replace over s_i/l_i over-corrects",
+        "arXiv 2604.13088 v1 Eq. 17-18; docs/objectives.md#dfpo-transforms",
+        "dfpo_min: D1 <= 1e-4 and |P(verbose)-0.5| < 0.25; dfpo_orth: |P(verbose)-0.5| >= 0.25; "
+        "dfpo_min_seqlen: P(verbose) > 0.9 or < 0.1.",
+        check_dfpo,
+    ),
+    Claim(
+        "C4",
+        "The sign-dependent PPO clip alone breaks cancellation once it bites",
+        "arXiv 2604.13088 v1 (asymmetric clipping); docs/objectives.md#sign-dependent-clipping",
+        f"in the high-lr / 8-epoch setting where the gate bites (else the main setting), D1 of dr_grpo (PPO clip) > "
+        f"D1 of dr_grpo_symgate (same objective, sign-independent gate; else cp_grpo), p < {ALPHA}; two D1 values "
+        f"both <= {EXACT:g} (rounding) count as no difference.",
+        check_clip,
+    ),
+    Claim(
+        "C5",
+        "Learning tax: non-cancelling updates spill over to unrelated contexts (probe drift)",
+        "paper abstract ('learning tax'); docs/objectives.md#what-cancellation-does-not-fix, docs/diagnostics.md#not-computed-by-rlcore",
+        f"probe KL larger under grpo than cp_grpo, p < {ALPHA}.",
+        check_spillover,
+    ),
+    Claim(
+        "C6",
+        "Non-cancellation accelerates entropy collapse on shared tokens",
+        "paper abstract and Fig. 1 ('entropy collapse'); docs/diagnostics.md#d7-entropy-by-position",
+        f"common-prefix entropy lower under grpo than cp_grpo, p < {ALPHA}.",
+        check_entropy,
+    ),
+    Claim(
+        "C7",
+        "Equivalent solutions drift apart faster without cancellation",
+        "paper Cor. 3.2; docs/objectives.md#what-cancellation-does-not-fix (rich-get-richer exists even with cancellation)",
+        f"equivalent-solution log-odds drift larger under grpo than cp_grpo, p < {ALPHA}.",
+        check_equiv,
+    ),
+    Claim(
+        "C8",
+        "The fixes cost no sample efficiency (paper: DFPO reaches the threshold at 0.91x GSPO's compute)",
+        "paper Table 2; docs/objectives.md#the-tabular-toy",
+        "cp_grpo and dfpo_min need at most 1.1x grpo's steps to the "
+        "accuracy threshold (a run that never reaches it counts as the step budget).",
+        check_efficiency,
+    ),
+    Claim(
+        "C9",
+        "The benefit grows with the group size (paper Table 4: +3.1 at G=2 to +5.7 at G=16)",
+        "paper Table 4",
+        "the grpo - cp_grpo drift gap is non-decreasing in G and larger at the largest G.",
+        check_group_size,
+    ),
+    Claim(
+        "C10",
+        "Splitting a group across optimizer steps breaks cancellation even for exchangeable objectives",
+        "docs/objectives.md#step-constant-normalisers; arXiv 2605.08666",
+        f"cp_grpo's per-step D1 higher with split groups, p < {ALPHA}.",
+        check_split,
+    ),
+    Claim(
+        "C11",
+        "The drift does not need off-policy epochs (it is the coefficient, not the clip)",
+        "docs/objectives.md#length-normalisation (the coefficient, not the clip)",
+        f"with 1 epoch, grpo's drift > cp_grpo's, p < {ALPHA}.",
+        check_epochs,
+    ),
+    Claim(
+        "C12",
+        "On a real model through the real trainer, grpo leaves a residual and cp_grpo cancels",
+        "project claim (README)",
+        "cp_grpo D2 <= 1e-4 < grpo D2 (D1 where D2 was not recorded).",
+        check_trainer,
+    ),
 ]
 
 
@@ -546,13 +766,18 @@ def _checked(claim: Claim, view: View) -> Finding | None:
         by_seeds.setdefault(_seed_list(c["seeds"]), []).append(_cond_name(c))
     parts = "; ".join(", ".join(names) + f": seeds {seeds}" for seeds, names in by_seeds.items())
     text = f"*Data: {runs} runs* ({parts})" if ran else "*Data: none*"
-    short = [f"{_cond_name(c)}: {_seed_list(sorted(set(view.results['seeds']) - set(c['seeds'])))}"
-             for c in ran if len(c["seeds"]) < view.n_seeds()]
+    short = [
+        f"{_cond_name(c)}: {_seed_list(sorted(set(view.results['seeds']) - set(c['seeds'])))}"
+        for c in ran
+        if len(c["seeds"]) < view.n_seeds()
+    ]
     if short:
         text += f". *Seeds not run yet:* {'; '.join(short)}"
     if missing:
-        text += (f". *Not run yet* (no results, not shown): {', '.join(_cond_name(c) for c in missing)}, "
-                 f"{view.n_seeds()} seeds each")
+        text += (
+            f". *Not run yet* (no results, not shown): {', '.join(_cond_name(c) for c in missing)}, "
+            f"{view.n_seeds()} seeds each"
+        )
     finding.data = text + "."
     if ran:
         finding.note = f" ({runs} run{'s' * (runs != 1)}{', partial' if missing or short else ''})"
@@ -578,68 +803,133 @@ def figures(results: dict[str, dict[str, Any]], out_dir: Path) -> dict[str, list
         name = res["study"]
         paths = []
         if testbed == "tabular":
-            paths.append(plots.bar_figure(res, [
-                ("p_verbose", "P(verbose) final (reward-irrelevant, init .5)", 0.5),
-                ("cancel_resid", "D1 cancellation residual", None),
-                ("t75", "steps to success .75", None),
-                ("success", "final success", None),
-                ("template_drift", "template |log-odds drift|", None),
-                ("filler_entropy", "filler entropy (init ln 3)", 1.0986),
-                ("solution_logodds", "equivalent-solution |log-odds|", None),
-                ("diag/d7_entropy_common", "entropy on common prefix (D7)", None)],
-                out_dir / f"{name}_main.png", title="Testbed 1: tabular toy, main setting (mean ± s.e.)"))
-            paths.append(plots.curve_figure(res, [
-                ("p_verbose", "P(verbose)", 0.5), ("success", "success", None),
-                ("diag/d1_gcpr", "D1 residual", None), ("template_drift", "template drift", None)],
-                out_dir / f"{name}_curves.png", title="Testbed 1: training curves (dashed: does not preserve)"))
-            panels = [(g, key, f"{g}: {lab}", ref) for g in ("epochs", "split", "group_size")
-                      for key, lab, ref in (("cancel_resid", "D1", None), ("p_verbose", "P(verbose)", 0.5))
-                      if any(c["group"] == g for c in res["conditions"])]
+            paths.append(
+                plots.bar_figure(
+                    res,
+                    [
+                        ("p_verbose", "P(verbose) final (reward-irrelevant, init .5)", 0.5),
+                        ("cancel_resid", "D1 cancellation residual", None),
+                        ("t75", "steps to success .75", None),
+                        ("success", "final success", None),
+                        ("template_drift", "template |log-odds drift|", None),
+                        ("filler_entropy", "filler entropy (init ln 3)", 1.0986),
+                        ("solution_logodds", "equivalent-solution |log-odds|", None),
+                        ("diag/d7_entropy_common", "entropy on common prefix (D7)", None),
+                    ],
+                    out_dir / f"{name}_main.png",
+                    title="Testbed 1: tabular toy, main setting (mean ± s.e.)",
+                )
+            )
+            paths.append(
+                plots.curve_figure(
+                    res,
+                    [
+                        ("p_verbose", "P(verbose)", 0.5),
+                        ("success", "success", None),
+                        ("diag/d1_gcpr", "D1 residual", None),
+                        ("template_drift", "template drift", None),
+                    ],
+                    out_dir / f"{name}_curves.png",
+                    title="Testbed 1: training curves (dashed: does not preserve)",
+                )
+            )
+            panels = [
+                (g, key, f"{g}: {lab}", ref)
+                for g in ("epochs", "split", "group_size")
+                for key, lab, ref in (("cancel_resid", "D1", None), ("p_verbose", "P(verbose)", 0.5))
+                if any(c["group"] == g for c in res["conditions"])
+            ]
             if panels:
-                paths.append(plots.ablation_figure(res, panels, out_dir / f"{name}_ablations.png",
-                                                   title="Testbed 1: ablations", cols=2))
+                paths.append(
+                    plots.ablation_figure(
+                        res, panels, out_dir / f"{name}_ablations.png", title="Testbed 1: ablations", cols=2
+                    )
+                )
         elif testbed == "tinylm":
-            paths.append(plots.bar_figure(res, [
-                ("eval/p_verbose", "P(verbose) final (init .5)", 0.5),
-                ("diag/d1_gcpr", "D1 cancellation residual", None),
-                ("probe/kl", "probe KL to init (D5, unrelated contexts)", None),
-                ("eval/accuracy", "final accuracy (exact)", None),
-                ("eval/steps_to_threshold", "steps to accuracy threshold", None),
-                ("eval/template_drift", "template |log-odds drift|", None),
-                ("eval/equiv_drift", "equivalent-solution log-odds drift", None),
-                ("diag/d7_entropy_common", "entropy on common prefix (D7)", None),
-                ("rollout/length_correct", "length of correct responses", None),
-                ("rollout/length_wrong", "length of wrong responses", None),
-                ("rollout/entropy_forking", "entropy of forking tokens (top 20%)", None),
-                ("diag/d7_entropy_mean", "mean token entropy", None)],
-                out_dir / f"{name}_main.png", title="Testbed 2: tiny LM, main setting (mean ± s.e.)"))
-            paths.append(plots.curve_figure(res, [
-                ("eval/accuracy", "accuracy", None), ("eval/p_verbose", "P(verbose)", 0.5),
-                ("probe/kl", "probe KL (D5)", None), ("diag/d1_gcpr", "D1 residual", None),
-                ("rollout/length_correct", "length, correct", None), ("rollout/length_wrong", "length, wrong", None),
-                ("eval/template_drift", "template drift", None), ("diag/d7_entropy_mean", "entropy", None)],
-                out_dir / f"{name}_curves.png", title="Testbed 2: training curves (dashed: does not preserve)"))
-            panels = [(g, key, f"{g}: {lab}", ref) for g in ("epochs", "split", "group_size")
-                      for key, lab, ref in (("diag/d1_gcpr", "D1", None), ("eval/p_verbose", "P(verbose)", 0.5),
-                                            ("probe/kl", "probe KL", None))
-                      if any(c["group"] == g for c in res["conditions"])]
+            paths.append(
+                plots.bar_figure(
+                    res,
+                    [
+                        ("eval/p_verbose", "P(verbose) final (init .5)", 0.5),
+                        ("diag/d1_gcpr", "D1 cancellation residual", None),
+                        ("probe/kl", "probe KL to init (D5, unrelated contexts)", None),
+                        ("eval/accuracy", "final accuracy (exact)", None),
+                        ("eval/steps_to_threshold", "steps to accuracy threshold", None),
+                        ("eval/template_drift", "template |log-odds drift|", None),
+                        ("eval/equiv_drift", "equivalent-solution log-odds drift", None),
+                        ("diag/d7_entropy_common", "entropy on common prefix (D7)", None),
+                        ("rollout/length_correct", "length of correct responses", None),
+                        ("rollout/length_wrong", "length of wrong responses", None),
+                        ("rollout/entropy_forking", "entropy of forking tokens (top 20%)", None),
+                        ("diag/d7_entropy_mean", "mean token entropy", None),
+                    ],
+                    out_dir / f"{name}_main.png",
+                    title="Testbed 2: tiny LM, main setting (mean ± s.e.)",
+                )
+            )
+            paths.append(
+                plots.curve_figure(
+                    res,
+                    [
+                        ("eval/accuracy", "accuracy", None),
+                        ("eval/p_verbose", "P(verbose)", 0.5),
+                        ("probe/kl", "probe KL (D5)", None),
+                        ("diag/d1_gcpr", "D1 residual", None),
+                        ("rollout/length_correct", "length, correct", None),
+                        ("rollout/length_wrong", "length, wrong", None),
+                        ("eval/template_drift", "template drift", None),
+                        ("diag/d7_entropy_mean", "entropy", None),
+                    ],
+                    out_dir / f"{name}_curves.png",
+                    title="Testbed 2: training curves (dashed: does not preserve)",
+                )
+            )
+            panels = [
+                (g, key, f"{g}: {lab}", ref)
+                for g in ("epochs", "split", "group_size")
+                for key, lab, ref in (
+                    ("diag/d1_gcpr", "D1", None),
+                    ("eval/p_verbose", "P(verbose)", 0.5),
+                    ("probe/kl", "probe KL", None),
+                )
+                if any(c["group"] == g for c in res["conditions"])
+            ]
             if panels:
                 view = View(res)
-                part = (f" (part-run study: {len(view.planned()) * view.n_seeds() - view.missing_runs()} of "
-                        f"{len(view.planned()) * view.n_seeds()} runs; seeds per condition in REPORT.md)"
-                        if view.missing_runs() > 0 else "")
-                paths.append(plots.ablation_figure(res, panels, out_dir / f"{name}_ablations.png",
-                                                   title="Testbed 2: ablations" + part, cols=3))
+                part = (
+                    f" (part-run study: {len(view.planned()) * view.n_seeds() - view.missing_runs()} of "
+                    f"{len(view.planned()) * view.n_seeds()} runs; seeds per condition in REPORT.md)"
+                    if view.missing_runs() > 0
+                    else ""
+                )
+                paths.append(
+                    plots.ablation_figure(
+                        res,
+                        panels,
+                        out_dir / f"{name}_ablations.png",
+                        title="Testbed 2: ablations" + part,
+                        cols=3,
+                    )
+                )
         elif testbed == "trainer":
             for group, task in trainer_tasks(res):
                 if not any(c["group"] == group for c in res["conditions"]):
                     continue
-                paths.append(plots.curve_figure(res, [
-                    ("reward/accuracy", "accuracy", None), ("diag/d2_residual", "D2 residual (shared nodes)", None),
-                    ("diag/d7_entropy_mean", "entropy", None), ("response/length_mean", "length", None)],
-                    out_dir / (f"{name}_curves.png" if group == "main" else f"{name}_{task}_curves.png"),
-                    group=group, title=f"Testbed 3: {res['base'].get('model', 'model')} through the real "
-                    f"trainer, {task}"))
+                paths.append(
+                    plots.curve_figure(
+                        res,
+                        [
+                            ("reward/accuracy", "accuracy", None),
+                            ("diag/d2_residual", "D2 residual (shared nodes)", None),
+                            ("diag/d7_entropy_mean", "entropy", None),
+                            ("response/length_mean", "length", None),
+                        ],
+                        out_dir / (f"{name}_curves.png" if group == "main" else f"{name}_{task}_curves.png"),
+                        group=group,
+                        title=f"Testbed 3: {res['base'].get('model', 'model')} through the real "
+                        f"trainer, {task}",
+                    )
+                )
         figs[testbed] = paths
     return figs
 
@@ -658,46 +948,77 @@ def _setup(results: dict[str, dict[str, Any]]) -> list[str]:
         n_runs = sum(len(c["seeds"]) for c in res["conditions"])
         secs = sum(s for c in res["conditions"] for s in c["seconds"] if s)
         seeds = sorted({s for c in res["conditions"] for s in c["seeds"] if s is not None})
-        out.append(f"- **{TESTBEDS[testbed]}**, study `{res['study']}` ({res['size']} size, results of "
-                   f"{res['created']}): {len(res['conditions'])} conditions, {n_runs} runs, seeds {seeds}, "
-                   f"{secs / 60:.0f} min of run time in total. Main setting: "
-                   + ", ".join(f"{k}={v}" for k, v in res["base"].items()) + f". Rerun: `{res['command']}`.")
+        out.append(
+            f"- **{TESTBEDS[testbed]}**, study `{res['study']}` ({res['size']} size, results of "
+            f"{res['created']}): {len(res['conditions'])} conditions, {n_runs} runs, seeds {seeds}, "
+            f"{secs / 60:.0f} min of run time in total. Main setting: "
+            + ", ".join(f"{k}={v}" for k, v in res["base"].items())
+            + f". Rerun: `{res['command']}`."
+        )
         view = View(res)
         if view.missing_runs() > 0:
             ran = {c["key"]: c for c in res["conditions"]}
-            partial = [f"{_cond_name(c)} ({_seed_list(c['seeds'])})" for c in res["conditions"]
-                       if len(c["seeds"]) < view.n_seeds()]
+            partial = [
+                f"{_cond_name(c)} ({_seed_list(c['seeds'])})"
+                for c in res["conditions"]
+                if len(c["seeds"]) < view.n_seeds()
+            ]
             absent = [_cond_name(c) for c in view.planned() if c["key"] not in ran]
-            out.append(f"  **Part-run study:** {n_runs} of {len(view.planned()) * view.n_seeds()} planned runs "
-                       f"({len(view.planned())} conditions x {view.n_seeds()} seeds) have run."
-                       + (f" Conditions with fewer than {view.n_seeds()} seeds (seeds that ran): "
-                          f"{', '.join(partial)}." if partial else "")
-                       + (f" Not run yet, so absent from every table and figure: {', '.join(absent)}."
-                          if absent else "")
-                       + (" Each run's summary is kept beside the results (`trainer_runs/`), so on any machine"
-                          if testbed == "trainer" else " The cache resumes the study:")
-                       + f" `{res['command']}` runs only what is missing, and "
-                       f"`--objectives`, `--{'tasks' if testbed == 'trainer' else 'groups'}`, `--seeds` run a part of it.")
+            out.append(
+                f"  **Part-run study:** {n_runs} of {len(view.planned()) * view.n_seeds()} planned runs "
+                f"({len(view.planned())} conditions x {view.n_seeds()} seeds) have run."
+                + (
+                    f" Conditions with fewer than {view.n_seeds()} seeds (seeds that ran): "
+                    f"{', '.join(partial)}."
+                    if partial
+                    else ""
+                )
+                + (
+                    f" Not run yet, so absent from every table and figure: {', '.join(absent)}."
+                    if absent
+                    else ""
+                )
+                + (
+                    " Each run's summary is kept beside the results (`trainer_runs/`), so on any machine"
+                    if testbed == "trainer"
+                    else " The cache resumes the study:"
+                )
+                + f" `{res['command']}` runs only what is missing, and "
+                f"`--objectives`, `--{'tasks' if testbed == 'trainer' else 'groups'}`, `--seeds` run a part of it."
+            )
     return [*out, ""]
 
 
-def render(results: dict[str, dict[str, Any]], fig_paths: dict[str, list[Path]], report_dir: Path,
-           preamble: str = "", notes: str = "") -> str:
+def render(
+    results: dict[str, dict[str, Any]],
+    fig_paths: dict[str, list[Path]],
+    report_dir: Path,
+    preamble: str = "",
+    notes: str = "",
+) -> str:
     views = {t: View(r) for t, r in results.items()}
-    lines = ["# Token gradient cancellation at small scale: experiment report", "",
-             f"Generated by `python -m experiments report` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
-             "from the results files next to this report. Numbers are means ± standard errors over seeds; "
-             "a difference between two conditions is reported as mean difference ± s.e. with the p-value of an "
-             "exact two-sided permutation test over seeds (with 5 seeds per side the smallest possible p is 0.008; "
-             "with 3, 0.1). Verdicts follow the rule printed under each claim.", ""]
+    lines = [
+        "# Token gradient cancellation at small scale: experiment report",
+        "",
+        f"Generated by `python -m experiments report` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
+        "from the results files next to this report. Numbers are means ± standard errors over seeds; "
+        "a difference between two conditions is reported as mean difference ± s.e. with the p-value of an "
+        "exact two-sided permutation test over seeds (with 5 seeds per side the smallest possible p is 0.008; "
+        "with 3, 0.1). Verdicts follow the rule printed under each claim.",
+        "",
+    ]
     if preamble:
         lines += [preamble.strip(), ""]
     findings: dict[str, list[Finding]] = {}
     for claim in CLAIMS:
         findings[claim.ident] = [f for v in views.values() if (f := _checked(claim, v)) is not None]
     # Summary table
-    lines += ["## Summary", "", "| claim | " + " | ".join(TESTBEDS[t].split(" (")[0] for t in views) + " |",
-              "|---|" + "---|" * len(views)]
+    lines += [
+        "## Summary",
+        "",
+        "| claim | " + " | ".join(TESTBEDS[t].split(" (")[0] for t in views) + " |",
+        "|---|" + "---|" * len(views),
+    ]
     for claim in CLAIMS:
         cells = []
         for t in views:
@@ -707,10 +1028,12 @@ def render(results: dict[str, dict[str, Any]], fig_paths: dict[str, list[Path]],
     lines += ["", "— : not measured on that testbed (no such metric or condition there)."]
     for t, v in views.items():
         if v.missing_runs() > 0:
-            lines += [f"{TESTBEDS[t]} is a part-run study: {v.missing_runs()} of its {len(v.planned()) * v.n_seeds()} "
-                      f"planned runs have not run yet. Its verdicts give the number of runs they rest on (\"partial\": "
-                      f"some runs the claim needs have not run; \"not run yet\": none has), and each finding "
-                      f"below lists its runs and the conditions that have not run."]
+            lines += [
+                f"{TESTBEDS[t]} is a part-run study: {v.missing_runs()} of its {len(v.planned()) * v.n_seeds()} "
+                f'planned runs have not run yet. Its verdicts give the number of runs they rest on ("partial": '
+                f'some runs the claim needs have not run; "not run yet": none has), and each finding '
+                f"below lists its runs and the conditions that have not run."
+            ]
     lines += [""]
     lines += _setup(results)
     if notes:
@@ -729,22 +1052,35 @@ def render(results: dict[str, dict[str, Any]], fig_paths: dict[str, list[Path]],
     lines += ["## Figures", ""]
     for testbed, paths in fig_paths.items():
         for p in paths:
-            rel = Path(p).resolve().relative_to(report_dir.resolve()) if Path(p).resolve().is_relative_to(
-                report_dir.resolve()) else Path(p)
+            rel = (
+                Path(p).resolve().relative_to(report_dir.resolve())
+                if Path(p).resolve().is_relative_to(report_dir.resolve())
+                else Path(p)
+            )
             lines += [f"![{TESTBEDS[testbed]}: {Path(p).stem}]({rel.as_posix()})", ""]
     lines += ["## Rerun", "", "```bash"]
     for res in results.values():
-        lines.append(f"nice -n 10 .venv/bin/{res['command'].replace('python', 'python', 1)}   # {TESTBEDS[res['testbed']]}")
-    lines += [".venv/bin/python -m experiments report   # figures and this report from experiments/results/",
-              ".venv/bin/python -m experiments ci       # the CI-sized version of testbeds 1-2 (minutes)", "```", ""]
+        lines.append(
+            f"nice -n 10 .venv/bin/{res['command'].replace('python', 'python', 1)}   # {TESTBEDS[res['testbed']]}"
+        )
+    lines += [
+        ".venv/bin/python -m experiments report   # figures and this report from experiments/results/",
+        ".venv/bin/python -m experiments ci       # the CI-sized version of testbeds 1-2 (minutes)",
+        "```",
+        "",
+    ]
     return "\n".join(lines)
 
 
-def write_report(results_dir: Path, report_path: Path, preamble: str = "", notes_path: Path | None = None) -> Path:
+def write_report(
+    results_dir: Path, report_path: Path, preamble: str = "", notes_path: Path | None = None
+) -> Path:
     """Figures into `results_dir`, markdown into `report_path`; returns the report path."""
     results = load_results(results_dir)
     if not results:
-        raise FileNotFoundError(f"no results files in {results_dir}; run a study first (python -m experiments ci)")
+        raise FileNotFoundError(
+            f"no results files in {results_dir}; run a study first (python -m experiments ci)"
+        )
     figs = figures(results, Path(results_dir))
     notes = notes_path.read_text() if notes_path is not None and notes_path.exists() else ""
     report_path.write_text(render(results, figs, report_path.parent, preamble, notes))

@@ -27,25 +27,73 @@ from experiments.studies import Condition, Study
 
 # What the compact results keep (everything else stays in the per-run cache files).
 FINAL_KEYS = {
-    "tabular": ("success", "t75", "p_verbose", "template_drift", "template_entropy", "opener_logodds",
-                "filler_entropy", "solution_logodds", "cancel_resid", "diag/d1_groups_with_prefix_frac",
-                "diag/d3_kappa_cv", "diag/d3_corr_kappa_len", "diag/d4_groups_complete_frac",
-                "diag/d4_adv_sum_abs_mean", "diag/d7_entropy_mean", "diag/d7_entropy_common",
-                "diag/d7_entropy_divergent", "diag/d10_clipfrac_common_pos", "diag/d10_clipfrac_common_neg",
-                "diag/d11_corr_len_adv"),
-    "tinylm": ("eval/accuracy", "eval/steps_to_threshold", "eval/accuracy_gain", "eval/p_verbose",
-               "eval/template_drift", "eval/template_entropy", "eval/p_template", "eval/opener_drift",
-               "eval/equiv_drift", "probe/kl", "probe/kl_template", "probe/dlogp", "probe/learning_tax",
-               "diag/d1_gcpr", "diag/d1_groups_with_prefix_frac", "diag/d3_kappa_cv", "diag/d3_corr_kappa_len",
-               "diag/d4_groups_complete_frac", "diag/d7_entropy_mean", "diag/d7_entropy_common",
-               "diag/d7_entropy_divergent", "rollout/entropy_forking", "rollout/length", "rollout/length_correct",
-               "rollout/length_wrong", "rollout/verbose_frac", "diag/d11_corr_len_adv", "clip/frac",
-               "diag/d10_clipfrac_common_pos", "diag/d10_clipfrac_common_neg"),
+    "tabular": (
+        "success",
+        "t75",
+        "p_verbose",
+        "template_drift",
+        "template_entropy",
+        "opener_logodds",
+        "filler_entropy",
+        "solution_logodds",
+        "cancel_resid",
+        "diag/d1_groups_with_prefix_frac",
+        "diag/d3_kappa_cv",
+        "diag/d3_corr_kappa_len",
+        "diag/d4_groups_complete_frac",
+        "diag/d4_adv_sum_abs_mean",
+        "diag/d7_entropy_mean",
+        "diag/d7_entropy_common",
+        "diag/d7_entropy_divergent",
+        "diag/d10_clipfrac_common_pos",
+        "diag/d10_clipfrac_common_neg",
+        "diag/d11_corr_len_adv",
+    ),
+    "tinylm": (
+        "eval/accuracy",
+        "eval/steps_to_threshold",
+        "eval/accuracy_gain",
+        "eval/p_verbose",
+        "eval/template_drift",
+        "eval/template_entropy",
+        "eval/p_template",
+        "eval/opener_drift",
+        "eval/equiv_drift",
+        "probe/kl",
+        "probe/kl_template",
+        "probe/dlogp",
+        "probe/learning_tax",
+        "diag/d1_gcpr",
+        "diag/d1_groups_with_prefix_frac",
+        "diag/d3_kappa_cv",
+        "diag/d3_corr_kappa_len",
+        "diag/d4_groups_complete_frac",
+        "diag/d7_entropy_mean",
+        "diag/d7_entropy_common",
+        "diag/d7_entropy_divergent",
+        "rollout/entropy_forking",
+        "rollout/length",
+        "rollout/length_correct",
+        "rollout/length_wrong",
+        "rollout/verbose_frac",
+        "diag/d11_corr_len_adv",
+        "clip/frac",
+        "diag/d10_clipfrac_common_pos",
+        "diag/d10_clipfrac_common_neg",
+    ),
 }
 CURVE_KEYS = {
     "tabular": ("success", "p_verbose", "template_drift", "filler_entropy", "diag/d1_gcpr"),
-    "tinylm": ("eval/accuracy", "eval/p_verbose", "eval/template_drift", "probe/kl", "rollout/length_correct",
-               "rollout/length_wrong", "diag/d1_gcpr", "diag/d7_entropy_mean"),
+    "tinylm": (
+        "eval/accuracy",
+        "eval/p_verbose",
+        "eval/template_drift",
+        "probe/kl",
+        "rollout/length_correct",
+        "rollout/length_wrong",
+        "diag/d1_gcpr",
+        "diag/d7_entropy_mean",
+    ),
 }
 
 
@@ -95,8 +143,14 @@ def _jsonable(config: Any) -> Any:
 
 
 # -- a study ------------------------------------------------------------------------------------------
-def run_study(study: Study, out_dir: Path, workers: int = 1, cache: Path = CACHE,
-              log: Callable[[str], None] = print, runs: list[tuple[Condition, int]] | None = None) -> Path:
+def run_study(
+    study: Study,
+    out_dir: Path,
+    workers: int = 1,
+    cache: Path = CACHE,
+    log: Callable[[str], None] = print,
+    runs: list[tuple[Condition, int]] | None = None,
+) -> Path:
     """Run every missing (condition, seed) of `study` (or of `runs`, a part of it: `Study.select`); after each
     run and at the end, write `<out_dir>/<study>.json` from every cached run of the whole study."""
     raw_dir = Path(cache) / "runs" / study.name
@@ -111,7 +165,9 @@ def run_study(study: Study, out_dir: Path, workers: int = 1, cache: Path = CACHE
     todo.sort(key=lambda item: _priority(study, item[0], item[1]))
     total = len(runs)
     part = "" if total == len(study.runs()) else f" (selected of {len(study.runs())})"
-    log(f"[{study.name}] {total - len(todo)}/{total} runs cached{part}, {len(todo)} to run with {workers} worker(s)")
+    log(
+        f"[{study.name}] {total - len(todo)}/{total} runs cached{part}, {len(todo)} to run with {workers} worker(s)"
+    )
     t0 = time.perf_counter()
     done = 0
 
@@ -122,7 +178,9 @@ def run_study(study: Study, out_dir: Path, workers: int = 1, cache: Path = CACHE
         tmp.write_text(json.dumps(result))
         tmp.replace(path)
         eta = (time.perf_counter() - t0) / done * (len(todo) - done)
-        log(f"[{study.name}] {done}/{len(todo)} {cond.key} seed {seed}: {result['seconds']:.0f}s (eta {eta / 60:.0f} min)")
+        log(
+            f"[{study.name}] {done}/{len(todo)} {cond.key} seed {seed}: {result['seconds']:.0f}s (eta {eta / 60:.0f} min)"
+        )
         write()  # after every run: a study stopped part-way still leaves a current results file
 
     def write() -> Path:
@@ -138,9 +196,13 @@ def run_study(study: Study, out_dir: Path, workers: int = 1, cache: Path = CACHE
             store(cond, seed, path, _execute(study.testbed, config))
     else:
         # spawn: fresh interpreters, no forked torch thread pools
-        with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = {pool.submit(_execute, study.testbed, config): (cond, seed, path)
-                       for cond, seed, config, path in todo}
+        with ProcessPoolExecutor(
+            max_workers=workers, mp_context=multiprocessing.get_context("spawn")
+        ) as pool:
+            futures = {
+                pool.submit(_execute, study.testbed, config): (cond, seed, path)
+                for cond, seed, config, path in todo
+            }
             for fut in as_completed(futures):
                 cond, seed, path = futures[fut]
                 store(cond, seed, path, fut.result())
@@ -173,24 +235,46 @@ def aggregate(study: Study, raw_dir: Path) -> dict[str, Any]:
         curves = {}
         if cond.group == "main" or study.size != "full":
             curves = {key: _curve(runs, key) for key in CURVE_KEYS[study.testbed] if key in runs[0]["curves"]}
-        conditions.append({
-            "key": cond.key, "group": cond.group, "objective": cond.objective, "label": cond.label,
-            "setting": cond.setting, "preset": cond.preset()[0], "overrides": cond.preset()[1],
-            "seeds": [run["config"].get("seed", run["config"].get("toy", {}).get("seed")) for run in runs],
-            "final": finals, "curves": curves,
-            "seconds": [_r(run["seconds"]) for run in runs],
-        })
+        conditions.append(
+            {
+                "key": cond.key,
+                "group": cond.group,
+                "objective": cond.objective,
+                "label": cond.label,
+                "setting": cond.setting,
+                "preset": cond.preset()[0],
+                "overrides": cond.preset()[1],
+                "seeds": [
+                    run["config"].get("seed", run["config"].get("toy", {}).get("seed")) for run in runs
+                ],
+                "final": finals,
+                "curves": curves,
+                "seconds": [_r(run["seconds"]) for run in runs],
+            }
+        )
     # The planned study, so that a report of a part-run study can say what has not run yet.
-    planned = [{"key": c.key, "group": c.group, "objective": c.objective, "label": c.label} for c in study.conditions]
-    return {"study": study.name, "testbed": study.testbed, "size": study.size, "seeds": list(study.seeds),
-            "planned": planned, "base": study.base, "command": study.command, "created": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "conditions": conditions}
+    planned = [
+        {"key": c.key, "group": c.group, "objective": c.objective, "label": c.label} for c in study.conditions
+    ]
+    return {
+        "study": study.name,
+        "testbed": study.testbed,
+        "size": study.size,
+        "seeds": list(study.seeds),
+        "planned": planned,
+        "base": study.base,
+        "command": study.command,
+        "created": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "conditions": conditions,
+    }
 
 
 def _final(run: dict[str, Any], key: str) -> float:
     value = run["final"].get(key, float("nan"))
     if key == "eval/steps_to_threshold" and not np.isfinite(value):
-        return float(run["config"]["steps"])  # never reached: censored at the step budget (as testbed 1's t75)
+        return float(
+            run["config"]["steps"]
+        )  # never reached: censored at the step budget (as testbed 1's t75)
     return value
 
 

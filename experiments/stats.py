@@ -55,9 +55,9 @@ def summarize(values: Sequence[float]) -> Summary:
 
 @dataclass(frozen=True)
 class Comparison:
-    diff: float        # mean(a) - mean(b)
-    se: float          # sqrt(se_a^2 + se_b^2)
-    p_value: float     # two-sided permutation test of the difference of means
+    diff: float  # mean(a) - mean(b)
+    se: float  # sqrt(se_a^2 + se_b^2)
+    p_value: float  # two-sided permutation test of the difference of means
     n_a: int
     n_b: int
 
@@ -79,7 +79,9 @@ def permutation_p(a: Sequence[float], b: Sequence[float], seed: int = 0) -> floa
     tol = 1e-12 * max(1.0, abs(observed))
     if math.comb(n, k) <= MAX_EXACT:
         splits = itertools.combinations(range(n), k)
-        stats = np.array([abs(pooled[list(s)].sum() / k - (total - pooled[list(s)].sum()) / (n - k)) for s in splits])
+        stats = np.array(
+            [abs(pooled[list(s)].sum() / k - (total - pooled[list(s)].sum()) / (n - k)) for s in splits]
+        )
         return float((stats >= observed - tol).mean())
     rng = np.random.default_rng(seed)
     hits = 0
@@ -92,5 +94,7 @@ def permutation_p(a: Sequence[float], b: Sequence[float], seed: int = 0) -> floa
 
 def compare(a: Sequence[float], b: Sequence[float]) -> Comparison:
     sa, sb = summarize(a), summarize(b)
-    se = math.sqrt((sa.se if math.isfinite(sa.se) else 0.0) ** 2 + (sb.se if math.isfinite(sb.se) else 0.0) ** 2)
+    se = math.sqrt(
+        (sa.se if math.isfinite(sa.se) else 0.0) ** 2 + (sb.se if math.isfinite(sb.se) else 0.0) ** 2
+    )
     return Comparison(sa.mean - sb.mean, se, permutation_p(a, b), sa.n, sb.n)

@@ -24,8 +24,13 @@ from experiments.trainer_study import plan_runs, study_plan, summarise_metrics, 
 DEFAULT_MANIFEST = CACHE / "sweep_manifest.json"
 
 
-def submit(client: Any, size: str = "small", manifest: Path = DEFAULT_MANIFEST, name_prefix: str | None = None,
-           log: Callable[[str], None] = print) -> dict[str, Any]:
+def submit(
+    client: Any,
+    size: str = "small",
+    manifest: Path = DEFAULT_MANIFEST,
+    name_prefix: str | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
     """Submit every run of the study as a job; write and return the manifest."""
     plan = study_plan(size)
     prefix = name_prefix or f"tgc-exp-{time.strftime('%m%d%H%M')}"
@@ -34,19 +39,41 @@ def submit(client: Any, size: str = "small", manifest: Path = DEFAULT_MANIFEST, 
         spec = {**spec, "name": spec["name"].replace("tgc-exp", prefix, 1)}
         # The idempotency key makes a re-run of `submit` after a network error not duplicate jobs.
         job = client.submit(spec, idempotency_key=f"{prefix}-{spec['name']}")
-        entries.append({"condition": {"group": cond.group, "objective": cond.objective, "setting": cond.setting,
-                                      "label": cond.label}, "seed": seed, "job_id": job.id, "name": spec["name"]})
+        entries.append(
+            {
+                "condition": {
+                    "group": cond.group,
+                    "objective": cond.objective,
+                    "setting": cond.setting,
+                    "label": cond.label,
+                },
+                "seed": seed,
+                "job_id": job.id,
+                "name": spec["name"],
+            }
+        )
         log(f"submitted {spec['name']} as job {job.id}")
-    data = {"size": size, "study": plan["name"], "submitted": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "url": getattr(client, "url", None), "runs": entries}
+    data = {
+        "size": size,
+        "study": plan["name"],
+        "submitted": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "url": getattr(client, "url", None),
+        "runs": entries,
+    }
     manifest.parent.mkdir(parents=True, exist_ok=True)
     manifest.write_text(json.dumps(data, indent=1))
     log(f"manifest: {manifest} ({len(entries)} jobs)")
     return data
 
 
-def collect(client: Any, manifest: Path = DEFAULT_MANIFEST, out_dir: Path | None = None, wait: bool = True,
-            timeout: float | None = None, log: Callable[[str], None] = print) -> Path:
+def collect(
+    client: Any,
+    manifest: Path = DEFAULT_MANIFEST,
+    out_dir: Path | None = None,
+    wait: bool = True,
+    timeout: float | None = None,
+    log: Callable[[str], None] = print,
+) -> Path:
     """Wait for the manifest's jobs, fetch their metrics and write `<out_dir>/<study>.json`."""
     from experiments.paths import RESULTS
 
@@ -65,13 +92,18 @@ def collect(client: Any, manifest: Path = DEFAULT_MANIFEST, out_dir: Path | None
             log(f"{entry['name']}: {state} ({job.reason}); left out of the results")
             runs.append((cond, entry["seed"], None))
             continue
-        points = [{"step": p.step, **{k: v for k, v in p.metrics.items() if v is not None}} for p in job.metrics()]
+        points = [
+            {"step": p.step, **{k: v for k, v in p.metrics.items() if v is not None}} for p in job.metrics()
+        ]
         summary = summarise_metrics(points)
         record = job.record
         if record.started_at and record.finished_at:
             summary["seconds"] = (record.finished_at - record.started_at).total_seconds()
         runs.append((cond, entry["seed"], summary))
         log(f"{entry['name']}: {len(points)} steps collected")
-    command = f"python -m experiments sweep submit --size {data['size']} && python -m experiments sweep collect"
-    return write_results({**plan, "command": command}, runs, Path(out_dir) if out_dir is not None else RESULTS,
-                         log=log)
+    command = (
+        f"python -m experiments sweep submit --size {data['size']} && python -m experiments sweep collect"
+    )
+    return write_results(
+        {**plan, "command": command}, runs, Path(out_dir) if out_dir is not None else RESULTS, log=log
+    )

@@ -62,9 +62,13 @@ class ToyConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"ToyConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.group_size < 2:
-            raise ValueError(f"ToyConfig.group_size must be >= 2 (group-relative advantages), got {self.group_size}")
+            raise ValueError(
+                f"ToyConfig.group_size must be >= 2 (group-relative advantages), got {self.group_size}"
+            )
         if self.prompts_per_step > self.n_prompts:
-            raise ValueError(f"ToyConfig.prompts_per_step ({self.prompts_per_step}) exceeds n_prompts ({self.n_prompts})")
+            raise ValueError(
+                f"ToyConfig.prompts_per_step ({self.prompts_per_step}) exceeds n_prompts ({self.n_prompts})"
+            )
         if self.optimizer not in ("adam", "sgd"):
             raise ValueError(f"ToyConfig.optimizer must be 'adam' or 'sgd', got {self.optimizer!r}")
         if not 0 < self.template_p < 1:
@@ -82,8 +86,9 @@ class TabularPolicy(torch.nn.Module):
         super().__init__()
         pc = torch.exp(torch.linspace(math.log(0.01), math.log(0.6), cfg.n_prompts, dtype=torch.float64))
         rest = (1 - cfg.template_p) / 3
-        self.template = torch.nn.Parameter(torch.log(torch.tensor([cfg.template_p, rest, rest, rest],
-                                                                  dtype=torch.float64)))
+        self.template = torch.nn.Parameter(
+            torch.log(torch.tensor([cfg.template_p, rest, rest, rest], dtype=torch.float64))
+        )
         self.opener = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
         self.decision = torch.nn.Parameter(torch.log(torch.stack([pc / 2, pc / 2, 1 - pc], 1)))
         self.style = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
@@ -91,8 +96,13 @@ class TabularPolicy(torch.nn.Module):
 
     def slot_logprobs(self, prompt: Tensor) -> list[Tensor]:
         ls = torch.log_softmax
-        return [ls(self.template, 0), ls(self.opener, 0), ls(self.decision[prompt], 1), ls(self.style, 0),
-                ls(self.filler, 0)]
+        return [
+            ls(self.template, 0),
+            ls(self.opener, 0),
+            ls(self.decision[prompt], 1),
+            ls(self.style, 0),
+            ls(self.filler, 0),
+        ]
 
 
 @dataclass(frozen=True)
@@ -117,14 +127,24 @@ def sample(policy: TabularPolicy, cfg: ToyConfig, gen: torch.Generator) -> ToyBa
             p = probs[k] if probs[k].ndim == 2 else probs[k].expand(n, -1)
             toks.append(torch.multinomial(p, 1, generator=gen)[:, 0])
         slot_tokens = torch.stack(toks, 1)
-        filler = torch.multinomial(probs[4], n * (cfg.max_len - 4), replacement=True, generator=gen).view(n, -1)
+        filler = torch.multinomial(probs[4], n * (cfg.max_len - 4), replacement=True, generator=gen).view(
+            n, -1
+        )
     correct = slot_tokens[:, 2] < 2
-    n_fill = torch.where(correct, cfg.fill_ok, cfg.fill_bad) + torch.where(slot_tokens[:, 3] == 1, cfg.verbose_extra, 0)
+    n_fill = torch.where(correct, cfg.fill_ok, cfg.fill_bad) + torch.where(
+        slot_tokens[:, 3] == 1, cfg.verbose_extra, 0
+    )
     mask = torch.arange(cfg.max_len)[None, :] < (4 + n_fill)[:, None]
     ids = torch.cat([slot_tokens + torch.tensor(_OFFSETS[:4]), filler + _OFFSETS[4]], 1)
-    return ToyBatch(prompt=prompt, slot_tokens=slot_tokens, filler=filler, mask=mask,
-                    token_ids=torch.where(mask, ids, PAD_ID), rewards=correct.to(torch.float64),
-                    group_ids=torch.arange(n) // g)
+    return ToyBatch(
+        prompt=prompt,
+        slot_tokens=slot_tokens,
+        filler=filler,
+        mask=mask,
+        token_ids=torch.where(mask, ids, PAD_ID),
+        rewards=correct.to(torch.float64),
+        group_ids=torch.arange(n) // g,
+    )
 
 
 def logprobs(policy: TabularPolicy, batch: ToyBatch) -> Tensor:
@@ -136,8 +156,15 @@ def logprobs(policy: TabularPolicy, batch: ToyBatch) -> Tensor:
     return lp * batch.mask
 
 
-TRACE_KEYS = ("success", "p_verbose", "template_drift", "template_entropy", "opener_logodds", "filler_entropy",
-              "solution_logodds")
+TRACE_KEYS = (
+    "success",
+    "p_verbose",
+    "template_drift",
+    "template_entropy",
+    "opener_logodds",
+    "filler_entropy",
+    "solution_logodds",
+)
 
 
 @dataclass(frozen=True)
@@ -154,11 +181,15 @@ class TabularRun:
         if self.mini_batches < 1:
             raise ValueError(f"TabularRun.mini_batches must be >= 1, got {self.mini_batches}")
         if self.split_groups and (self.mini_batches < 2 or self.toy.group_size % self.mini_batches):
-            raise ValueError(f"TabularRun: split_groups needs mini_batches >= 2 dividing group_size "
-                             f"({self.toy.group_size}); got mini_batches={self.mini_batches}")
+            raise ValueError(
+                f"TabularRun: split_groups needs mini_batches >= 2 dividing group_size "
+                f"({self.toy.group_size}); got mini_batches={self.mini_batches}"
+            )
         if not self.split_groups and self.toy.prompts_per_step % self.mini_batches:
-            raise ValueError(f"TabularRun: prompts_per_step ({self.toy.prompts_per_step}) must be a multiple of "
-                             f"mini_batches ({self.mini_batches}) to keep groups whole")
+            raise ValueError(
+                f"TabularRun: prompts_per_step ({self.toy.prompts_per_step}) must be a multiple of "
+                f"mini_batches ({self.mini_batches}) to keep groups whole"
+            )
 
     def with_seed(self, seed: int) -> TabularRun:
         return replace(self, toy=replace(self.toy, seed=seed))
@@ -173,8 +204,15 @@ def token_entropies(policy: TabularPolicy, batch: ToyBatch) -> torch.Tensor:
     """(N, T) entropy of the slot distribution each sampled token was drawn from (for D7)."""
     with torch.no_grad():
         n, width = batch.mask.shape
-        head = torch.stack([_entropy(policy.template).expand(n), _entropy(policy.opener).expand(n),
-                            _entropy(policy.decision[batch.prompt]), _entropy(policy.style).expand(n)], 1)
+        head = torch.stack(
+            [
+                _entropy(policy.template).expand(n),
+                _entropy(policy.opener).expand(n),
+                _entropy(policy.decision[batch.prompt]),
+                _entropy(policy.style).expand(n),
+            ],
+            1,
+        )
         fill = _entropy(policy.filler).expand(n, width - 4)
         return torch.cat([head, fill], 1) * batch.mask
 
@@ -217,11 +255,13 @@ def _run(spec: TabularRun) -> dict[str, Any]:
     cfg = spec.toy
     objective = rlcore.get_objective(spec.objective, **spec.overrides)
     torch.manual_seed(cfg.seed)
-    gen = torch.Generator().manual_seed(cfg.seed)             # the rollout stream
-    deal = torch.Generator().manual_seed(7_919 + cfg.seed)    # mini-batch assignment only
+    gen = torch.Generator().manual_seed(cfg.seed)  # the rollout stream
+    deal = torch.Generator().manual_seed(7_919 + cfg.seed)  # mini-batch assignment only
     policy = TabularPolicy(cfg)
     params = list(policy.parameters())
-    opt = torch.optim.Adam(params, lr=cfg.lr) if cfg.optimizer == "adam" else torch.optim.SGD(params, lr=cfg.lr)
+    opt = (
+        torch.optim.Adam(params, lr=cfg.lr) if cfg.optimizer == "adam" else torch.optim.SGD(params, lr=cfg.lr)
+    )
     g, n_groups = cfg.group_size, cfg.prompts_per_step
     trace_steps, curves = [0], {key: [val] for key, val in snapshot(policy, cfg).items()}
     diag_sums: dict[str, list[float]] = {}
@@ -237,26 +277,48 @@ def _run(spec: TabularRun) -> dict[str, Any]:
         adv = objective.advantages(batch.rewards, batch.group_ids, batch.mask)
         for stage in objective.stages(old, batch.mask):
             for _ in range(cfg.epochs):
-                parts = ([torch.arange(n_groups * g)] if spec.mini_batches == 1 else
-                         minibatch_rows(n_groups, g, spec.mini_batches, spec.split_groups, deal))
+                parts = (
+                    [torch.arange(n_groups * g)]
+                    if spec.mini_batches == 1
+                    else minibatch_rows(n_groups, g, spec.mini_batches, spec.split_groups, deal)
+                )
                 for rows in parts:
                     kwargs: dict[str, Any] = {"stage_mask": stage[rows]}
                     if spec.mini_batches > 1:  # each optimizer step normalises by its own totals
-                        kwargs["step"] = rlcore.StepNorm.from_mask(batch.mask[rows],
-                                                                  group_size=None if spec.split_groups else g)
+                        kwargs["step"] = rlcore.StepNorm.from_mask(
+                            batch.mask[rows], group_size=None if spec.split_groups else g
+                        )
                         if objective.needs_whole_groups and spec.split_groups:
                             with torch.no_grad():
                                 current = logprobs(policy, batch)
                             kwargs["seq_weights"] = split_sequence_weights(
-                                objective, current, old, adv, batch.mask, batch.group_ids, rows)
+                                objective, current, old, adv, batch.mask, batch.group_ids, rows
+                            )
                     lp = logprobs(policy, batch)[rows] if spec.mini_batches > 1 else logprobs(policy, batch)
-                    w, out = ascent_weights(objective, lp, old[rows], adv[rows], batch.mask[rows],
-                                            batch.group_ids[rows], of="loss", **kwargs)
+                    w, out = ascent_weights(
+                        objective,
+                        lp,
+                        old[rows],
+                        adv[rows],
+                        batch.mask[rows],
+                        batch.group_ids[rows],
+                        of="loss",
+                        **kwargs,
+                    )
                     grad_steps += 1
                     if grad_steps % cfg.diag_every == 0:
-                        diag = defined(cancellation_diagnostics(
-                            w, batch.token_ids[rows], batch.mask[rows], batch.group_ids[rows], adv[rows],
-                            entropies=ent[rows], group_size=g, clipped=out.clipped))
+                        diag = defined(
+                            cancellation_diagnostics(
+                                w,
+                                batch.token_ids[rows],
+                                batch.mask[rows],
+                                batch.group_ids[rows],
+                                adv[rows],
+                                entropies=ent[rows],
+                                group_size=g,
+                                clipped=out.clipped,
+                            )
+                        )
                         for key, val in diag.items():
                             diag_sums.setdefault(key, []).append(val)
                             interval.setdefault(key, []).append(val)
@@ -273,15 +335,21 @@ def _run(spec: TabularRun) -> dict[str, Any]:
             for key in diag_keys:  # one value per interval; NaN where a statistic was never defined in it
                 vals = interval.get(key, [])
                 curves.setdefault(key, [float("nan")] * (len(trace_steps) - 2)).append(
-                    float(np.mean(vals)) if vals else float("nan"))
+                    float(np.mean(vals)) if vals else float("nan")
+                )
             interval = {}
     final = dict(snapshot(policy, cfg))
     final.update({key: float(np.mean(vals)) for key, vals in diag_sums.items()})
     final["cancel_resid"] = final.get("diag/d1_gcpr", float("nan"))  # NaN: no step had a common prefix
     hit = [i for i, s in enumerate(success_hist) if s >= spec.threshold]
     final["t75"] = float(hit[0] if hit else cfg.steps)  # `steps` if never reached (censored at the budget)
-    return {"config": _config_dict(spec), "trace_steps": trace_steps, "curves": curves, "final": final,
-            "seconds": time.perf_counter() - t0}
+    return {
+        "config": _config_dict(spec),
+        "trace_steps": trace_steps,
+        "curves": curves,
+        "final": final,
+        "seconds": time.perf_counter() - t0,
+    }
 
 
 def _config_dict(spec: TabularRun) -> dict[str, Any]:

@@ -27,53 +27,122 @@ TASKS = {
     # (12 prompts x 8 samples, measured before the study), so group-relative advantages are informative from step 1.
     "arithmetic": {"name": "arithmetic", "params": {"max_operand": 9, "ops": ["+"]}},
     # A reasoning-gym task it can partly solve (1-digit +/-; ~0.05 correct at T=1.0, 4/12 groups mixed).
-    "basic_arithmetic": {"name": "reasoning_gym:basic_arithmetic",
-                         "params": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1,
-                                    "operators": ["+", "-"]}},
+    "basic_arithmetic": {
+        "name": "reasoning_gym:basic_arithmetic",
+        "params": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+", "-"]},
+    },
 }
 
 # Per-step metrics kept as curves, and the per-run final values (mean over the last quarter of steps,
 # since single steps of 8 groups are noisy).
-CURVE_KEYS = ("reward/accuracy", "diag/d1_gcpr", "diag/d2_residual", "diag/d7_entropy_mean", "diag/d7_entropy_common",
-              "response/length_mean")
-FINAL_KEYS = ("reward/accuracy", "reward/mean", "diag/d1_gcpr", "diag/d2_residual", "diag/d2_credit_frac",
-              "diag/d2_nodes", "diag/d3_kappa_cv", "diag/d7_entropy_mean",
-              "diag/d7_entropy_common", "diag/d7_entropy_divergent", "diag/d11_corr_len_adv",
-              "response/length_mean", "diag/d4_groups_complete_frac")
-WHOLE_RUN_KEYS = ("diag/d1_gcpr", "diag/d2_residual", "diag/d2_credit_frac", "diag/d2_nodes", "diag/d3_kappa_cv")
+CURVE_KEYS = (
+    "reward/accuracy",
+    "diag/d1_gcpr",
+    "diag/d2_residual",
+    "diag/d7_entropy_mean",
+    "diag/d7_entropy_common",
+    "response/length_mean",
+)
+FINAL_KEYS = (
+    "reward/accuracy",
+    "reward/mean",
+    "diag/d1_gcpr",
+    "diag/d2_residual",
+    "diag/d2_credit_frac",
+    "diag/d2_nodes",
+    "diag/d3_kappa_cv",
+    "diag/d7_entropy_mean",
+    "diag/d7_entropy_common",
+    "diag/d7_entropy_divergent",
+    "diag/d11_corr_len_adv",
+    "response/length_mean",
+    "diag/d4_groups_complete_frac",
+)
+WHOLE_RUN_KEYS = (
+    "diag/d1_gcpr",
+    "diag/d2_residual",
+    "diag/d2_credit_frac",
+    "diag/d2_nodes",
+    "diag/d3_kappa_cv",
+)
 THRESHOLD = 0.75
 
 
 _SMOLLM2 = {"source": "smollm2-135m-instruct", "dtype": "auto"}
 # A random-init 2-layer Llama with SmolLM2's tokenizer and the transformers engine: checks the pipeline
 # (trainer, control plane, collection, report) in a minute; its numbers mean nothing.
-_TINY = {"source": "random", "dtype": "float32", "config_overrides": {
-    "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 1,
-    "num_key_value_heads": 1, "max_position_embeddings": 512}}
+_TINY = {
+    "source": "random",
+    "dtype": "float32",
+    "config_overrides": {
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 1,
+        "num_key_value_heads": 1,
+        "max_position_embeddings": 512,
+    },
+}
 
 
 def study_plan(size: str = "small") -> dict[str, Any]:
     """small: what runs on a shared 2-core machine (grpo vs cp_grpo, arithmetic, 1 seed, 8 steps);
     full: the issue's comparison (10 objectives x 2 tasks x 3 seeds, 8 steps; ~13 min a run on 2 cores, so
     it is run in parts across sessions: `--objectives/--tasks/--seeds`); tiny: a pipeline check."""
-    common = {"group_size": 8, "prompts_per_step": 8, "epochs": 2, "lr": 3e-6, "max_new_tokens": 24,
-              "model": _SMOLLM2, "engine": "vllm"}
+    common = {
+        "group_size": 8,
+        "prompts_per_step": 8,
+        "epochs": 2,
+        "lr": 3e-6,
+        "max_new_tokens": 24,
+        "model": _SMOLLM2,
+        "engine": "vllm",
+    }
     if size == "small":
-        return {**common, "name": "trainer_small", "size": "small", "objectives": ("grpo", "cp_grpo"),
-                "tasks": ("arithmetic",), "seeds": (0,), "steps": 8,
-                "command": "python -m experiments trainer --size small"}
+        return {
+            **common,
+            "name": "trainer_small",
+            "size": "small",
+            "objectives": ("grpo", "cp_grpo"),
+            "tasks": ("arithmetic",),
+            "seeds": (0,),
+            "steps": 8,
+            "command": "python -m experiments trainer --size small",
+        }
     if size == "full":
-        return {**common, "name": "trainer", "size": "full", "objectives": OBJECTIVES, "tasks": tuple(TASKS),
-                "seeds": (0, 1, 2), "steps": 8, "command": "python -m experiments trainer --size full"}
+        return {
+            **common,
+            "name": "trainer",
+            "size": "full",
+            "objectives": OBJECTIVES,
+            "tasks": tuple(TASKS),
+            "seeds": (0, 1, 2),
+            "steps": 8,
+            "command": "python -m experiments trainer --size full",
+        }
     if size == "tiny":
-        return {**common, "name": "trainer_tiny", "size": "tiny", "objectives": ("grpo", "cp_grpo"),
-                "tasks": ("arithmetic",), "seeds": (0,), "steps": 2, "group_size": 4, "prompts_per_step": 2,
-                "max_new_tokens": 8, "lr": 1e-4, "model": _TINY, "engine": "hf",
-                "command": "python -m experiments trainer --size tiny"}
+        return {
+            **common,
+            "name": "trainer_tiny",
+            "size": "tiny",
+            "objectives": ("grpo", "cp_grpo"),
+            "tasks": ("arithmetic",),
+            "seeds": (0,),
+            "steps": 2,
+            "group_size": 4,
+            "prompts_per_step": 2,
+            "max_new_tokens": 8,
+            "lr": 1e-4,
+            "model": _TINY,
+            "engine": "hf",
+            "command": "python -m experiments trainer --size tiny",
+        }
     raise ValueError(f"trainer study size must be 'small', 'full' or 'tiny', got {size!r}")
 
 
-def job_spec(objective: str, task: str, seed: int, plan: dict[str, Any], name_prefix: str = "tgc-exp") -> dict[str, Any]:
+def job_spec(
+    objective: str, task: str, seed: int, plan: dict[str, Any], name_prefix: str = "tgc-exp"
+) -> dict[str, Any]:
     """The job spec (as a dict, valid for `JobSpec.parse`, the REST API and the SDK) of one run."""
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
@@ -100,25 +169,37 @@ def plan_runs(size: str = "small") -> list[tuple[Condition, int, dict[str, Any]]
     runs = []
     for task in plan["tasks"]:
         for objective in plan["objectives"]:
-            cond = Condition("main" if task == "arithmetic" else f"task:{task}", objective, {"task": task}, task)
+            cond = Condition(
+                "main" if task == "arithmetic" else f"task:{task}", objective, {"task": task}, task
+            )
             for seed in plan["seeds"]:
                 runs.append((cond, seed, job_spec(objective, task, seed, plan)))
     return runs
 
 
-def select_runs(size: str, objectives: Iterable[str] | None = None, tasks: Iterable[str] | None = None,
-                seeds: Iterable[int] | None = None) -> list[tuple[Condition, int, dict[str, Any]]]:
+def select_runs(
+    size: str,
+    objectives: Iterable[str] | None = None,
+    tasks: Iterable[str] | None = None,
+    seeds: Iterable[int] | None = None,
+) -> list[tuple[Condition, int, dict[str, Any]]]:
     """The planned runs restricted to the given objectives/tasks/seeds (None: all); unknown names are refused."""
     plan = study_plan(size)
     wanted = {"objectives": objectives, "tasks": tasks, "seeds": seeds}
     for field, values in wanted.items():
         unknown = sorted(set(values or ()) - set(plan[field]), key=str)
         if unknown:
-            raise ValueError(f"--{field}: {', '.join(map(str, unknown))} not in the {size} plan; "
-                             f"choose from {', '.join(map(str, plan[field]))}")
-    return [(cond, seed, spec) for cond, seed, spec in plan_runs(size)
-            if (objectives is None or cond.objective in objectives) and (tasks is None or cond.setting["task"] in tasks)
-            and (seeds is None or seed in seeds)]
+            raise ValueError(
+                f"--{field}: {', '.join(map(str, unknown))} not in the {size} plan; "
+                f"choose from {', '.join(map(str, plan[field]))}"
+            )
+    return [
+        (cond, seed, spec)
+        for cond, seed, spec in plan_runs(size)
+        if (objectives is None or cond.objective in objectives)
+        and (tasks is None or cond.setting["task"] in tasks)
+        and (seeds is None or seed in seeds)
+    ]
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -150,7 +231,9 @@ def _num(v: Any) -> float:
     return float(v) if isinstance(v, int | float) and v is not None else float("nan")
 
 
-def aggregate(plan: dict[str, Any], runs: list[tuple[Condition, int, dict[str, Any] | None]]) -> dict[str, Any]:
+def aggregate(
+    plan: dict[str, Any], runs: list[tuple[Condition, int, dict[str, Any] | None]]
+) -> dict[str, Any]:
     """Compact results (same format as the other testbeds) from summarised runs (None: the run failed)."""
     by_cond: dict[str, tuple[Condition, list[tuple[int, dict[str, Any]]]]] = {}
     for cond, seed, summary in runs:
@@ -161,27 +244,55 @@ def aggregate(plan: dict[str, Any], runs: list[tuple[Condition, int, dict[str, A
     for cond, items in by_cond.values():
         if not items:
             continue
-        finals = {k: [_round(s["final"].get(k)) for _, s in items] for k in (*FINAL_KEYS, "steps_to_threshold")}
+        finals = {
+            k: [_round(s["final"].get(k)) for _, s in items] for k in (*FINAL_KEYS, "steps_to_threshold")
+        }
         curves = {}
         for key in CURVE_KEYS:
             n = min(len(s["curves"][key]) for _, s in items)
             arr = np.asarray([s["curves"][key][:n] for _, s in items], dtype=float)
             stats = [summarize(arr[:, i]) for i in range(n)]
-            curves[key] = {"x": items[0][1]["steps"][:n], "mean": [_round(s.mean) for s in stats],
-                           "se": [_round(s.se) for s in stats]}
-        conditions.append({"key": cond.key, "group": cond.group, "objective": cond.objective, "label": cond.label,
-                           "setting": cond.setting, "preset": cond.objective, "overrides": {},
-                           "seeds": [seed for seed, _ in items], "final": finals, "curves": curves,
-                           "seconds": [_round(s.get("seconds", float("nan"))) for _, s in items]})
+            curves[key] = {
+                "x": items[0][1]["steps"][:n],
+                "mean": [_round(s.mean) for s in stats],
+                "se": [_round(s.se) for s in stats],
+            }
+        conditions.append(
+            {
+                "key": cond.key,
+                "group": cond.group,
+                "objective": cond.objective,
+                "label": cond.label,
+                "setting": cond.setting,
+                "preset": cond.objective,
+                "overrides": {},
+                "seeds": [seed for seed, _ in items],
+                "final": finals,
+                "curves": curves,
+                "seconds": [_round(s.get("seconds", float("nan"))) for _, s in items],
+            }
+        )
     # The planned conditions, so that the report of a part-run study says what has not run yet.
     conds = {cond.key: cond for cond, _, _ in plan_runs(plan["size"])}
-    planned = [{"key": c.key, "group": c.group, "objective": c.objective, "label": c.label} for c in conds.values()]
-    return {"study": plan["name"], "testbed": "trainer", "size": plan["size"], "seeds": list(plan["seeds"]),
-            "planned": planned,
-            "base": {"model": plan["model"]["source"], "tasks": list(plan["tasks"]), "steps": plan["steps"],
-                     **{k: plan[k] for k in ("group_size", "prompts_per_step", "epochs", "lr", "max_new_tokens")}},
-            "command": plan["command"],
-            "created": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "conditions": conditions}
+    planned = [
+        {"key": c.key, "group": c.group, "objective": c.objective, "label": c.label} for c in conds.values()
+    ]
+    return {
+        "study": plan["name"],
+        "testbed": "trainer",
+        "size": plan["size"],
+        "seeds": list(plan["seeds"]),
+        "planned": planned,
+        "base": {
+            "model": plan["model"]["source"],
+            "tasks": list(plan["tasks"]),
+            "steps": plan["steps"],
+            **{k: plan[k] for k in ("group_size", "prompts_per_step", "epochs", "lr", "max_new_tokens")},
+        },
+        "command": plan["command"],
+        "created": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "conditions": conditions,
+    }
 
 
 def _round(x: Any) -> float | None:
@@ -190,8 +301,13 @@ def _round(x: Any) -> float | None:
     return float(f"{x:.4g}")
 
 
-def run_local(size: str, out_dir: Path, cache: Path = CACHE, log: Callable[[str], None] = print,
-              runs: list[tuple[Condition, int, dict[str, Any]]] | None = None) -> Path:
+def run_local(
+    size: str,
+    out_dir: Path,
+    cache: Path = CACHE,
+    log: Callable[[str], None] = print,
+    runs: list[tuple[Condition, int, dict[str, Any]]] | None = None,
+) -> Path:
     """Run the study's jobs here, one after the other, through the real trainer; resumable per run.
 
     runs: a part of the plan (`select_runs`) to train now; the results file covers every finished run of the
@@ -246,8 +362,12 @@ def run_local(size: str, out_dir: Path, cache: Path = CACHE, log: Callable[[str]
     return write_results(plan, results, out_dir, log=lambda msg: log(f"[{plan['name']}] {msg}"))
 
 
-def write_results(plan: dict[str, Any], runs: list[tuple[Condition, int, dict[str, Any] | None]], out_dir: Path,
-                  log: Callable[[str], None] = print) -> Path:
+def write_results(
+    plan: dict[str, Any],
+    runs: list[tuple[Condition, int, dict[str, Any] | None]],
+    out_dir: Path,
+    log: Callable[[str], None] = print,
+) -> Path:
     """Aggregate the runs into `<out_dir>/<study>.json`, keeping the earlier file's other conditions."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -265,8 +385,9 @@ def run_summaries_dir(out_dir: Path, plan: dict[str, Any]) -> Path:
     return Path(out_dir) / f"{plan['name']}_runs"
 
 
-def merge_conditions(fresh: dict[str, Any], previous: dict[str, Any] | None,
-                     log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+def merge_conditions(
+    fresh: dict[str, Any], previous: dict[str, Any] | None, log: Callable[[str], None] = print
+) -> list[dict[str, Any]]:
     """The fresh results' conditions plus those of an earlier results file that no run summary here covers.
 
     An earlier condition is carried over only when it was made by the same study under the same settings
@@ -280,8 +401,10 @@ def merge_conditions(fresh: dict[str, Any], previous: dict[str, Any] | None,
     if not old:
         return fresh["conditions"]
     if previous.get("study") != fresh["study"] or previous.get("base") != fresh["base"]:
-        log(f"dropping {len(old)} condition(s) of the earlier results file: made under other settings "
-            f"({previous.get('study')}, {previous.get('base')})")
+        log(
+            f"dropping {len(old)} condition(s) of the earlier results file: made under other settings "
+            f"({previous.get('study')}, {previous.get('base')})"
+        )
         return fresh["conditions"]
     for cond in old:
         cond.setdefault("carried_from", previous.get("created"))

@@ -46,9 +46,21 @@ if TYPE_CHECKING:  # pragma: no cover
     from rlcore.objective import LossOutput, Objective, get_objective
 
 __all__ = [
-    "PRESETS", "LossOutput", "Objective", "ObjectiveConfig", "StepNorm", "ascent_weights",
-    "cancellation_diagnostics", "cancellation_verdict", "describe_knobs", "get_objective", "list_objectives",
-    "pool_diagnostics", "pooling_terms", "preserves_cancellation", "resolve",
+    "PRESETS",
+    "LossOutput",
+    "Objective",
+    "ObjectiveConfig",
+    "StepNorm",
+    "ascent_weights",
+    "cancellation_diagnostics",
+    "cancellation_verdict",
+    "describe_knobs",
+    "get_objective",
+    "list_objectives",
+    "pool_diagnostics",
+    "pooling_terms",
+    "preserves_cancellation",
+    "resolve",
 ]
 
 _LAZY = {
@@ -58,8 +70,18 @@ _LAZY = {
     "ascent_weights": "rlcore.diagnostics",
     "cancellation_diagnostics": "rlcore.diagnostics",
 }
-_LAZY_MODULES = {"diagnostics", "objective", "advantages", "ratios", "gates", "aggregation",
-                 "transforms", "kl", "validation", "groups"}
+_LAZY_MODULES = {
+    "diagnostics",
+    "objective",
+    "advantages",
+    "ratios",
+    "gates",
+    "aggregation",
+    "transforms",
+    "kl",
+    "validation",
+    "groups",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -15,8 +15,15 @@ from rlcore.validation import check_finite, check_group_ids, check_tensor
 Shaping = Callable[[Tensor, Tensor], Tensor]
 
 
-def group_advantages(rewards: Tensor, group_ids: Tensor, mask: Tensor, cfg: ObjectiveConfig, *,
-                     bonus: Tensor | None = None, shaping: Shaping | None = None) -> Tensor:
+def group_advantages(
+    rewards: Tensor,
+    group_ids: Tensor,
+    mask: Tensor,
+    cfg: ObjectiveConfig,
+    *,
+    bonus: Tensor | None = None,
+    shaping: Shaping | None = None,
+) -> Tensor:
     """(B,) advantages of the whole step; call it once per step, before any micro-batch split.
 
     bonus: (B,) added to the rewards as `cfg.bonus_coef * bonus` before centring (IBPO-style, arXiv 2605.16302).
@@ -34,8 +41,10 @@ def group_advantages(rewards: Tensor, group_ids: Tensor, mask: Tensor, cfg: Obje
     lengths = mask.sum(1, dtype=rewards.dtype)
     empty = (lengths <= 0).nonzero().flatten()
     if empty.numel():
-        raise ValueError(f"mask: response(s) {empty[:5].tolist()} have no active tokens; remove dropped "
-                         "responses from the batch before computing advantages")
+        raise ValueError(
+            f"mask: response(s) {empty[:5].tolist()} have no active tokens; remove dropped "
+            "responses from the batch before computing advantages"
+        )
     if bonus is not None:
         check_tensor("bonus", bonus, (batch,))
         check_finite("bonus", bonus)
@@ -80,8 +89,12 @@ def _check_group_sizes(groups: GroupIndex) -> None:
     small = groups.counts < 2
     if bool(small.any()):
         bad = groups.ids[small][:5].tolist()
-        raise ValueError(f"group_ids: group(s) {bad} have a single response; group-relative advantages need "
-                         "at least 2 responses per group")
+        raise ValueError(
+            f"group_ids: group(s) {bad} have a single response; group-relative advantages need "
+            "at least 2 responses per group"
+        )
     if groups.n > 1 and bool((groups.counts != groups.counts[0]).any()):
-        raise ValueError(f"group_ids: groups must all have the same size, got sizes ({groups.describe_sizes()}); "
-                         "drop or refill incomplete groups before computing advantages")
+        raise ValueError(
+            f"group_ids: groups must all have the same size, got sizes ({groups.describe_sizes()}); "
+            "drop or refill incomplete groups before computing advantages"
+        )

@@ -21,9 +21,11 @@ def step_totals(step: StepNorm | None, lengths: Tensor, width: int) -> tuple[flo
         raise ValueError(f"step: expected rlcore.StepNorm, got {type(step).__name__}")
     n_tok = float(lengths.sum())
     if step.tokens < n_tok - 1e-3 or step.sequences < lengths.shape[0]:
-        raise ValueError(f"step: StepNorm(tokens={step.tokens}, sequences={step.sequences}) is smaller than this "
-                         f"call ({n_tok:g} tokens, {lengths.shape[0]} sequences); it must hold the totals of the "
-                         "whole optimizer step (all micro-batches and ranks)")
+        raise ValueError(
+            f"step: StepNorm(tokens={step.tokens}, sequences={step.sequences}) is smaller than this "
+            f"call ({n_tok:g} tokens, {lengths.shape[0]} sequences); it must hold the totals of the "
+            "whole optimizer step (all micro-batches and ranks)"
+        )
     return step.tokens, step.sequences, step.length
 
 

@@ -21,10 +21,25 @@ SEQ_TRANSFORMS = ("none", "min_replace", "orth")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 
 
-def _knob(default: Any, doc: str, *, choices: tuple[str, ...] | None = None, low: float | None = None,
-          high: float | None = None, low_open: bool = False, optional: bool = False) -> Any:
+def _knob(
+    default: Any,
+    doc: str,
+    *,
+    choices: tuple[str, ...] | None = None,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    optional: bool = False,
+) -> Any:
     """A dataclass field carrying its documentation and its valid range (checked by `validate`)."""
-    meta = {"doc": doc, "choices": choices, "low": low, "high": high, "low_open": low_open, "optional": optional}
+    meta = {
+        "doc": doc,
+        "choices": choices,
+        "low": low,
+        "high": high,
+        "low_open": low_open,
+        "optional": optional,
+    }
     return field(default=default, metadata=meta)
 
 
@@ -50,8 +65,9 @@ class ObjectiveConfig:
         "(breaks cancellation: group sums become -G mu/sigma). Default `group_std`.",
         choices=ADV_SCALES,
     )
-    adv_eps: float = _knob(1e-6, "Added to every std before dividing (verl's epsilon). Default 1e-6.",
-                           low=0.0, low_open=True)
+    adv_eps: float = _knob(
+        1e-6, "Added to every std before dividing (verl's epsilon). Default 1e-6.", low=0.0, low_open=True
+    )
     bonus_coef: float = _knob(
         1.0,
         "Weight lambda of the reward bonus passed to `advantages(..., bonus=)`, added to R before centring "
@@ -67,10 +83,19 @@ class ObjectiveConfig:
         "`none`: plain log pi (on-policy REINFORCE). Default `token`.",
         choices=RATIOS,
     )
-    is_min: float = _knob(0.0, "Lower truncation bound of the IS weight for ratio=`truncated` (absolute ratio "
-                          "value; 0 disables it, as in CISPO). Default 0.0.", low=0.0)
-    is_max: float = _knob(5.0, "Upper truncation bound of the IS weight for ratio=`truncated` (absolute ratio "
-                          "value; CISPO's epsilon_high cap). Default 5.0.", low=0.0, low_open=True)
+    is_min: float = _knob(
+        0.0,
+        "Lower truncation bound of the IS weight for ratio=`truncated` (absolute ratio "
+        "value; 0 disables it, as in CISPO). Default 0.0.",
+        low=0.0,
+    )
+    is_max: float = _knob(
+        5.0,
+        "Upper truncation bound of the IS weight for ratio=`truncated` (absolute ratio "
+        "value; CISPO's epsilon_high cap). Default 5.0.",
+        low=0.0,
+        low_open=True,
+    )
     # -- gate ---------------------------------------------------------------------------------------
     gate: str = _knob(
         "ppo",
@@ -82,12 +107,26 @@ class ObjectiveConfig:
         "ratio=`sequence` the gate acts on s_i, for `geo_mean` on log r in log space. Default `ppo`.",
         choices=GATES,
     )
-    clip_low: float = _knob(0.2, "eps_low of the gate band [1-eps_low, 1+eps_high] (log-space bound for "
-                            "geo_mean). PPO/GRPO 0.2, GSPO 3e-4, GMPO 0.4. Default 0.2.", low=0.0, high=1.0)
-    clip_high: float = _knob(0.2, "eps_high of the gate band; DAPO's clip-higher uses 0.28 (arXiv 2503.14476), "
-                             "GSPO 4e-4, GMPO 0.4. Default 0.2.", low=0.0)
-    dual_clip_c: float = _knob(3.0, "Dual-clip constant c (> 1) for gate=`dual`: the loss of an A<0 token is "
-                               "capped at -c*A (verl clip_ratio_c). Default 3.0.", low=1.0, low_open=True)
+    clip_low: float = _knob(
+        0.2,
+        "eps_low of the gate band [1-eps_low, 1+eps_high] (log-space bound for "
+        "geo_mean). PPO/GRPO 0.2, GSPO 3e-4, GMPO 0.4. Default 0.2.",
+        low=0.0,
+        high=1.0,
+    )
+    clip_high: float = _knob(
+        0.2,
+        "eps_high of the gate band; DAPO's clip-higher uses 0.28 (arXiv 2503.14476), "
+        "GSPO 4e-4, GMPO 0.4. Default 0.2.",
+        low=0.0,
+    )
+    dual_clip_c: float = _knob(
+        3.0,
+        "Dual-clip constant c (> 1) for gate=`dual`: the loss of an A<0 token is "
+        "capped at -c*A (verl clip_ratio_c). Default 3.0.",
+        low=1.0,
+        low_open=True,
+    )
     # -- aggregation --------------------------------------------------------------------------------
     aggregation: str = _knob(
         "seq_mean_token_mean",
@@ -103,7 +142,8 @@ class ObjectiveConfig:
         None,
         "L of aggregation=`constant` (Dr. GRPO's generation budget, e.g. max_new_tokens). None: the padded "
         "length of the step (StepNorm.length, else the mask's T). Default None.",
-        low=1, optional=True,
+        low=1,
+        optional=True,
     )
     # -- transforms ---------------------------------------------------------------------------------
     seq_transform: str = _knob(
@@ -119,23 +159,34 @@ class ObjectiveConfig:
         0.0,
         "Advantage Reweighting: A <- (alpha * pi_old(token) + 1 - alpha) * A, node-local "
         "(arXiv 2505.12929, code default alpha 0.3; docs/objectives.md#advantage-reweighting-and-lopti). 0 disables. Default 0.0.",
-        low=0.0, high=1.0,
+        low=0.0,
+        high=1.0,
     )
     lopti_eta: float = _knob(
         0.0,
         "Lopti: two update stages per batch split by pi_old(token) < |eta|; eta > 0 updates the "
         "low-probability tokens first, eta < 0 the others first (arXiv 2505.12929, default 0.5). "
         "See `Objective.stages`. 0 disables. Default 0.0.",
-        low=-1.0, high=1.0,
+        low=-1.0,
+        high=1.0,
     )
     # -- regularisers -------------------------------------------------------------------------------
-    kl_coef: float = _knob(0.0, "beta of the KL-to-reference term added to the loss (GRPO uses 0.04 in "
-                           "arXiv 2402.03300; needs ref_logprobs). Default 0.0.", low=0.0)
-    kl_estimator: str = _knob("k3", "KL estimator on sampled tokens (Schulman, joschu.net/blog/kl-approx): "
-                              "`k1` log(pi/ref), `k2` (log(pi/ref))^2/2, `k3` ref/pi - log(ref/pi) - 1 "
-                              "(GRPO's). Default `k3`.", choices=KL_ESTIMATORS)
-    entropy_coef: float = _knob(0.0, "Weight of the entropy bonus (subtracted from the loss; needs "
-                                "`entropies`). Default 0.0.")
+    kl_coef: float = _knob(
+        0.0,
+        "beta of the KL-to-reference term added to the loss (GRPO uses 0.04 in "
+        "arXiv 2402.03300; needs ref_logprobs). Default 0.0.",
+        low=0.0,
+    )
+    kl_estimator: str = _knob(
+        "k3",
+        "KL estimator on sampled tokens (Schulman, joschu.net/blog/kl-approx): "
+        "`k1` log(pi/ref), `k2` (log(pi/ref))^2/2, `k3` ref/pi - log(ref/pi) - 1 "
+        "(GRPO's). Default `k3`.",
+        choices=KL_ESTIMATORS,
+    )
+    entropy_coef: float = _knob(
+        0.0, "Weight of the entropy bonus (subtracted from the loss; needs `entropies`). Default 0.0."
+    )
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -152,7 +203,9 @@ def _fields() -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(ObjectiveConfig)}
 
 
-def make_config(base: dict[str, Any], overrides: dict[str, Any], *, preset: str = "objective") -> ObjectiveConfig:
+def make_config(
+    base: dict[str, Any], overrides: dict[str, Any], *, preset: str = "objective"
+) -> ObjectiveConfig:
     """Build and validate a config from preset values plus user overrides; ValueError names the bad knob."""
     unknown = sorted(set(overrides) - set(KNOB_NAMES))
     if unknown:
@@ -199,8 +252,10 @@ def _check_combination(cfg: ObjectiveConfig, preset: str) -> None:
     if cfg.is_max <= cfg.is_min:
         raise ValueError(f"objective {preset!r}: is_max ({cfg.is_max}) must exceed is_min ({cfg.is_min})")
     if cfg.gate == "dual" and cfg.ratio == "geo_mean":
-        raise ValueError(f"objective {preset!r}: gate='dual' is not defined for ratio='geo_mean'; "
-                         "use gate='ppo' (GMPO's log-space clip), 'symmetric' or 'none'")
+        raise ValueError(
+            f"objective {preset!r}: gate='dual' is not defined for ratio='geo_mean'; "
+            "use gate='ppo' (GMPO's log-space clip), 'symmetric' or 'none'"
+        )
 
 
 def cancellation_verdict(cfg: ObjectiveConfig) -> tuple[bool, list[str]]:
@@ -212,19 +267,26 @@ def cancellation_verdict(cfg: ObjectiveConfig) -> tuple[bool, list[str]]:
     """
     reasons = []
     if cfg.adv_scale == "batch_whiten":
-        reasons.append("adv_scale='batch_whiten' shifts every advantage by the batch mean, so group sums "
-                       "are no longer 0")
+        reasons.append(
+            "adv_scale='batch_whiten' shifts every advantage by the batch mean, so group sums are no longer 0"
+        )
     if cfg.gate in ("ppo", "dual"):
-        reasons.append(f"gate={cfg.gate!r} switches off one sign class of copies when the ratio leaves the "
-                       "band; use gate='symmetric' or 'none'")
+        reasons.append(
+            f"gate={cfg.gate!r} switches off one sign class of copies when the ratio leaves the "
+            "band; use gate='symmetric' or 'none'"
+        )
     if cfg.seq_transform == "none":
         if cfg.aggregation == "seq_mean_token_mean":
-            reasons.append("aggregation='seq_mean_token_mean' weights each copy by 1/l_i of its response "
-                           "(so copies in responses of different lengths differ); use token_mean/constant/seq_mean_token_sum or a "
-                           "seq_transform")
+            reasons.append(
+                "aggregation='seq_mean_token_mean' weights each copy by 1/l_i of its response "
+                "(so copies in responses of different lengths differ); use token_mean/constant/seq_mean_token_sum or a "
+                "seq_transform"
+            )
         if cfg.ratio in ("sequence", "geo_mean"):
-            reasons.append(f"ratio={cfg.ratio!r} multiplies a copy by its response's sequence ratio "
-                           "(different for copies in different responses); add seq_transform='min_replace' or 'orth'")
+            reasons.append(
+                f"ratio={cfg.ratio!r} multiplies a copy by its response's sequence ratio "
+                "(different for copies in different responses); add seq_transform='min_replace' or 'orth'"
+            )
     return (not reasons, reasons)
 
 

@@ -42,9 +42,18 @@ _BUCKET_KEYS = ("p00_10", "p10_50", "p50_90", "p90_100")
 _CV_NOISE = 1e-5  # float32 rounding level of a coefficient that is constant within a group
 
 
-def ascent_weights(objective: Any, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
-                   group_ids: Tensor, ref_logprobs: Tensor | None = None, *, of: str = "pg",
-                   **loss_kwargs: Any) -> tuple[Tensor, Any]:
+def ascent_weights(
+    objective: Any,
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    group_ids: Tensor,
+    ref_logprobs: Tensor | None = None,
+    *,
+    of: str = "pg",
+    **loss_kwargs: Any,
+) -> tuple[Tensor, Any]:
     """(w, out): w = -d(out.pg_loss)/d logprobs (of="pg") or -d(out.loss)/d logprobs (of="loss").
 
     The loss is evaluated on a detached leaf copy of logprobs, so the model's graph is untouched. A
@@ -67,10 +76,19 @@ def ascent_weights(objective: Any, logprobs: Tensor, old_logprobs: Tensor, advan
     return -grad, out
 
 
-def cancellation_diagnostics(w: Tensor, token_ids: Tensor, mask: Tensor, group_ids: Tensor, advantages: Tensor, *,
-                             old_logprobs: Tensor | None = None, entropies: Tensor | None = None,
-                             lengths: Tensor | None = None, clipped: Tensor | None = None,
-                             group_size: int | None = None) -> dict[str, float]:
+def cancellation_diagnostics(
+    w: Tensor,
+    token_ids: Tensor,
+    mask: Tensor,
+    group_ids: Tensor,
+    advantages: Tensor,
+    *,
+    old_logprobs: Tensor | None = None,
+    entropies: Tensor | None = None,
+    lengths: Tensor | None = None,
+    clipped: Tensor | None = None,
+    group_size: int | None = None,
+) -> dict[str, float]:
     """D1, D2, D3, D4, D7, D9, D10, D11 of one optimizer step as floats (docs/diagnostics.md).
 
     w (B, T) ascent weights (zero off the mask, as `ascent_weights` gives them); token_ids (B, T)
@@ -95,12 +113,16 @@ def cancellation_diagnostics(w: Tensor, token_ids: Tensor, mask: Tensor, group_i
     # stage 1: one pass over (B, T) -> per-response sums and D9's bucket sums
     w = w.detach()
     w = w if w.dtype == torch.float64 else w.float()
-    inputs = [x if x is None else x.detach() for x in (advantages if advantages.ndim == 2 else None, entropies,
-                                                        clipped, old_logprobs)]
+    inputs = [
+        x if x is None else x.detach()
+        for x in (advantages if advantages.ndim == 2 else None, entropies, clipped, old_logprobs)
+    ]
     per_row, d9 = (_token_sums_cpu if w.device.type == "cpu" else _token_sums_torch)(w, mask, *inputs)
     rows = dict(zip(_ROW_SUMS, per_row.T, strict=True))
     tokens = rows["tokens"]
-    rows["seq_adv"] = to_host(advantages, F64) if advantages.ndim == 1 else rows["adv"] / np.maximum(tokens, 1)
+    rows["seq_adv"] = (
+        to_host(advantages, F64) if advantages.ndim == 1 else rows["adv"] / np.maximum(tokens, 1)
+    )
     rows["lengths"] = tokens if lengths is None else to_host(lengths, F64)
     gross = rows["abs_w"].sum()
 
@@ -121,7 +143,7 @@ def cancellation_diagnostics(w: Tensor, token_ids: Tensor, mask: Tensor, group_i
     out.update(_row_families(rows, groups, group_size))
     if entropies is not None:
         out["diag/d7_entropy_mean"] = rows["entropy"].sum() / max(tokens.sum(), 1)
-        ent_head = to_host(entropies[:, :min(width + 1, shape[1])], F64)
+        ent_head = to_host(entropies[:, : min(width + 1, shape[1])], F64)
         out.update(_d7(ent_head, in_prefix, row_prefix, tokens, groups))
     if old_logprobs is not None:
         total = max(d9.sum(), 1e-30)
@@ -135,9 +157,16 @@ _ROW_SUMS = ("sum_w", "abs_w", "tokens", "adv", "entropy", "clipped")  # columns
 _LOG_EDGES = np.log(np.array(PROB_BUCKETS))
 
 
-def _token_sums_cpu(w: Tensor, mask: Tensor, adv: Tensor | None, ent: Tensor | None, clipped: Tensor | None,
-                    old: Tensor | None) -> tuple[np.ndarray, np.ndarray]:
+def _token_sums_cpu(
+    w: Tensor,
+    mask: Tensor,
+    adv: Tensor | None,
+    ent: Tensor | None,
+    clipped: Tensor | None,
+    old: Tensor | None,
+) -> tuple[np.ndarray, np.ndarray]:
     """Stage 1 on CPU tensors: one compiled pass over zero-copy views (bool masks are read as bytes)."""
+
     def view(x: Tensor | None) -> np.ndarray | None:
         if x is None:
             return None
@@ -149,14 +178,23 @@ def _token_sums_cpu(w: Tensor, mask: Tensor, adv: Tensor | None, ent: Tensor | N
     p_minus_1 = None if old_np is None else np.expm1(old_np)
     w_np = view(w)
     edges = _LOG_EDGES.astype(w_np.dtype)  # compared in the log-probs' own precision
-    return _token_sums(w_np, view(mask), view(adv), view(ent), view(clipped), p_minus_1, old_np, edges,
-                       w_np.dtype.type(0))
+    return _token_sums(
+        w_np, view(mask), view(adv), view(ent), view(clipped), p_minus_1, old_np, edges, w_np.dtype.type(0)
+    )
 
 
 @compiled(fastmath={"reassoc", "contract"})
-def _token_sums(w: np.ndarray, mask: np.ndarray, adv: np.ndarray | None, ent: np.ndarray | None,
-                clipped: np.ndarray | None, p_minus_1: np.ndarray | None, old: np.ndarray | None,
-                log_edges: np.ndarray, zero: Any) -> tuple[np.ndarray, np.ndarray]:
+def _token_sums(
+    w: np.ndarray,
+    mask: np.ndarray,
+    adv: np.ndarray | None,
+    ent: np.ndarray | None,
+    clipped: np.ndarray | None,
+    p_minus_1: np.ndarray | None,
+    old: np.ndarray | None,
+    log_edges: np.ndarray,
+    zero: Any,
+) -> tuple[np.ndarray, np.ndarray]:
     """(B, len(_ROW_SUMS)) sums over each response's masked tokens, and D9's sum |w| (1 - p) per bucket of
     log pi_old (the three edges log_edges; p_minus_1 = pi_old - 1); a column whose input is None stays 0.
     A response's sums run in w's precision (`zero`), as torch's reductions do, then add up in float64;
@@ -195,8 +233,14 @@ def _token_sums(w: np.ndarray, mask: np.ndarray, adv: np.ndarray | None, ent: np
     return rows, d9
 
 
-def _token_sums_torch(w: Tensor, mask: Tensor, adv: Tensor | None, ent: Tensor | None, clipped: Tensor | None,
-                      old: Tensor | None) -> tuple[np.ndarray, np.ndarray]:
+def _token_sums_torch(
+    w: Tensor,
+    mask: Tensor,
+    adv: Tensor | None,
+    ent: Tensor | None,
+    clipped: Tensor | None,
+    old: Tensor | None,
+) -> tuple[np.ndarray, np.ndarray]:
     """Stage 1 on other devices (GPU): the same sums as `_token_sums` in torch ops, moved to the host once."""
     mf = as_mask("mask", mask, tuple(w.shape), w.dtype, check_values=False)
     wm = w * mf
@@ -208,11 +252,14 @@ def _token_sums_torch(w: Tensor, mask: Tensor, adv: Tensor | None, ent: Tensor |
     if old is not None:
         flat = old.to(w.dtype).flatten()
         proxy = torch.exp(flat).neg_().add_(1.0).mul_(absw.flatten())
-        d9.index_add_(0, torch.bucketize(flat, torch.as_tensor(_LOG_EDGES, dtype=w.dtype, device=w.device),
-                                         right=True), proxy)
+        d9.index_add_(
+            0,
+            torch.bucketize(flat, torch.as_tensor(_LOG_EDGES, dtype=w.dtype, device=w.device), right=True),
+            proxy,
+        )
     both = torch.cat([torch.stack(cols, 1).flatten(), d9]).to(torch.float64)
     host = to_host(both)
-    return host[:-d9.numel()].reshape(w.shape[0], len(cols)), host[-d9.numel():]
+    return host[: -d9.numel()].reshape(w.shape[0], len(cols)), host[-d9.numel() :]
 
 
 def _d1(w_head: np.ndarray, prefix: np.ndarray, seq_adv: np.ndarray, groups: HostGroups) -> dict[str, float]:
@@ -229,8 +276,9 @@ def _d1(w_head: np.ndarray, prefix: np.ndarray, seq_adv: np.ndarray, groups: Hos
 
 
 @compiled()
-def _gcpr(w: np.ndarray, prefix: np.ndarray, seq_adv: np.ndarray,
-          members: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _gcpr(
+    w: np.ndarray, prefix: np.ndarray, seq_adv: np.ndarray, members: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """(rho, valid) per group; valid: a common prefix, weight on it and a response with A != 0."""
     rho = np.zeros(members.shape[0])
     valid = np.zeros(members.shape[0], dtype=np.bool_)
@@ -251,22 +299,49 @@ def _gcpr(w: np.ndarray, prefix: np.ndarray, seq_adv: np.ndarray,
     return rho, valid
 
 
-_ROW_KEYS = ("diag/d3_kappa_cv", "diag/d3_corr_kappa_adv", "diag/d3_corr_kappa_len", "diag/d3_group_net_weight",
-             "diag/d4_adv_sum_abs_max", "diag/d4_adv_sum_abs_mean", "diag/d4_groups_complete_frac",
-             "diag/d11_corr_len_adv", "diag/d11_len_pos_mean", "diag/d11_len_neg_mean")
+_ROW_KEYS = (
+    "diag/d3_kappa_cv",
+    "diag/d3_corr_kappa_adv",
+    "diag/d3_corr_kappa_len",
+    "diag/d3_group_net_weight",
+    "diag/d4_adv_sum_abs_max",
+    "diag/d4_adv_sum_abs_mean",
+    "diag/d4_groups_complete_frac",
+    "diag/d11_corr_len_adv",
+    "diag/d11_len_pos_mean",
+    "diag/d11_len_neg_mean",
+)
 
 
-def _row_families(rows: dict[str, np.ndarray], groups: HostGroups, group_size: int | None) -> dict[str, float]:
+def _row_families(
+    rows: dict[str, np.ndarray], groups: HostGroups, group_size: int | None
+) -> dict[str, float]:
     """D3 (coefficient dispersion), D4 (group integrity), D11 (length coupling) from per-response values."""
     want = group_size if group_size is not None else int(groups.counts.max())
-    values = _row_stats(rows["sum_w"], rows["tokens"], rows["seq_adv"], rows["lengths"], groups.inverse,
-                        groups.n, want, _CV_NOISE)
+    values = _row_stats(
+        rows["sum_w"],
+        rows["tokens"],
+        rows["seq_adv"],
+        rows["lengths"],
+        groups.inverse,
+        groups.n,
+        want,
+        _CV_NOISE,
+    )
     return dict(zip(_ROW_KEYS, values, strict=True))
 
 
 @compiled()
-def _row_stats(sum_w: np.ndarray, tokens: np.ndarray, adv: np.ndarray, length: np.ndarray, inverse: np.ndarray,
-               n: int, want: int, cv_noise: float) -> tuple[float, ...]:
+def _row_stats(
+    sum_w: np.ndarray,
+    tokens: np.ndarray,
+    adv: np.ndarray,
+    length: np.ndarray,
+    inverse: np.ndarray,
+    n: int,
+    want: int,
+    cv_noise: float,
+) -> tuple[float, ...]:
     """The values of `_ROW_KEYS`. kappa_i = mean_t w / A_i; its within-group coefficient of variation (D3),
     pooled within-group correlations (centred by group means, 0 without variance on a side), sums of A over
     the responses that entered the loss (D4), mean length by sign of A (D11)."""
@@ -297,8 +372,13 @@ def _row_stats(sum_w: np.ndarray, tokens: np.ndarray, adv: np.ndarray, length: n
     m = np.zeros((n, 3, 6))  # per group and pair: sum v, vx, vy, vxy, vxx, vyy
     for i in range(rows):
         g = inverse[i]
-        for p, (x, y, v) in enumerate(((kappa[i], adv[i], valid[i] * 1.0), (kappa[i], length[i], valid[i] * 1.0),
-                                       (length[i], adv[i], entered[i] * 1.0))):
+        for p, (x, y, v) in enumerate(
+            (
+                (kappa[i], adv[i], valid[i] * 1.0),
+                (kappa[i], length[i], valid[i] * 1.0),
+                (length[i], adv[i], entered[i] * 1.0),
+            )
+        ):
             m[g, p, 0] += v
             m[g, p, 1] += x * v
             m[g, p, 2] += y * v
@@ -320,14 +400,27 @@ def _row_stats(sum_w: np.ndarray, tokens: np.ndarray, adv: np.ndarray, length: n
             corr[p] = min(max(cov / np.sqrt(vx * vy), -1.0), 1.0)
     has = gross > 0
     pos, neg = (adv > 0) & entered, (adv < 0) & entered
-    return (cv.sum() / max(ok.sum(), 1), corr[0], corr[1],
-            np.where(has, np.abs(net) / np.maximum(gross, 1e-300), 0.0).sum() / max(has.sum(), 1),
-            np.abs(adv_sum).max(), np.abs(adv_sum).mean(), (members == want).mean(), corr[2],
-            (length * pos).sum() / max(pos.sum(), 1), (length * neg).sum() / max(neg.sum(), 1))
+    return (
+        cv.sum() / max(ok.sum(), 1),
+        corr[0],
+        corr[1],
+        np.where(has, np.abs(net) / np.maximum(gross, 1e-300), 0.0).sum() / max(has.sum(), 1),
+        np.abs(adv_sum).max(),
+        np.abs(adv_sum).mean(),
+        (members == want).mean(),
+        corr[2],
+        (length * pos).sum() / max(pos.sum(), 1),
+        (length * neg).sum() / max(neg.sum(), 1),
+    )
 
 
-def _d7(ent_head: np.ndarray, in_prefix: np.ndarray, row_prefix: np.ndarray, tokens: np.ndarray,
-        groups: HostGroups) -> dict[str, float]:
+def _d7(
+    ent_head: np.ndarray,
+    in_prefix: np.ndarray,
+    row_prefix: np.ndarray,
+    tokens: np.ndarray,
+    groups: HostGroups,
+) -> dict[str, float]:
     """D7 on the host part: mean entropy on group-common-prefix positions and at the first divergent position
     (ent_head: the first min(width + 1, T) columns; the overall mean comes from stage 1's row sums)."""
     width = in_prefix.shape[1]

@@ -35,12 +35,18 @@ class GroupIndex:
 
     def amin(self, x: Tensor) -> Tensor:
         """Per-group minima of a (B,) tensor."""
-        out = torch.full((self.n,), torch.finfo(x.dtype).max if x.is_floating_point() else torch.iinfo(x.dtype).max,
-                         dtype=x.dtype, device=x.device)
+        out = torch.full(
+            (self.n,),
+            torch.finfo(x.dtype).max if x.is_floating_point() else torch.iinfo(x.dtype).max,
+            dtype=x.dtype,
+            device=x.device,
+        )
         return out.scatter_reduce_(0, self.inverse, x, reduce="amin")
 
     def describe_sizes(self, limit: int = 5) -> str:
         """'group 3: 7, group 9: 8, ...' for error messages."""
-        pairs = [f"group {int(i)}: {int(c)}" for i, c in zip(self.ids[:limit], self.counts[:limit], strict=True)]
+        pairs = [
+            f"group {int(i)}: {int(c)}" for i, c in zip(self.ids[:limit], self.counts[:limit], strict=True)
+        ]
         more = f", ... ({self.n} groups)" if self.n > limit else ""
         return ", ".join(pairs) + more

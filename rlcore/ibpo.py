@@ -40,25 +40,31 @@ MASKS = ("none", "naive", "symmetric")
 MAX_ALIGN_CELLS = 1 << 24  # DP cells of one alignment (64 MiB of int32) after the common ends are trimmed
 
 
-def comparison_signal(correct: Tensor, revised_correct: Tensor, attempted: Tensor, rho: float = 0.5) -> Tensor:
+def comparison_signal(
+    correct: Tensor, revised_correct: Tensor, attempted: Tensor, rho: float = 0.5
+) -> Tensor:
     """(B,) phi_i = rho * 1[y_i incorrect and its revision correct]; 0 where no revision was attempted.
 
     correct, revised_correct, attempted: (B,) bool (revised_correct is ignored where attempted is False)."""
     for name, x in (("correct", correct), ("revised_correct", revised_correct), ("attempted", attempted)):
         if not isinstance(x, Tensor) or x.ndim != 1 or x.shape != correct.shape:
-            raise ValueError(f"{name}: expected a (B,) tensor like `correct`, got "
-                             f"{getattr(x, 'shape', type(x).__name__)}")
+            raise ValueError(
+                f"{name}: expected a (B,) tensor like `correct`, got {getattr(x, 'shape', type(x).__name__)}"
+            )
     if not 0.0 <= rho:
         raise ValueError(f"rho: must be >= 0, got {rho}")
     hit = ~correct.bool() & attempted.bool() & revised_correct.bool()
     return hit.to(torch.float32) * rho
 
 
-def shaped_advantages(cfg: ObjectiveConfig, rewards: Tensor, group_ids: Tensor, mask: Tensor, phi: Tensor,
-                      lam: float) -> Tensor:
+def shaped_advantages(
+    cfg: ObjectiveConfig, rewards: Tensor, group_ids: Tensor, mask: Tensor, phi: Tensor, lam: float
+) -> Tensor:
     """(B,) advantages of R' = R + lam * phi, centred (and scaled) per group like the objective's own: the
     shaping comes before centring, so every group's A' still sums to 0 (rlcore.advantages' bonus hook)."""
-    return group_advantages(rewards, group_ids, mask, dataclasses.replace(cfg, bonus_coef=float(lam)), bonus=phi)
+    return group_advantages(
+        rewards, group_ids, mask, dataclasses.replace(cfg, bonus_coef=float(lam)), bonus=phi
+    )
 
 
 # -- alignment ----------------------------------------------------------------------------------------
@@ -85,19 +91,19 @@ def edit_mask(response: Sequence[int], revision: Sequence[int]) -> np.ndarray:
     tail = 0
     while tail < min(a.size, b.size) - head and a[a.size - 1 - tail] == b[b.size - 1 - tail]:
         tail += 1
-    ma, mb = a[head:a.size - tail], b[head:b.size - tail]
+    ma, mb = a[head : a.size - tail], b[head : b.size - tail]
     if ma.size == 0:
         if mb.size:  # a pure insertion between the kept ends
             out[min(head, a.size - 1)] = True
         return out
     if mb.size == 0:
-        out[head:a.size - tail] = True
+        out[head : a.size - tail] = True
         return out
     if (ma.size + 1) * (mb.size + 1) > MAX_ALIGN_CELLS:
-        out[head:a.size - tail] = True
+        out[head : a.size - tail] = True
         return out
     middle = _align(ma, mb)
-    out[head:a.size - tail] = middle[:ma.size]
+    out[head : a.size - tail] = middle[: ma.size]
     if middle[ma.size]:  # an insertion at the end of the middle charges the first kept tail token
         out[min(a.size - tail, a.size - 1)] = True
     return out
@@ -155,7 +161,9 @@ def naive_credit_mask(edits: Sequence[np.ndarray | Sequence[bool] | None], mask:
     """(B, T) float: the response mask, with row i replaced by its edit mask where edits[i] is not None (the
     incorrect responses whose revision succeeded: only their edited tokens keep credit)."""
     if len(edits) != mask.shape[0]:
-        raise ValueError(f"edits: expected {mask.shape[0]} entries (one per row, None to keep a row), got {len(edits)}")
+        raise ValueError(
+            f"edits: expected {mask.shape[0]} entries (one per row, None to keep a row), got {len(edits)}"
+        )
     out = mask.detach().to(torch.float32).clone()
     for i, e in enumerate(edits):
         if e is None:
@@ -189,8 +197,9 @@ def symmetric_credit_mask(naive: Tensor, token_ids: Tensor, mask: Tensor, group_
     return torch.from_numpy(out * active).to(torch.float32)
 
 
-def credit_mask(variant: str, edits: Sequence[np.ndarray | None], token_ids: Tensor, mask: Tensor,
-                group_ids: Tensor) -> Tensor:
+def credit_mask(
+    variant: str, edits: Sequence[np.ndarray | None], token_ids: Tensor, mask: Tensor, group_ids: Tensor
+) -> Tensor:
     """(B, T) float credit mask of `variant` (none: the response mask)."""
     if variant not in MASKS:
         raise ValueError(f"mask: {variant!r} is not one of {', '.join(MASKS)}")
@@ -208,23 +217,40 @@ def verdict(cfg: ObjectiveConfig, variant: str) -> tuple[bool, list[str]]:
     ok, reasons = cancellation_verdict(cfg)
     reasons = list(reasons)
     if variant == "naive":
-        reasons.append("IBPO mask='naive' zeroes the unchanged tokens of repaired incorrect responses only, so a "
-                       "node shared with a correct sibling keeps its positive copies and loses negative ones; use "
-                       "mask='symmetric'")
+        reasons.append(
+            "IBPO mask='naive' zeroes the unchanged tokens of repaired incorrect responses only, so a "
+            "node shared with a correct sibling keeps its positive copies and loses negative ones; use "
+            "mask='symmetric'"
+        )
     if variant != "none" and cfg.seq_transform == "orth":
-        reasons.append("seq_transform='orth' orthogonalises the per-response weights against each row's mean "
-                       "advantage, which a token mask changes, so group-common nodes no longer cancel; use "
-                       "mask='none' or another preset")
+        reasons.append(
+            "seq_transform='orth' orthogonalises the per-response weights against each row's mean "
+            "advantage, which a token mask changes, so group-common nodes no longer cancel; use "
+            "mask='none' or another preset"
+        )
     return (ok and not (variant == "naive" or (variant != "none" and cfg.seq_transform == "orth")), reasons)
 
 
 # -- diagnostics on a real batch ----------------------------------------------------------------------
 
-_DIAG_KEYS = ("diag/d1_gcpr", "diag/d1_groups_measured", "diag/d2_residual", "diag/d2_credit_frac", "diag/d2_nodes")
+_DIAG_KEYS = (
+    "diag/d1_gcpr",
+    "diag/d1_groups_measured",
+    "diag/d2_residual",
+    "diag/d2_credit_frac",
+    "diag/d2_nodes",
+)
 
 
-def mask_diagnostics(objective: Any, advantages: Tensor, credit: Tensor, logprobs: Tensor, token_ids: Tensor,
-                     mask: Tensor, group_ids: Tensor) -> dict[str, float]:
+def mask_diagnostics(
+    objective: Any,
+    advantages: Tensor,
+    credit: Tensor,
+    logprobs: Tensor,
+    token_ids: Tensor,
+    mask: Tensor,
+    group_ids: Tensor,
+) -> dict[str, float]:
     """D1/D2 of the step's ascent weights with the credit mask applied, read against the unmasked (B,)
     advantages (the mask is a coefficient of w). The weights are those of the first on-policy pass
     (current = sampling log-probs `logprobs`, ratio 1): no second model pass is needed."""

@@ -85,8 +85,11 @@ class Objective:
     def describe(self) -> str:
         cfg = self.config
         head = PRESETS[self.name].summary if self.name in PRESETS else "custom objective"
-        verdict = ("preserves cancellation on group-common nodes" if self._preserves
-                   else "does not preserve cancellation: " + "; ".join(self._reasons))
+        verdict = (
+            "preserves cancellation on group-common nodes"
+            if self._preserves
+            else "does not preserve cancellation: " + "; ".join(self._reasons)
+        )
         lines = [f"{self.name}: {head}", f"  {verdict}"]
         for name, value in cfg.as_dict().items():
             lines.append(f"  {name} = {value!r}  -- {knob_doc(name)}")
@@ -96,8 +99,15 @@ class Objective:
         return f"Objective({self.name!r}, preserves_cancellation={self._preserves})"
 
     # -- advantages and stages --------------------------------------------------------------------
-    def advantages(self, rewards: Tensor, group_ids: Tensor, mask: Tensor, *, bonus: Tensor | None = None,
-                   shaping: Shaping | None = None) -> Tensor:
+    def advantages(
+        self,
+        rewards: Tensor,
+        group_ids: Tensor,
+        mask: Tensor,
+        *,
+        bonus: Tensor | None = None,
+        shaping: Shaping | None = None,
+    ) -> Tensor:
         """(B,) group advantages of the whole step (see `rlcore.advantages.group_advantages`)."""
         return group_advantages(rewards, group_ids, mask, self.config, bonus=bonus, shaping=shaping)
 
@@ -111,8 +121,16 @@ class Objective:
         check_tensor("mask", mask, tuple(old_logprobs.shape), kind="mask")
         return lopti_stages(old_logprobs, mask, self.config.lopti_eta)
 
-    def sequence_weights(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
-                         group_ids: Tensor, *, step: StepNorm | None = None) -> Tensor:
+    def sequence_weights(
+        self,
+        logprobs: Tensor,
+        old_logprobs: Tensor,
+        advantages: Tensor,
+        mask: Tensor,
+        group_ids: Tensor,
+        *,
+        step: StepNorm | None = None,
+    ) -> Tensor:
         """(B,) transformed per-response weights of a DFPO objective, for the whole step.
 
         When a step's groups are split across micro-batches, compute these once over the whole step
@@ -120,16 +138,39 @@ class Objective:
         the batch and pass them to `loss(..., seq_weights=...)`.
         """
         if not self.needs_whole_groups:
-            raise ValueError(f"objective {self.name!r} has no seq_transform; sequence_weights is for DFPO presets")
+            raise ValueError(
+                f"objective {self.name!r} has no seq_transform; sequence_weights is for DFPO presets"
+            )
         with torch.no_grad():
-            p = self._prepare(logprobs, old_logprobs, advantages, mask, group_ids, None, step, None, None,
-                              regularisers=False)
+            p = self._prepare(
+                logprobs,
+                old_logprobs,
+                advantages,
+                mask,
+                group_ids,
+                None,
+                step,
+                None,
+                None,
+                regularisers=False,
+            )
             return self._transformed_weights(p, GroupIndex.of(group_ids), check=True)
 
     # -- loss -------------------------------------------------------------------------------------
-    def loss(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, group_ids: Tensor,
-             ref_logprobs: Tensor | None = None, *, step: StepNorm | None = None, stage_mask: Tensor | None = None,
-             entropies: Tensor | None = None, seq_weights: Tensor | None = None) -> LossOutput:
+    def loss(
+        self,
+        logprobs: Tensor,
+        old_logprobs: Tensor,
+        advantages: Tensor,
+        mask: Tensor,
+        group_ids: Tensor,
+        ref_logprobs: Tensor | None = None,
+        *,
+        step: StepNorm | None = None,
+        stage_mask: Tensor | None = None,
+        entropies: Tensor | None = None,
+        seq_weights: Tensor | None = None,
+    ) -> LossOutput:
         """Loss of one (micro-)batch.
 
         logprobs (B, T): log-probs of the sampled tokens under the current policy (requires grad).
@@ -143,8 +184,9 @@ class Objective:
         seq_weights (B,): precomputed `sequence_weights` slice for DFPO objectives split mid-group.
         """
         cfg = self.config
-        p = self._prepare(logprobs, old_logprobs, advantages, mask, group_ids, ref_logprobs, step, stage_mask,
-                          entropies)
+        p = self._prepare(
+            logprobs, old_logprobs, advantages, mask, group_ids, ref_logprobs, step, stage_mask, entropies
+        )
         coef = p.agg
         ratio_kind = cfg.ratio
         if self.needs_whole_groups:
@@ -188,9 +230,20 @@ class Objective:
         return LossOutput(loss=total, pg_loss=pg, metrics=metrics, clipped=clipped)
 
     # -- internals --------------------------------------------------------------------------------
-    def _prepare(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, group_ids: Tensor,
-                 ref_logprobs: Tensor | None, step: StepNorm | None, stage_mask: Tensor | None,
-                 entropies: Tensor | None, *, regularisers: bool = True) -> _Prepared:
+    def _prepare(
+        self,
+        logprobs: Tensor,
+        old_logprobs: Tensor,
+        advantages: Tensor,
+        mask: Tensor,
+        group_ids: Tensor,
+        ref_logprobs: Tensor | None,
+        step: StepNorm | None,
+        stage_mask: Tensor | None,
+        entropies: Tensor | None,
+        *,
+        regularisers: bool = True,
+    ) -> _Prepared:
         """Check one call's inputs and cast them to the loss's dtype (regularisers=False: skip KL/entropy)."""
         cfg = self.config
         check_tensor("logprobs", logprobs, ndim=2)
@@ -201,7 +254,9 @@ class Objective:
         check_tensor("old_logprobs", old_logprobs, shape)
         check_tensor("advantages", advantages, ndim=(1, 2))
         if advantages.shape[0] != batch or (advantages.ndim == 2 and tuple(advantages.shape) != shape):
-            raise ValueError(f"advantages: expected shape ({batch},) or {shape}, got {tuple(advantages.shape)}")
+            raise ValueError(
+                f"advantages: expected shape ({batch},) or {shape}, got {tuple(advantages.shape)}"
+            )
         group_ids = check_group_ids(group_ids, batch)
         # bf16/fp16 log-probs are upcast: sums over thousands of tokens need fp32 accuracy
         dtype = torch.float32 if logprobs.dtype in (torch.bfloat16, torch.float16) else logprobs.dtype
@@ -216,7 +271,9 @@ class Objective:
         if stage_mask is not None:
             ms = as_mask("stage_mask", stage_mask, shape, dtype)
             if bool((ms > mf).any()):
-                raise ValueError("stage_mask: selects tokens outside mask; use a mask from objective.stages()")
+                raise ValueError(
+                    "stage_mask: selects tokens outside mask; use a mask from objective.stages()"
+                )
             n_ms = ms.sum()
         n_tok = lengths.sum()
         if not n_tok > 0:
@@ -224,25 +281,43 @@ class Objective:
         ref = ent = None
         if cfg.kl_coef > 0 and regularisers:
             if ref_logprobs is None:
-                raise ValueError(f"ref_logprobs: required because objective {self.name!r} has kl_coef="
-                                 f"{cfg.kl_coef}; pass the reference policy's log-probs or set kl_coef=0")
+                raise ValueError(
+                    f"ref_logprobs: required because objective {self.name!r} has kl_coef="
+                    f"{cfg.kl_coef}; pass the reference policy's log-probs or set kl_coef=0"
+                )
             check_tensor("ref_logprobs", ref_logprobs, shape)
             ref = ref_logprobs.detach().to(dtype)
             check_finite("ref_logprobs", ref)
         if cfg.entropy_coef != 0 and regularisers:
             if entropies is None:
-                raise ValueError(f"entropies: required because objective {self.name!r} has entropy_coef="
-                                 f"{cfg.entropy_coef}; pass per-position entropies or set entropy_coef=0")
+                raise ValueError(
+                    f"entropies: required because objective {self.name!r} has entropy_coef="
+                    f"{cfg.entropy_coef}; pass per-position entropies or set entropy_coef=0"
+                )
             check_tensor("entropies", entropies, shape)
             ent = entropies.to(dtype)
             check_finite("entropies", ent.detach())
         agg = sequence_coefficients(cfg, lengths, step, width)
-        return _Prepared(batch_size=batch, dtype=dtype, lp=lp, old=old, adv=adv, mask=mf, stage=ms,
-                         n_stage=n_tok if n_ms is None else n_ms, lengths=lengths, group_ids=group_ids, ref=ref,
-                         ent=ent, agg=agg, step=step)
+        return _Prepared(
+            batch_size=batch,
+            dtype=dtype,
+            lp=lp,
+            old=old,
+            adv=adv,
+            mask=mf,
+            stage=ms,
+            n_stage=n_tok if n_ms is None else n_ms,
+            lengths=lengths,
+            group_ids=group_ids,
+            ref=ref,
+            ent=ent,
+            agg=agg,
+            step=step,
+        )
 
-    def _policy_terms(self, p: _Prepared, ratio_kind: str
-                      ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
+    def _policy_terms(
+        self, p: _Prepared, ratio_kind: str
+    ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
         """Per-token loss terms, the gate's clipped mask, the detached token ratio (for metrics) and, where
         the terms are in stop-gradient form, the row sums of the true surrogate value (else None)."""
         cfg = self.config
@@ -276,8 +351,9 @@ class Objective:
             clipped = ~live
         return -k * lp, clipped, r, None
 
-    def _sequence_terms(self, p: _Prepared, adv: Tensor, coef_adv: Tensor, lp: Tensor
-                        ) -> tuple[Tensor, Tensor | None, None, Tensor]:
+    def _sequence_terms(
+        self, p: _Prepared, adv: Tensor, coef_adv: Tensor, lp: Tensor
+    ) -> tuple[Tensor, Tensor | None, None, Tensor]:
         """GSPO (arXiv 2507.18071 Eq. 5) without (B, T) ratio tensors: d s_i / d logp[i,t] = s_i / l_i and the
         1/l_i comes from the aggregation, so a token's weight is sg(A s_i gate(s_i)). Also returns the row
         sums of GSPO's surrogate -min(s A, clip(s) A), so the loss keeps GSPO's value."""
@@ -307,7 +383,8 @@ class Objective:
                     f"group_ids: objective {self.name!r} (seq_transform={cfg.seq_transform!r}) couples the responses "
                     f"of a group, so each call must hold whole groups ({expected}); got {groups.describe_sizes()}. "
                     "Keep whole groups in one micro-batch, or pass seq_weights=objective.sequence_weights(...) "
-                    "computed over the whole step")
+                    "computed over the whole step"
+                )
         v = p.agg
         if cfg.ratio in ("sequence", "geo_mean"):
             logr = (p.lp - p.old).detach()

@@ -80,7 +80,9 @@ def defined_diagnostics(diag: Mapping[str, float]) -> dict[str, float]:
     return {t.key: t.value for t in pooling_terms(diag) if t.weight > 0}
 
 
-def pool_diagnostics(parts: Iterable[Mapping[str, float] | tuple[Mapping[str, float], float]]) -> dict[str, float]:
+def pool_diagnostics(
+    parts: Iterable[Mapping[str, float] | tuple[Mapping[str, float], float]],
+) -> dict[str, float]:
     """The diagnostics of a whole optimizer step from those of its parts.
 
     parts: each part's `cancellation_diagnostics` dict, or (dict, number of groups in the part); a bare dict

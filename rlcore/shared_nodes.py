@@ -37,11 +37,13 @@ from numba import njit
 def compiled(**options: Any) -> Callable[[Callable], Callable]:
     """numba's `njit`, cached on disk (beside the module, else in the user's cache directory); where neither
     is writable (a read-only install without a home) it compiles once per process instead of failing."""
+
     def wrap(fn: Callable) -> Callable:
         try:
             return njit(cache=True, **options)(fn)
         except RuntimeError:  # numba: "cannot cache function ...: no locator available"
             return njit(**options)(fn)
+
     return wrap
 
 
@@ -119,8 +121,9 @@ def _real_pairs(members: np.ndarray) -> np.ndarray:
 
 
 @compiled()
-def _scan_chunk(tok: np.ndarray, act: np.ndarray, members: np.ndarray, start: int, lcp: np.ndarray,
-                open_: np.ndarray) -> bool:
+def _scan_chunk(
+    tok: np.ndarray, act: np.ndarray, members: np.ndarray, start: int, lcp: np.ndarray, open_: np.ndarray
+) -> bool:
     """Advance `lcp` of the open pairs over columns start..start+c (tok, act: (B, c)); True while any pair is
     still open at the chunk's end."""
     any_open = False
@@ -149,18 +152,37 @@ def group_common_prefix(lcp: np.ndarray, members: np.ndarray) -> np.ndarray:
     return np.where(shortest == none, 0, shortest)
 
 
-def node_residual(w: np.ndarray, active: np.ndarray, advantages: np.ndarray, members: np.ndarray,
-                  lcp: np.ndarray, gross_all: float) -> dict[str, float]:
+def node_residual(
+    w: np.ndarray,
+    active: np.ndarray,
+    advantages: np.ndarray,
+    members: np.ndarray,
+    lcp: np.ndarray,
+    gross_all: float,
+) -> dict[str, float]:
     """D2 from host arrays: w and active (B, >= depth) float64 (w zero off the mask), advantages (B,) or
     (B, >= depth), `members`/`lcp` of these rows, gross_all = sum |w| over the whole batch."""
     depth = int(lcp.max()) if lcp.size else 0
     if depth == 0:
-        return dict.fromkeys(("diag/d2_residual", "diag/d2_credit_frac", "diag/d2_shared_frac", "diag/d2_nodes",
-                              "diag/d2_node_size_mean", "diag/d2_depth_max"), 0.0)
+        return dict.fromkeys(
+            (
+                "diag/d2_residual",
+                "diag/d2_credit_frac",
+                "diag/d2_shared_frac",
+                "diag/d2_nodes",
+                "diag/d2_node_size_mean",
+                "diag/d2_depth_max",
+            ),
+            0.0,
+        )
     adv = advantages[:, :depth] if advantages.ndim == 2 else np.repeat(advantages[:, None], depth, 1)
     residual, credit, gross, nodes, copies = _node_sums(
-        np.ascontiguousarray(w[:, :depth], dtype=F64), np.ascontiguousarray(active[:, :depth] != 0),
-        np.ascontiguousarray(adv, dtype=F64), members, lcp)
+        np.ascontiguousarray(w[:, :depth], dtype=F64),
+        np.ascontiguousarray(active[:, :depth] != 0),
+        np.ascontiguousarray(adv, dtype=F64),
+        members,
+        lcp,
+    )
     gross = max(gross, 1e-300)
     return {
         "diag/d2_residual": residual / gross,
@@ -173,8 +195,9 @@ def node_residual(w: np.ndarray, active: np.ndarray, advantages: np.ndarray, mem
 
 
 @compiled()
-def _node_sums(w: np.ndarray, active: np.ndarray, adv: np.ndarray, members: np.ndarray,
-               lcp: np.ndarray) -> tuple[float, float, float, float, float]:
+def _node_sums(
+    w: np.ndarray, active: np.ndarray, adv: np.ndarray, members: np.ndarray, lcp: np.ndarray
+) -> tuple[float, float, float, float, float]:
     """Sums over every node with >= 2 copies: |residual|, |credit|, gross |w|, node count, copy count.
     The node of member a at position t holds a and every b with lcp[a, b] > t; it is visited from its first
     member (the lowest slot)."""
@@ -216,11 +239,19 @@ def _node_sums(w: np.ndarray, active: np.ndarray, adv: np.ndarray, members: np.n
     return residual, credit, gross, nodes, copies
 
 
-def shared_node_residual(w: Any, token_ids: Any, active: Any, advantages: Any, group_ids: Any) -> dict[str, float]:
+def shared_node_residual(
+    w: Any, token_ids: Any, active: Any, advantages: Any, group_ids: Any
+) -> dict[str, float]:
     """D2 of one optimizer step from the ascent weights w (B, T), response token ids, the response mask
     (B x T, bool or 0/1) and advantages (B,) or (B, T); tensors or arrays. `diag/d2_nodes` counts nodes."""
     members = HostGroups.of(group_ids).members
     mask = to_host(active, F64)
     wm = to_host(w, F64) * mask
-    return node_residual(wm, mask, to_host(advantages, F64), members, pairwise_prefix(token_ids, active, members),
-                         float(np.abs(wm).sum()))
+    return node_residual(
+        wm,
+        mask,
+        to_host(advantages, F64),
+        members,
+        pairwise_prefix(token_ids, active, members),
+        float(np.abs(wm).sum()),
+    )

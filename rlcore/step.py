@@ -44,9 +44,15 @@ class StepNorm:
     def from_mask(cls, mask: Any, group_size: int | None = None) -> StepNorm:
         """From the response mask (B, T) of the whole step (all micro-batches of this process)."""
         if getattr(mask, "ndim", None) != 2:
-            raise ValueError(f"StepNorm.from_mask: mask must be (B, T), got shape {tuple(getattr(mask, 'shape', ()))}")
-        return cls(tokens=float(mask.sum()), sequences=int(mask.shape[0]), length=int(mask.shape[1]),
-                   group_size=group_size)
+            raise ValueError(
+                f"StepNorm.from_mask: mask must be (B, T), got shape {tuple(getattr(mask, 'shape', ()))}"
+            )
+        return cls(
+            tokens=float(mask.sum()),
+            sequences=int(mask.shape[0]),
+            length=int(mask.shape[1]),
+            group_size=group_size,
+        )
 
     @classmethod
     def combine(cls, parts: Iterable[StepNorm]) -> StepNorm:
@@ -57,5 +63,9 @@ class StepNorm:
         sizes = {p.group_size for p in parts}
         if len(sizes) > 1:
             raise ValueError(f"StepNorm.combine: parts disagree on group_size: {sorted(sizes, key=str)}")
-        return cls(tokens=sum(p.tokens for p in parts), sequences=sum(p.sequences for p in parts),
-                   length=max(p.length for p in parts), group_size=parts[0].group_size)
+        return cls(
+            tokens=sum(p.tokens for p in parts),
+            sequences=sum(p.sequences for p in parts),
+            length=max(p.length for p in parts),
+            group_size=parts[0].group_size,
+        )

@@ -10,8 +10,14 @@ import torch
 from torch import Tensor
 
 
-def check_tensor(name: str, x: object, shape: tuple[int, ...] | None = None, *, ndim: int | tuple[int, ...] | None = None,
-                 kind: str = "float") -> Tensor:
+def check_tensor(
+    name: str,
+    x: object,
+    shape: tuple[int, ...] | None = None,
+    *,
+    ndim: int | tuple[int, ...] | None = None,
+    kind: str = "float",
+) -> Tensor:
     """x must be a tensor of the given shape/ndim and dtype kind ('float', 'int', 'mask')."""
     if not isinstance(x, Tensor):
         raise ValueError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
@@ -21,9 +27,13 @@ def check_tensor(name: str, x: object, shape: tuple[int, ...] | None = None, *, 
             want = " or ".join(f"{d}-D" for d in allowed)
             raise ValueError(f"{name}: expected a {want} tensor, got shape {tuple(x.shape)}")
     if shape is not None and tuple(x.shape) != tuple(shape):
-        raise ValueError(f"{name}: expected shape {tuple(shape)} (matching logprobs/rewards), got {tuple(x.shape)}")
+        raise ValueError(
+            f"{name}: expected shape {tuple(shape)} (matching logprobs/rewards), got {tuple(x.shape)}"
+        )
     if kind == "float" and not x.is_floating_point():
-        raise ValueError(f"{name}: expected a floating-point tensor, got dtype {x.dtype}; convert with .float()")
+        raise ValueError(
+            f"{name}: expected a floating-point tensor, got dtype {x.dtype}; convert with .float()"
+        )
     if kind == "int" and (x.is_floating_point() or x.is_complex() or x.dtype == torch.bool):
         raise ValueError(f"{name}: expected an integer tensor (torch.long), got dtype {x.dtype}")
     if kind == "mask" and x.is_complex():
@@ -39,11 +49,15 @@ def check_finite(name: str, x: Tensor) -> None:
     if not bool(bad.any()):  # the sum overflowed on finite values: fine
         return
     first = [int(i) for i in bad.nonzero()[0]]
-    raise ValueError(f"{name}: contains {int(bad.sum())} NaN/inf value(s), first at index {tuple(first)}; "
-                     "fix the upstream computation (padding included) before calling the objective")
+    raise ValueError(
+        f"{name}: contains {int(bad.sum())} NaN/inf value(s), first at index {tuple(first)}; "
+        "fix the upstream computation (padding included) before calling the objective"
+    )
 
 
-def as_mask(name: str, mask: Tensor, shape: tuple[int, ...], dtype: torch.dtype, *, check_values: bool = True) -> Tensor:
+def as_mask(
+    name: str, mask: Tensor, shape: tuple[int, ...], dtype: torch.dtype, *, check_values: bool = True
+) -> Tensor:
     """The response mask as a 0/1 tensor of `dtype`; bool, integer or float inputs accepted."""
     check_tensor(name, mask, shape, kind="mask")
     if mask.dtype == torch.bool:

@@ -35,7 +35,7 @@ class TrainBatch:
 
     @property
     def response_ids(self) -> torch.Tensor:
-        return self.input_ids[:, self.prompt_len:]
+        return self.input_ids[:, self.prompt_len :]
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -43,13 +43,28 @@ class TrainBatch:
     def select(self, rows: torch.Tensor | list[int]) -> TrainBatch:
         rows = torch.as_tensor(rows, dtype=torch.long)
         pick = lambda t: t.index_select(0, rows)  # noqa: E731
-        return TrainBatch(pick(self.input_ids), pick(self.attention_mask), pick(self.response_mask),
-                          pick(self.advantages), pick(self.group_ids), pick(self.rollout_logprobs),
-                          pick(self.rewards), pick(self.versions), self.prompt_len, dict(self.meta))
+        return TrainBatch(
+            pick(self.input_ids),
+            pick(self.attention_mask),
+            pick(self.response_mask),
+            pick(self.advantages),
+            pick(self.group_ids),
+            pick(self.rollout_logprobs),
+            pick(self.rewards),
+            pick(self.versions),
+            self.prompt_len,
+            dict(self.meta),
+        )
 
 
-def collate(prompts: list[list[int]], completions: list[Completion], group_ids: list[int],
-            advantages: torch.Tensor, rewards: torch.Tensor, pad_id: int) -> TrainBatch:
+def collate(
+    prompts: list[list[int]],
+    completions: list[Completion],
+    group_ids: list[int],
+    advantages: torch.Tensor,
+    rewards: torch.Tensor,
+    pad_id: int,
+) -> TrainBatch:
     """Build a TrainBatch from row-aligned prompts and completions (left-pad prompts, right-pad responses)."""
     if not (len(prompts) == len(completions) == len(group_ids) == rewards.shape[0]):
         raise ValueError("collate: prompts, completions, group_ids and rewards must have one entry per row")
@@ -62,12 +77,13 @@ def collate(prompts: list[list[int]], completions: list[Completion], group_ids: 
     rlp = torch.zeros((B, T), dtype=torch.float32)
     for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
         n = len(c.token_ids)
-        ids[i, P - len(p):P] = torch.tensor(p, dtype=torch.long)
-        attn[i, P - len(p):P + n] = 1
+        ids[i, P - len(p) : P] = torch.tensor(p, dtype=torch.long)
+        attn[i, P - len(p) : P + n] = 1
         if n:
-            ids[i, P:P + n] = torch.tensor(c.token_ids, dtype=torch.long)
+            ids[i, P : P + n] = torch.tensor(c.token_ids, dtype=torch.long)
             rmask[i, :n] = 1.0
             rlp[i, :n] = torch.tensor(c.logprobs, dtype=torch.float32)
     versions = torch.tensor([c.version for c in completions], dtype=torch.long)
-    return TrainBatch(ids, attn, rmask, advantages, torch.tensor(group_ids, dtype=torch.long), rlp,
-                      rewards, versions, P)
+    return TrainBatch(
+        ids, attn, rmask, advantages, torch.tensor(group_ids, dtype=torch.long), rlp, rewards, versions, P
+    )

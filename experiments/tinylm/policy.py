@@ -32,13 +32,13 @@ NEG = -1e9  # logit of a token the grammar forbids (finite: keeps 0 * -inf NaNs 
 class Rollout:
     """One batch of sampled responses, groups contiguous (rows g*G .. g*G+G-1 share a prompt)."""
 
-    prompt_ids: torch.Tensor   # (N,)
-    tokens: torch.Tensor       # (N, PROMPT_LEN + W), PAD after EOS, W <= MAX_RESPONSE the longest response
-    mask: torch.Tensor         # (N, W) float, 1 on response tokens (EOS included)
-    logprobs: torch.Tensor     # (N, W) log pi_old of the sampled tokens
-    entropies: torch.Tensor    # (N, W) entropy of pi_old at each response position
-    rewards: torch.Tensor      # (N,)
-    group_ids: torch.Tensor    # (N,)
+    prompt_ids: torch.Tensor  # (N,)
+    tokens: torch.Tensor  # (N, PROMPT_LEN + W), PAD after EOS, W <= MAX_RESPONSE the longest response
+    mask: torch.Tensor  # (N, W) float, 1 on response tokens (EOS included)
+    logprobs: torch.Tensor  # (N, W) log pi_old of the sampled tokens
+    entropies: torch.Tensor  # (N, W) entropy of pi_old at each response position
+    rewards: torch.Tensor  # (N,)
+    group_ids: torch.Tensor  # (N,)
 
     @property
     def responses(self) -> torch.Tensor:
@@ -55,12 +55,13 @@ class Rollout:
 
 def masked_logits(model: TinyLM, task: SyntheticTask, tokens: torch.Tensor) -> torch.Tensor:
     """Grammar-restricted logits (N, MAX_RESPONSE, V) predicting each response token."""
-    logits = model(tokens[:, :-1])[:, PROMPT_LEN - 1:]
+    logits = model(tokens[:, :-1])[:, PROMPT_LEN - 1 :]
     return logits.masked_fill(~task.allowed[: logits.shape[1]], NEG)
 
 
-def token_logprobs(model: TinyLM, task: SyntheticTask, tokens: torch.Tensor,
-                   with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def token_logprobs(
+    model: TinyLM, task: SyntheticTask, tokens: torch.Tensor, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(y_t | h_t) of the response tokens (N, W) and optionally the entropies."""
     logp = torch.log_softmax(masked_logits(model, task, tokens), -1)
     resp = tokens[:, PROMPT_LEN:].clamp(min=0)
@@ -72,8 +73,14 @@ def token_logprobs(model: TinyLM, task: SyntheticTask, tokens: torch.Tensor,
 
 
 @torch.no_grad()
-def sample(model: TinyLM, task: SyntheticTask, prompt_ids: torch.Tensor, group_size: int,
-           generator: torch.Generator, temperature: float = 1.0) -> Rollout:
+def sample(
+    model: TinyLM,
+    task: SyntheticTask,
+    prompt_ids: torch.Tensor,
+    group_size: int,
+    generator: torch.Generator,
+    temperature: float = 1.0,
+) -> Rollout:
     """G responses for each prompt (KV-cached ancestral sampling under the grammar)."""
     pid = prompt_ids.repeat_interleave(group_size)
     n = pid.numel()
@@ -112,8 +119,13 @@ def head_distributions(model: TinyLM, task: SyntheticTask) -> dict[str, torch.Te
     pid = torch.arange(k)
     prefix = task.prompt_tokens(pid)
     combos = torch.cartesian_prod(torch.arange(4), torch.arange(2), torch.arange(len(ANSWER)))  # (64, 3)
-    tok = torch.cat([prefix.repeat_interleave(len(combos), 0),
-                     torch.stack([combos[:, 0] + 3, combos[:, 1] + 7, combos[:, 2] + ANSWER[0]], 1).repeat(k, 1)], 1)
+    tok = torch.cat(
+        [
+            prefix.repeat_interleave(len(combos), 0),
+            torch.stack([combos[:, 0] + 3, combos[:, 1] + 7, combos[:, 2] + ANSWER[0]], 1).repeat(k, 1),
+        ],
+        1,
+    )
     logits = model(tok)  # (K*64, 5, V): positions 1..4 predict template, opener, answer, style
     allowed = task.allowed
 

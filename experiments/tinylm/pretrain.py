@@ -64,8 +64,9 @@ def pretrain(task: SyntheticTask, mcfg: ModelConfig, pcfg: PretrainConfig) -> tu
     return model, curve
 
 
-def pretrained(task: SyntheticTask, mcfg: ModelConfig, pcfg: PretrainConfig,
-               cache_dir: Path | None = DEFAULT_CACHE) -> TinyLM:
+def pretrained(
+    task: SyntheticTask, mcfg: ModelConfig, pcfg: PretrainConfig, cache_dir: Path | None = DEFAULT_CACHE
+) -> TinyLM:
     """The pretrained model for this configuration, from the disk cache when it is there."""
     if cache_dir is None:
         return pretrain(task, mcfg, pcfg)[0]

@@ -44,7 +44,7 @@ MAX_RESPONSE = HEAD + MAX_FILL + 1
 PROMPT_LEN = 2
 PROBE_FILL = 6
 
-FILL_CORRECT = (1, 2, 3)      # base filler counts (uniform) after a correct answer ...
+FILL_CORRECT = (1, 2, 3)  # base filler counts (uniform) after a correct answer ...
 FILL_WRONG = (5, 6, 7, 8, 9)  # ... after a wrong one: wrong answers ramble
 VERBOSE_EXTRA = 4
 
@@ -66,8 +66,10 @@ class TaskConfig:
         if not 0 < self.p_template < 1:
             raise ValueError(f"TaskConfig.p_template must be in (0, 1), got {self.p_template}")
         if not 0 < self.p_correct_min <= self.p_correct_max < 1:
-            raise ValueError("TaskConfig: need 0 < p_correct_min <= p_correct_max < 1, got "
-                             f"{self.p_correct_min}, {self.p_correct_max}")
+            raise ValueError(
+                "TaskConfig: need 0 < p_correct_min <= p_correct_max < 1, got "
+                f"{self.p_correct_min}, {self.p_correct_max}"
+            )
 
 
 def _hazards(counts: tuple[int, ...]) -> np.ndarray:
@@ -94,10 +96,14 @@ class SyntheticTask:
         ans = np.repeat(((1 - self.p_correct) / (N_ANSWERS - 2))[:, None], N_ANSWERS, 1)
         ans[np.arange(k), self.correct[:, 0]] = self.p_correct / 2
         ans[np.arange(k), self.correct[:, 1]] = self.p_correct / 2
-        self.answer_probs = ans                                            # (K, 8)
-        self.hazard = {(c, v): _hazards(tuple(n + (VERBOSE_EXTRA if v else 0) for n in
-                                              (FILL_CORRECT if c else FILL_WRONG)))
-                       for c in (False, True) for v in (False, True)}
+        self.answer_probs = ans  # (K, 8)
+        self.hazard = {
+            (c, v): _hazards(
+                tuple(n + (VERBOSE_EXTRA if v else 0) for n in (FILL_CORRECT if c else FILL_WRONG))
+            )
+            for c in (False, True)
+            for v in (False, True)
+        }
         # Probe contexts: their own template/opener/filler distributions, fixed per probe prompt.
         j = cfg.n_probe_prompts
         self.probe_template = rng.dirichlet(np.ones(4), size=j)

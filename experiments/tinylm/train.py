@@ -47,14 +47,20 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         if self.prompts_per_step % self.mini_batches and not self.split_groups:
-            raise ValueError(f"RunConfig: prompts_per_step ({self.prompts_per_step}) must be a multiple of "
-                             f"mini_batches ({self.mini_batches}) to keep groups whole")
+            raise ValueError(
+                f"RunConfig: prompts_per_step ({self.prompts_per_step}) must be a multiple of "
+                f"mini_batches ({self.mini_batches}) to keep groups whole"
+            )
         if self.split_groups and self.group_size % self.mini_batches:
-            raise ValueError(f"RunConfig: split_groups spreads each group over the mini-batches, so group_size "
-                             f"({self.group_size}) must be a multiple of mini_batches ({self.mini_batches})")
+            raise ValueError(
+                f"RunConfig: split_groups spreads each group over the mini-batches, so group_size "
+                f"({self.group_size}) must be a multiple of mini_batches ({self.mini_batches})"
+            )
         if self.split_groups and self.mini_batches < 2:
-            raise ValueError("RunConfig: split_groups needs mini_batches >= 2 (a group can only be split "
-                             "across two or more optimizer steps)")
+            raise ValueError(
+                "RunConfig: split_groups needs mini_batches >= 2 (a group can only be split "
+                "across two or more optimizer steps)"
+            )
 
 
 def _forking_entropy(ent: torch.Tensor, mask: torch.Tensor) -> float:
@@ -87,8 +93,8 @@ def run(cfg: RunConfig, cache_dir=DEFAULT_CACHE, progress=None) -> dict[str, Any
     probe = Probe(task, copy.deepcopy(model).eval(), task.sample_probes(64, np.random.default_rng(777))[0])
     objective = rlcore.get_objective(cfg.objective, **cfg.overrides)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    gen = torch.Generator().manual_seed(1_000 + cfg.seed)      # prompts and sampling
-    deal = torch.Generator().manual_seed(7_919 + cfg.seed)     # mini-batch assignment only
+    gen = torch.Generator().manual_seed(1_000 + cfg.seed)  # prompts and sampling
+    deal = torch.Generator().manual_seed(7_919 + cfg.seed)  # mini-batch assignment only
     torch.manual_seed(cfg.seed)
     k, b, g = task.cfg.n_prompts, cfg.prompts_per_step, cfg.group_size
     if b > k:
@@ -116,32 +122,60 @@ def run(cfg: RunConfig, cache_dir=DEFAULT_CACHE, progress=None) -> dict[str, Any
             lopti = len(stages) > 1
             for _ in range(cfg.epochs):
                 for rows in minibatch_rows(b, g, cfg.mini_batches, cfg.split_groups, deal):
-                    kwargs: dict[str, Any] = {"step": rlcore.StepNorm.from_mask(
-                        ro.mask[rows], group_size=None if cfg.split_groups else g)}
+                    kwargs: dict[str, Any] = {
+                        "step": rlcore.StepNorm.from_mask(
+                            ro.mask[rows], group_size=None if cfg.split_groups else g
+                        )
+                    }
                     if lopti:
                         kwargs["stage_mask"] = stage[rows]
                     if objective.needs_whole_groups and cfg.split_groups:
                         with torch.no_grad():  # DFPO over whole groups, at the current parameters
                             current = token_logprobs(model, task, ro.tokens)[0] * ro.mask
                         kwargs["seq_weights"] = split_sequence_weights(
-                            objective, current, ro.logprobs, adv, ro.mask, ro.group_ids, rows)
+                            objective, current, ro.logprobs, adv, ro.mask, ro.group_ids, rows
+                        )
                     lp, _ = token_logprobs(model, task, ro.tokens[rows])
                     lp = lp * ro.mask[rows]
-                    w, out = ascent_weights(objective, lp, ro.logprobs[rows], adv[rows], ro.mask[rows],
-                                            ro.group_ids[rows], of="loss", **kwargs)
+                    w, out = ascent_weights(
+                        objective,
+                        lp,
+                        ro.logprobs[rows],
+                        adv[rows],
+                        ro.mask[rows],
+                        ro.group_ids[rows],
+                        of="loss",
+                        **kwargs,
+                    )
                     opt.zero_grad(set_to_none=True)
                     lp.backward(-w)
                     opt.step()
-                    diags.append(defined(cancellation_diagnostics(
-                        w, resp[rows], ro.mask[rows], ro.group_ids[rows], adv[rows],
-                        old_logprobs=ro.logprobs[rows], entropies=ro.entropies[rows], clipped=out.clipped,
-                        group_size=g)))
+                    diags.append(
+                        defined(
+                            cancellation_diagnostics(
+                                w,
+                                resp[rows],
+                                ro.mask[rows],
+                                ro.group_ids[rows],
+                                adv[rows],
+                                old_logprobs=ro.logprobs[rows],
+                                entropies=ro.entropies[rows],
+                                clipped=out.clipped,
+                                group_size=g,
+                            )
+                        )
+                    )
                     losses.append(out.metrics)
         row = _rollout_metrics(ro)
         row.update(mean_defined(diags))
         run_d1.extend(d["diag/d1_gcpr"] for d in diags if "diag/d1_gcpr" in d)
-        row.update({key: float(np.mean([m.get(key, 0.0) for m in losses])) for key in losses[0]
-                    if key.startswith("clip/")})
+        row.update(
+            {
+                key: float(np.mean([m.get(key, 0.0) for m in losses]))
+                for key in losses[0]
+                if key.startswith("clip/")
+            }
+        )
         step_rows.append(row)
         if step % cfg.eval_every == 0 or step == cfg.steps:
             evaluate(step)
@@ -154,13 +188,20 @@ def run(cfg: RunConfig, cache_dir=DEFAULT_CACHE, progress=None) -> dict[str, Any
     return out
 
 
-def _summarise(cfg: RunConfig, step_rows: list[dict[str, float]], eval_steps: list[int],
-               eval_rows: list[dict[str, float]], seconds: float) -> dict[str, Any]:
+def _summarise(
+    cfg: RunConfig,
+    step_rows: list[dict[str, float]],
+    eval_steps: list[int],
+    eval_rows: list[dict[str, float]],
+    seconds: float,
+) -> dict[str, Any]:
     keys = sorted({key for row in step_rows for key in row})
     per_step = {key: [row.get(key, float("nan")) for row in step_rows] for key in keys}
     tail = max(1, len(step_rows) // 10)  # rollout metrics are noisy: the final value is the last 10%
-    final = {key: float(np.nanmean(vals[-tail:])) if np.isfinite(vals[-tail:]).any() else float("nan")
-             for key, vals in per_step.items()}
+    final = {
+        key: float(np.nanmean(vals[-tail:])) if np.isfinite(vals[-tail:]).any() else float("nan")
+        for key, vals in per_step.items()
+    }
     final.update(eval_rows[-1])
     acc = [row["eval/accuracy"] for row in eval_rows]
     hit = [s for s, a in zip(eval_steps, acc, strict=True) if a >= cfg.threshold]
@@ -172,7 +213,13 @@ def _summarise(cfg: RunConfig, step_rows: list[dict[str, float]], eval_steps: li
     bounds = list(zip([0, *eval_steps[1:-1]], eval_steps[1:], strict=True))
     for key in per_step:
         vals = np.asarray(per_step[key])
-        curves[key] = [float(np.nanmean(vals[a:b])) if np.isfinite(vals[a:b]).any() else float("nan")
-                       for a, b in bounds]
-    return {"config": asdict(cfg), "eval_steps": eval_steps, "curves": curves, "final": final,
-            "seconds": seconds}
+        curves[key] = [
+            float(np.nanmean(vals[a:b])) if np.isfinite(vals[a:b]).any() else float("nan") for a, b in bounds
+        ]
+    return {
+        "config": asdict(cfg),
+        "eval_steps": eval_steps,
+        "curves": curves,
+        "final": final,
+        "seconds": seconds,
+    }

@@ -30,9 +30,17 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 def _record(row: DatasetRow) -> DatasetRecord:
-    return DatasetRecord(id=row.id, name=row.name, tenant=row.tenant, format=row.format, size_bytes=row.size_bytes,
-                         sha256=row.sha256, rows=row.rows, columns=row.columns,
-                         created_at=datetime.fromtimestamp(row.created_at, UTC))
+    return DatasetRecord(
+        id=row.id,
+        name=row.name,
+        tenant=row.tenant,
+        format=row.format,
+        size_bytes=row.size_bytes,
+        sha256=row.sha256,
+        rows=row.rows,
+        columns=row.columns,
+        created_at=datetime.fromtimestamp(row.created_at, UTC),
+    )
 
 
 def _store(request: Request) -> DatasetStore:
@@ -43,18 +51,31 @@ def _store(request: Request) -> DatasetStore:
     "",
     status_code=201,
     response_model=DatasetRecord,
-    responses={**_ERRORS, 200: {"model": DatasetRecord, "description": "The same content was uploaded before."},
-               413: {"model": ErrorBody, "description": "Larger than the server's max_dataset_bytes."}},  # fmt: skip
+    responses={
+        **_ERRORS,
+        200: {"model": DatasetRecord, "description": "The same content was uploaded before."},
+        413: {"model": ErrorBody, "description": "Larger than the server's max_dataset_bytes."},
+    },  # fmt: skip
     summary="Upload a dataset file (the raw body: JSONL, Parquet or CSV)",
-    openapi_extra={"requestBody": {"required": True, "content": {"application/octet-stream": {
-        "schema": {"type": "string", "format": "binary"}}}}},  # fmt: skip
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+        }
+    },  # fmt: skip
 )
 async def upload_dataset(
     request: Request,
     response: Response,
     caller: Caller,
-    name: Annotated[str, Query(min_length=1, max_length=128, description="File name; .jsonl, .json, .parquet "
-                                                                         "or .csv decides the format.")],
+    name: Annotated[
+        str,
+        Query(
+            min_length=1,
+            max_length=128,
+            description="File name; .jsonl, .json, .parquet or .csv decides the format.",
+        ),
+    ],
 ) -> DatasetRecord:
     store = _store(request)
     limit = request.app.state.cp.settings.max_dataset_bytes
@@ -87,7 +108,9 @@ def list_datasets(request: Request, caller: Caller) -> DatasetList:
     return DatasetList(datasets=[_record(r) for r in rows])
 
 
-@router.get("/{dataset_id}", response_model=DatasetRecord, responses=_ERRORS, summary="Get a dataset's record")
+@router.get(
+    "/{dataset_id}", response_model=DatasetRecord, responses=_ERRORS, summary="Get a dataset's record"
+)
 def get_dataset(request: Request, caller: Caller, dataset_id: str) -> DatasetRecord:
     row = _store(request).get(dataset_id, None if caller.is_admin else caller.tenant)
     if row is None:

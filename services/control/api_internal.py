@@ -44,9 +44,13 @@ def report_events(
     if after.state != before and after.state in TERMINAL:
         cp.telemetry.job_finished(after.state)
     if after.state in TERMINAL:
-        reported_end = any(ev["type"] == "state" and ev.get("state") in {s.value for s in TERMINAL} for ev in events)
+        reported_end = any(
+            ev["type"] == "state" and ev.get("state") in {s.value for s in TERMINAL} for ev in events
+        )
         if not reported_end:
-            return EventAck(cancel=True, reason=f"the job already ended ({after.state.value}): {after.reason}")
+            return EventAck(
+                cancel=True, reason=f"the job already ended ({after.state.value}): {after.reason}"
+            )
         return EventAck(cancel=False, reason=None)
     if after.cancel_requested_at is not None:
         return EventAck(cancel=True, reason=after.cancel_reason)

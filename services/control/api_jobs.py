@@ -73,11 +73,16 @@ def _own_job(request: Request, job_id: str, caller: Principal) -> JobRow:
     "",
     status_code=201,
     response_model=JobRecord | DryRunResult,
-    responses={**_ERRORS, 200: {"model": JobRecord | DryRunResult,
-                                "description": "Dry run, or a replay of an earlier request with the same "
-                                "Idempotency-Key (the original job)."},
-               409: {"model": ErrorBody, "description": "Idempotency-Key reused with a different spec."},
-               413: {"model": ErrorBody, "description": "Request body too large."}},  # fmt: skip
+    responses={
+        **_ERRORS,
+        200: {
+            "model": JobRecord | DryRunResult,
+            "description": "Dry run, or a replay of an earlier request with the same "
+            "Idempotency-Key (the original job).",
+        },
+        409: {"model": ErrorBody, "description": "Idempotency-Key reused with a different spec."},
+        413: {"model": ErrorBody, "description": "Request body too large."},
+    },  # fmt: skip
     summary="Submit a job",
 )
 def submit_job(
@@ -85,17 +90,24 @@ def submit_job(
     response: Response,
     caller: Caller,
     spec: Annotated[JobSpec, Body(description="The job spec, the same schema as a YAML job file.")],
-    dry_run: Annotated[bool, Query(description="Only validate (schema and server policy); store nothing.")] = False,
+    dry_run: Annotated[
+        bool, Query(description="Only validate (schema and server policy); store nothing.")
+    ] = False,
     idempotency_key: Annotated[
         str | None,
-        Header(alias="Idempotency-Key", max_length=255,
-               description="Retries with the same key return the job the first request created."),  # fmt: skip
+        Header(
+            alias="Idempotency-Key",
+            max_length=255,
+            description="Retries with the same key return the job the first request created.",
+        ),  # fmt: skip
     ] = None,
 ) -> JobRecord | DryRunResult:
     cp = _cp(request)
     try:
         owner = None if caller.is_admin else caller.tenant
-        grants = check_spec(spec, cp.settings, caller.is_admin, lambda ds: cp.datasets.get(ds, owner) is not None)
+        grants = check_spec(
+            spec, cp.settings, caller.is_admin, lambda ds: cp.datasets.get(ds, owner) is not None
+        )
     except PolicyError as e:
         cp.telemetry.rejections.labels("policy").inc()
         raise ApiError(422, f"job spec refused by this server: {e}",
@@ -124,7 +136,9 @@ def list_jobs(
     caller: Caller,
     state: Annotated[list[JobState] | None, Query(description="Only jobs in these states.")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    cursor: Annotated[int | None, Query(ge=0, le=MAX_SEQ, description="`next_cursor` of the previous page.")] = None,
+    cursor: Annotated[
+        int | None, Query(ge=0, le=MAX_SEQ, description="`next_cursor` of the previous page.")
+    ] = None,
     tenant: Annotated[str | None, Query(max_length=64, description="Admin only: one tenant's jobs.")] = None,
 ) -> JobList:
     if tenant is not None and not caller.is_admin and tenant != caller.tenant:
@@ -133,7 +147,9 @@ def list_jobs(
     jobs = _cp(request).store.list(scope, state, limit + 1, cursor)
     more = len(jobs) > limit
     jobs = jobs[:limit]
-    return JobList(jobs=[records.job_record(j) for j in jobs], next_cursor=str(jobs[-1].seq) if more else None)
+    return JobList(
+        jobs=[records.job_record(j) for j in jobs], next_cursor=str(jobs[-1].seq) if more else None
+    )
 
 
 @router.get("/{job_id}", response_model=JobRecord, responses=_ERRORS, summary="Get a job")
@@ -165,13 +181,14 @@ def cancel_job(
     return records.job_record(job)
 
 
-
-
 @router.post(
     "/{job_id}/resume",
     status_code=202,
     response_model=JobRecord,
-    responses={**_ERRORS, 409: {"model": ErrorBody, "description": "Not resumable (running, succeeded, no checkpoint)."}},
+    responses={
+        **_ERRORS,
+        409: {"model": ErrorBody, "description": "Not resumable (running, succeeded, no checkpoint)."},
+    },
     summary="Resume a failed or cancelled job from a checkpoint (a new attempt)",
 )
 def resume_job(
@@ -209,7 +226,9 @@ def job_metrics(
     caller: Caller,
     job_id: JobId,
     since_step: Annotated[int | None, Query(ge=0, le=MAX_SEQ, description="Only steps >= this.")] = None,
-    attempt: Annotated[int | None, Query(ge=1, le=MAX_ATTEMPT, description="Only this attempt (default: all).")] = None,
+    attempt: Annotated[
+        int | None, Query(ge=1, le=MAX_ATTEMPT, description="Only this attempt (default: all).")
+    ] = None,
 ) -> MetricSeries:
     job = _own_job(request, job_id, caller)
     rows = progress.metric_rows(_cp(request).store, job.id, since_step, attempt)
@@ -232,8 +251,13 @@ def job_checkpoints(request: Request, caller: Caller, job_id: JobId) -> Checkpoi
 @router.get(
     "/{job_id}/logs",
     response_model=LogPage,
-    responses={**_ERRORS, 200: {"content": {"application/json": {}, "text/plain": {}},
-                                "description": "trainer: JSON page of log lines; driver: the Ray driver's output."}},  # fmt: skip
+    responses={
+        **_ERRORS,
+        200: {
+            "content": {"application/json": {}, "text/plain": {}},
+            "description": "trainer: JSON page of log lines; driver: the Ray driver's output.",
+        },
+    },  # fmt: skip
     summary="Log lines (reported by the trainer), or the Ray driver's stdout/stderr",
 )
 def job_logs(
@@ -243,7 +267,9 @@ def job_logs(
     since: Annotated[int, Query(ge=0, le=MAX_SEQ, description="`next` of the previous page.")] = 0,
     limit: Annotated[int, Query(ge=1, le=5000)] = 1000,
     source: Annotated[Literal["trainer", "driver"], Query()] = "trainer",
-    attempt: Annotated[int | None, Query(ge=1, le=MAX_ATTEMPT, description="driver: which attempt (default: current).")] = None,
+    attempt: Annotated[
+        int | None, Query(ge=1, le=MAX_ATTEMPT, description="driver: which attempt (default: current).")
+    ] = None,
 ):
     job = _own_job(request, job_id, caller)
     cp = _cp(request)
@@ -251,14 +277,21 @@ def job_logs(
         text = cp.driver_log(job, attempt or job.attempt)
         return PlainTextResponse(text or "")
     rows = progress.events_since(cp.store, job.id, since, limit, types=["log"])
-    return LogPage(job_id=job.id, lines=[records.log_line(r) for r in rows], next=rows[-1].seq if rows else since)
+    return LogPage(
+        job_id=job.id, lines=[records.log_line(r) for r in rows], next=rows[-1].seq if rows else since
+    )
 
 
 @router.get(
     "/{job_id}/events",
-    responses={**_ERRORS, 200: {"content": {"text/event-stream": {}},
-                                "description": "Server-sent events; each `data:` is a JobEvent, `id:` its seq. "
-                                "The stream ends with an `end` event once the job has ended."}},  # fmt: skip
+    responses={
+        **_ERRORS,
+        200: {
+            "content": {"text/event-stream": {}},
+            "description": "Server-sent events; each `data:` is a JobEvent, `id:` its seq. "
+            "The stream ends with an `end` event once the job has ended.",
+        },
+    },  # fmt: skip
     summary="Stream a job's events (state changes, step metrics, checkpoints, log lines)",
 )
 async def job_events(
@@ -267,8 +300,10 @@ async def job_events(
     job_id: JobId,
     since: Annotated[int, Query(ge=0, le=MAX_SEQ, description="Only events after this seq.")] = 0,
     follow: Annotated[bool, Query(description="Keep streaming until the job ends.")] = True,
-    last_event_id: Annotated[int | None, Header(alias="Last-Event-ID", ge=0, le=MAX_SEQ,
-                                                description="The `id:` of the last event received.")] = None,
+    last_event_id: Annotated[
+        int | None,
+        Header(alias="Last-Event-ID", ge=0, le=MAX_SEQ, description="The `id:` of the last event received."),
+    ] = None,
 ) -> StreamingResponse:
     job = await run_in_threadpool(_own_job, request, job_id, caller)
     if last_event_id is not None:
@@ -293,7 +328,9 @@ async def _event_stream(cp, job_id: str, since: int, follow: bool) -> AsyncItera
     sent_set: set[int] = set()
     last_write = time.monotonic()
     while True:
-        rows = await run_in_threadpool(progress.events_since, cp.store, job_id, max(since, cursor - overlap), 500)
+        rows = await run_in_threadpool(
+            progress.events_since, cp.store, job_id, max(since, cursor - overlap), 500
+        )
         fresh = [r for r in rows if r.seq not in sent_set]
         for r in fresh:
             if len(sent) == sent.maxlen:
@@ -311,8 +348,16 @@ async def _event_stream(cp, job_id: str, since: int, follow: bool) -> AsyncItera
             tail = await run_in_threadpool(progress.events_since, cp.store, job_id, cursor, 500)
             for r in tail:
                 yield _sse(r.type, records.job_event(r).model_dump_json(), r.seq)
-            yield _sse("end", json.dumps({"job_id": job_id, "state": job.state.value if job else None,
-                                          "reason": job.reason if job else "deleted"}))
+            yield _sse(
+                "end",
+                json.dumps(
+                    {
+                        "job_id": job_id,
+                        "state": job.state.value if job else None,
+                        "reason": job.reason if job else "deleted",
+                    }
+                ),
+            )
             return
         if time.monotonic() - last_write > 15:
             yield ": keep-alive\n\n"  # a comment line: keeps proxies from closing an idle stream

@@ -83,7 +83,9 @@ def create_app(settings: ControlSettings | None = None) -> FastAPI:
     scheduler = None
     if settings.scheduler and settings.ray_address != "none":
         scheduler = Scheduler(store, token_store, settings, telemetry)
-    cp = ControlPlane(settings, store, token_store, telemetry, scheduler, DatasetStore(engine, settings.datasets_path))
+    cp = ControlPlane(
+        settings, store, token_store, telemetry, scheduler, DatasetStore(engine, settings.datasets_path)
+    )
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -97,13 +99,20 @@ def create_app(settings: ControlSettings | None = None) -> FastAPI:
             engine.dispose()
 
     # docs_url/redoc_url off: FastAPI's pages load their assets from a CDN; install_docs_ui serves local ones.
-    app = FastAPI(title="tgc-rl control plane", version="1", description=API_DESCRIPTION, lifespan=lifespan,
-                  docs_url=None, redoc_url=None)
+    app = FastAPI(
+        title="tgc-rl control plane",
+        version="1",
+        description=API_DESCRIPTION,
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+    )
     install_docs_ui(app)
     app.state.cp = cp
     install_error_handlers(app)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes,
-                       paths={"/v1/datasets": settings.max_dataset_bytes})
+    app.add_middleware(
+        BodySizeLimit, max_bytes=settings.max_body_bytes, paths={"/v1/datasets": settings.max_dataset_bytes}
+    )
     app.add_middleware(RequestMetricsMiddleware, telemetry=telemetry)
     app.include_router(api_jobs.router)
     app.include_router(api_datasets.router)

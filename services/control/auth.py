@@ -33,7 +33,9 @@ def metrics_reader(request: Request, creds: HTTPAuthorizationCredentials | None 
     expected = request.app.state.cp.settings.metrics_token
     if creds is not None and expected and hmac.compare_digest(creds.credentials.encode(), expected.encode()):
         return
-    principal = request.app.state.cp.token_store.authenticate(creds.credentials) if creds is not None else None
+    principal = (
+        request.app.state.cp.token_store.authenticate(creds.credentials) if creds is not None else None
+    )
     if principal is None or not principal.is_admin:
         raise ApiError(401, "/metrics needs the metrics token (server setting metrics_token, TGC_METRICS_TOKEN) or "
                             "an admin token", headers=_CHALLENGE)  # fmt: skip

@@ -45,17 +45,30 @@ class DatasetRow:
 
     @classmethod
     def from_row(cls, r: sa.Row) -> DatasetRow:
-        return cls(r.id, r.tenant, r.name, r.format, r.size_bytes, r.sha256, r.rows, json.loads(r.columns),
-                   r.created_at)
+        return cls(
+            r.id,
+            r.tenant,
+            r.name,
+            r.format,
+            r.size_bytes,
+            r.sha256,
+            r.rows,
+            json.loads(r.columns),
+            r.created_at,
+        )
 
 
 def check_name(name: str) -> str:
     """A file name for an upload: plain characters, a known suffix (it decides the format)."""
     if not _NAME.fullmatch(name):
-        raise DatasetRefused(f"name {name!r}: use 1-128 letters, digits, '.', '_' or '-' (a file name, no path)")
+        raise DatasetRefused(
+            f"name {name!r}: use 1-128 letters, digits, '.', '_' or '-' (a file name, no path)"
+        )
     fmt = FORMATS.get(Path(name).suffix.lower())
     if fmt is None:
-        raise DatasetRefused(f"name {name!r}: end it in .jsonl, .json, .parquet or .csv (the suffix is the format)")
+        raise DatasetRefused(
+            f"name {name!r}: end it in .jsonl, .json, .parquet or .csv (the suffix is the format)"
+        )
     return fmt
 
 
@@ -76,7 +89,9 @@ class Upload:
     def write(self, chunk: bytes) -> None:
         self.size += len(chunk)
         if self.size > self.max_bytes:
-            raise DatasetRefused(f"the upload exceeds this server's limit of {self.max_bytes:,} bytes a dataset")
+            raise DatasetRefused(
+                f"the upload exceeds this server's limit of {self.max_bytes:,} bytes a dataset"
+            )
         self._hash.update(chunk)
         self._fh.write(chunk)
 
@@ -113,7 +128,9 @@ class DatasetStore:
         except BaseException:
             upload.discard()
             raise
-        row = DatasetRow(upload.id, tenant, upload.name, upload.format, upload.size, digest, rows, columns, time.time())
+        row = DatasetRow(
+            upload.id, tenant, upload.name, upload.format, upload.size, digest, rows, columns, time.time()
+        )
         with self.engine.begin() as conn:
             conn.execute(db.datasets.insert().values(
                 id=row.id, tenant=tenant, name=row.name, format=row.format, size_bytes=row.size_bytes,

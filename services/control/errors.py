@@ -16,8 +16,10 @@ _CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_f
 
 
 # FastAPI's message when json.loads fails, including a RecursionError on a body nested ~1,000 levels deep
-_BODY_UNREADABLE = ("the body is not JSON this server can read (malformed, or nested too deeply for the parser); "
-                    "send a JSON object (`tgc schema` prints the job spec's schema)")
+_BODY_UNREADABLE = (
+    "the body is not JSON this server can read (malformed, or nested too deeply for the parser); "
+    "send a JSON object (`tgc schema` prints the job spec's schema)"
+)
 
 
 class ApiError(Exception):

@@ -9,8 +9,11 @@ from fastapi import HTTPException
 
 def _error(status: int, code: str, message: str) -> tuple[dict, dict]:
     body = json.dumps({"error": code, "message": message, "detail": []}).encode()
-    start = {"type": "http.response.start", "status": status,
-             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
+    start = {
+        "type": "http.response.start",
+        "status": status,
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+    }
     return start, {"type": "http.response.body", "body": body}
 
 

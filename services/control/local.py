@@ -1,7 +1,7 @@
 """A control plane in a child process on a free loopback port: for notebooks, tests and benchmarks.
 
-    with LocalControlPlane(tmp_dir, ray_address="local") as cp:
-        client = Client(cp.url, cp.create_token("acme"))
+with LocalControlPlane(tmp_dir, ray_address="local") as cp:
+    client = Client(cp.url, cp.create_token("acme"))
 """
 
 from __future__ import annotations

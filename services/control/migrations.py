@@ -149,7 +149,9 @@ def _v4_datasets(conn: Connection) -> None:
 
 
 MIGRATIONS: tuple[Migration, ...] = (
-    Migration(1, "initial schema: tenants, tokens, jobs, transitions, events, metrics, checkpoints", _v1_initial),
+    Migration(
+        1, "initial schema: tenants, tokens, jobs, transitions, events, metrics, checkpoints", _v1_initial
+    ),
     Migration(2, "driver log tails; jobs.reported_at (last trainer report)", _v2_driver_logs_and_report_time),
     Migration(3, "jobs.grants: the privileges the operator granted a job at submission", _v3_job_grants),
     Migration(4, "datasets: files uploaded by tenants for the dataset task", _v4_datasets),

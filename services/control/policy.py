@@ -58,27 +58,45 @@ def dataset_references(spec: JobSpec) -> dict[str, DatasetParams]:
     return out
 
 
-def check_datasets(spec: JobSpec, settings: ControlSettings, owns_dataset: Callable[[str], bool]) -> list[Violation]:
+def check_datasets(
+    spec: JobSpec, settings: ControlSettings, owns_dataset: Callable[[str], bool]
+) -> list[Violation]:
     """A tenant's spec reads only its own uploads, or files under the operator's data root."""
     bad = []
     for prefix, params in dataset_references(spec).items():
         if params.dataset_id is not None and not owns_dataset(params.dataset_id):
-            bad.append(Violation(f"{prefix}.dataset_id", f"no dataset {params.dataset_id!r} of yours; upload one "
-                                 "with `tgc data upload` (`tgc data list` shows yours)"))
+            bad.append(
+                Violation(
+                    f"{prefix}.dataset_id",
+                    f"no dataset {params.dataset_id!r} of yours; upload one "
+                    "with `tgc data upload` (`tgc data list` shows yours)",
+                )
+            )
         if params.file is not None and settings.data_root is None:
-            bad.append(Violation(f"{prefix}.file", "this server has no data root (setting data_root); upload the "
-                                 "file with `tgc data upload` and use dataset_id"))
+            bad.append(
+                Violation(
+                    f"{prefix}.file",
+                    "this server has no data root (setting data_root); upload the "
+                    "file with `tgc data upload` and use dataset_id",
+                )
+            )
     return bad
 
 
-def check_spec(spec: JobSpec, settings: ControlSettings, is_admin: bool,
-               owns_dataset: Callable[[str], bool] | None = None) -> str:
+def check_spec(
+    spec: JobSpec,
+    settings: ControlSettings,
+    is_admin: bool,
+    owns_dataset: Callable[[str], bool] | None = None,
+) -> str:
     """Raise PolicyError listing every rule the spec breaks (field path + what to do); else return the
     job's grants (services.tasks.params.encode_grants): exactly the privileges the spec uses.
     `owns_dataset(id)`: whether the caller may read that uploaded dataset (None: no dataset may be named)."""
     bad: list[Violation] = check_datasets(spec, settings, owns_dataset or (lambda _: False))
     if spec.steps > settings.max_steps:
-        bad.append(Violation("steps", f"at most {settings.max_steps} on this server; lower it or split the job"))
+        bad.append(
+            Violation("steps", f"at most {settings.max_steps} on this server; lower it or split the job")
+        )
     replicas = spec.resources.learner_ranks + spec.resources.rollout_replicas
     if replicas > settings.max_replicas:
         bad.append(Violation(
@@ -105,8 +123,13 @@ def check_spec(spec: JobSpec, settings: ControlSettings, is_admin: bool,
     for field in ("learner_custom_resources", "rollout_custom_resources"):
         asked = sorted(set(getattr(spec.resources, field)) - allowed)
         if asked and not is_admin:  # a custom resource chooses nodes: the operator says which a tenant may
-            bad.append(Violation(f"resources.{field}", f"{', '.join(asked)}: not a custom resource tenants may "
-                                 "ask for on this server (setting allowed_custom_resources), or use an admin token"))
+            bad.append(
+                Violation(
+                    f"resources.{field}",
+                    f"{', '.join(asked)}: not a custom resource tenants may "
+                    "ask for on this server (setting allowed_custom_resources), or use an admin token",
+                )
+            )
     needed = spec.privileges()
     granted = caller_grants(settings, is_admin)
     for field, privilege in needed.items():

@@ -80,7 +80,9 @@ def normalize_event(ev: dict[str, Any], index: int = 0) -> dict[str, Any]:
         _int(ev, "step", index)
         metrics = ev.get("metrics")
         if not isinstance(metrics, dict) or len(metrics) > MAX_METRICS_PER_STEP:
-            raise EventError(f"events[{index}].metrics: must be a mapping of at most {MAX_METRICS_PER_STEP} names")
+            raise EventError(
+                f"events[{index}].metrics: must be a mapping of at most {MAX_METRICS_PER_STEP} names"
+            )
         clean: dict[str, float | None] = {}
         for k, v in metrics.items():
             if v is None:
@@ -135,8 +137,15 @@ def _apply(conn: Connection, job: JobRow, ev: dict[str, Any]) -> JobRow:
             "data": json.dumps(ev["metrics"], allow_nan=False),
         })  # fmt: skip
         if job.step is None or step >= job.step:
-            conn.execute(db.jobs.update().where(db.jobs.c.id == job.id).values(
-                step=step, latest_metrics=json.dumps(ev["metrics"], allow_nan=False), updated_at=time.time()))
+            conn.execute(
+                db.jobs.update()
+                .where(db.jobs.c.id == job.id)
+                .values(
+                    step=step,
+                    latest_metrics=json.dumps(ev["metrics"], allow_nan=False),
+                    updated_at=time.time(),
+                )
+            )
             job.step, job.latest_metrics = step, ev["metrics"]
     elif t == "checkpoint":
         insert_ignoring_conflicts(conn, db.checkpoints, {
@@ -210,7 +219,10 @@ def events_since(
     if types:
         query = query.where(db.events.c.type.in_(types))
     with store.read() as conn:
-        return [EventRow(r.seq, r.job_id, r.attempt, r.type, r.time, json.loads(r.data)) for r in conn.execute(query)]
+        return [
+            EventRow(r.seq, r.job_id, r.attempt, r.type, r.time, json.loads(r.data))
+            for r in conn.execute(query)
+        ]
 
 
 @dataclass(frozen=True)
@@ -222,7 +234,11 @@ class MetricRow:
 
 
 def metric_rows(
-    store: JobStore, job_id: str, since_step: int | None = None, attempt: int | None = None, limit: int = 10_000
+    store: JobStore,
+    job_id: str,
+    since_step: int | None = None,
+    attempt: int | None = None,
+    limit: int = 10_000,
 ) -> list[MetricRow]:
     query = sa.select(db.metrics).where(db.metrics.c.job_id == job_id)
     if since_step is not None:

@@ -131,14 +131,17 @@ class LocalRayCluster:
         # Jobs inherit this environment: none of the control plane's own settings (database URL and
         # password, tokens) may reach the code that runs on the cluster.
         env = {k: v for k, v in os.environ.items() if not k.startswith("TGC_")}
-        env.update(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(self.token_file))
+        env.update(
+            RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(self.token_file)
+        )
         _ = self.token  # make sure it exists before the head reads it
         for var in ("RAY_ADDRESS", "RAY_AUTH_TOKEN"):
             env.pop(var, None)
         log.info("starting a local Ray head: %s", " ".join(cmd))
         # Own session: a Ctrl-C of `tgc serve` must not take the cluster (and its running jobs) down.
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
         try:
             _, stderr = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -148,8 +151,12 @@ class LocalRayCluster:
             raise RuntimeError(f"`ray start` exited with {proc.returncode}: {stderr[-2000:]}")
         url = f"http://127.0.0.1:{ports['--dashboard-port']}"
         # every daemon of the head lives in the session `ray start` led: stop() finds them all by it
-        state = {"dashboard_url": url, "gcs_address": f"127.0.0.1:{ports['--port']}", "temp_dir": str(self.temp_dir),
-                 "session": proc.pid}
+        state = {
+            "dashboard_url": url,
+            "gcs_address": f"127.0.0.1:{ports['--port']}",
+            "temp_dir": str(self.temp_dir),
+            "session": proc.pid,
+        }
         self.state_file.write_text(json.dumps(state))
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

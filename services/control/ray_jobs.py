@@ -68,7 +68,9 @@ class RayJobs:
         except httpx.HTTPError:
             return False
 
-    def submit(self, sub_id: str, entrypoint: str, env_vars: dict[str, str], metadata: dict[str, str]) -> None:
+    def submit(
+        self, sub_id: str, entrypoint: str, env_vars: dict[str, str], metadata: dict[str, str]
+    ) -> None:
         client = self._jobs()
         try:
             client.submit_job(
@@ -131,4 +133,3 @@ class RayJobs:
                 return None
             raise
         return text[-MAX_DRIVER_LOG_CHARS:]
-

@@ -103,7 +103,11 @@ class Scheduler:
             return
         if not self.local_cluster.core_processes():
             log.error("the managed Ray head is gone; starting a new one")
-            self.ray, self.ray_error, self._reconciled = None, "the managed Ray head died; restarting it", False
+            self.ray, self.ray_error, self._reconciled = (
+                None,
+                "the managed Ray head died; restarting it",
+                False,
+            )
 
     def ray_ready(self) -> bool:
         return self.ray is not None and self.ray.ping()
@@ -162,7 +166,9 @@ class Scheduler:
         self._keep_driver_log(job)
         if job.state not in TERMINAL:
             if info.status == "SUCCEEDED":
-                self._finish(job, JobState.SUCCEEDED, "the trainer exited successfully without reporting its end")
+                self._finish(
+                    job, JobState.SUCCEEDED, "the trainer exited successfully without reporting its end"
+                )
             elif info.status == "STOPPED" and job.cancel_requested_at is not None:
                 self._finish(job, JobState.CANCELLED, f"{job.cancel_reason}; the Ray job was stopped",
                              hard_stopped=True)  # fmt: skip
@@ -218,7 +224,11 @@ class Scheduler:
             self._launch(job)
 
     def _launch(self, job: JobRow) -> None:
-        run_dir = Path(self.settings.runs_dir or self.settings.data_dir / "runs") / job.id / f"attempt-{job.attempt}"
+        run_dir = (
+            Path(self.settings.runs_dir or self.settings.data_dir / "runs")
+            / job.id
+            / f"attempt-{job.attempt}"
+        )
         sub_id = submission_id(job.id, job.attempt)
         try:
             job = self.store.start_attempt(job, sub_id, str(run_dir))

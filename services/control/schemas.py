@@ -73,7 +73,8 @@ class JobRecord(BaseModel):
     )
     ray_submission_id: str | None = None
     driver_running: bool = Field(
-        False, description="The attempt's Ray job still exists (it may outlive the record's end while it tears down)."
+        False,
+        description="The attempt's Ray job still exists (it may outlive the record's end while it tears down).",
     )
     run_dir: str | None = Field(None, description="The current attempt's run directory on the cluster.")
     resume_from: str | None = Field(None, description="Checkpoint the current attempt resumes from.")
@@ -206,7 +207,9 @@ class DatasetRecord(BaseModel):
     tenant: str
     format: str = Field(description="jsonl, parquet or csv.")
     size_bytes: int
-    sha256: str = Field(description="SHA-256 of the file's bytes; the same tenant's identical upload is this one.")
+    sha256: str = Field(
+        description="SHA-256 of the file's bytes; the same tenant's identical upload is this one."
+    )
     rows: int
     columns: list[str]
     created_at: datetime

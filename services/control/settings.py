@@ -19,10 +19,12 @@ class ControlSettings(BaseModel):
         Path("tgc-data"), description="Holds the SQLite database, run directories and the managed Ray head."
     )
     db_url: str | None = Field(
-        None, description="SQLAlchemy URL; default: SQLite (WAL) at <data_dir>/tgc.db. PostgreSQL: postgresql://..."
+        None,
+        description="SQLAlchemy URL; default: SQLite (WAL) at <data_dir>/tgc.db. PostgreSQL: postgresql://...",
     )
     runs_dir: Path | None = Field(
-        None, description="Run directories as the Ray workers see them (shared storage); default <data_dir>/runs."
+        None,
+        description="Run directories as the Ray workers see them (shared storage); default <data_dir>/runs.",
     )
     ray_address: str = Field(
         "local",
@@ -31,10 +33,13 @@ class ControlSettings(BaseModel):
         "(API only: jobs stay queued until a scheduler with Ray picks them up).",
     )
     ray_auth_token: str | None = Field(
-        None, description="Ray auth token of an existing cluster run with RAY_AUTH_MODE=token (also: RAY_AUTH_TOKEN)."
+        None,
+        description="Ray auth token of an existing cluster run with RAY_AUTH_MODE=token (also: RAY_AUTH_TOKEN).",
     )
     ray_num_cpus: int = Field(8, ge=1, description="Logical CPUs of the managed local Ray head.")
-    ray_object_store_bytes: int = Field(512 * 2**20, ge=78 * 2**20, description="Managed head's object store.")
+    ray_object_store_bytes: int = Field(
+        512 * 2**20, ge=78 * 2**20, description="Managed head's object store."
+    )
     scheduler: bool = Field(True, description="Run the scheduler (admission, Ray monitoring, cancel grace).")
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
@@ -45,7 +50,8 @@ class ControlSettings(BaseModel):
         sys.executable, description="Python that runs `-m services.trainer` on the cluster."
     )
     trainer_env: dict[str, str] = Field(
-        default_factory=dict, description="Extra environment variables for the trainer (runtime_env env_vars)."
+        default_factory=dict,
+        description="Extra environment variables for the trainer (runtime_env env_vars).",
     )
     default_max_concurrent_jobs: int = Field(
         2, ge=0, description="Per-tenant limit on starting+running jobs unless the tenant has its own."
@@ -66,7 +72,9 @@ class ControlSettings(BaseModel):
         65_536, ge=1, description="Max group_size * prompts_per_step of one job."
     )
     max_free_form_bytes: int = Field(
-        64 * 1024, ge=256, description="Max JSON size of each free-form mapping (config_overrides, params, ...)."
+        64 * 1024,
+        ge=256,
+        description="Max JSON size of each free-form mapping (config_overrides, params, ...).",
     )
     allow_custom_code: bool = Field(
         False,
@@ -80,10 +88,15 @@ class ControlSettings(BaseModel):
         "spec asks (`task.params.sandbox: unsafe_local`). Only for a server whose every tenant is trusted.",
     )
     datasets_dir: Path | None = Field(
-        None, description="Uploaded datasets as the Ray workers see them (shared storage); default <data_dir>/datasets.")
-    max_dataset_bytes: int = Field(256 * 2**20, ge=1024, description="Largest dataset upload (POST /v1/datasets).")
+        None,
+        description="Uploaded datasets as the Ray workers see them (shared storage); default <data_dir>/datasets.",
+    )
+    max_dataset_bytes: int = Field(
+        256 * 2**20, ge=1024, description="Largest dataset upload (POST /v1/datasets)."
+    )
     data_root: Path | None = Field(
-        None, description="A directory on the workers under which tenants' specs may name files "
+        None,
+        description="A directory on the workers under which tenants' specs may name files "
         "(`task.params.file`, relative); unset: only uploaded datasets (`dataset_id`).",
     )
     allowed_custom_resources: list[str] = Field(
@@ -92,7 +105,9 @@ class ControlSettings(BaseModel):
         "resources.learner_custom_resources / rollout_custom_resources; others need an admin token. JSON list.",
     )
     metrics_token: str | None = Field(
-        None, min_length=16, description="Bearer token that Prometheus sends to read /metrics (admin tokens may "
+        None,
+        min_length=16,
+        description="Bearer token that Prometheus sends to read /metrics (admin tokens may "
         "too). Unset: /metrics needs an admin token.",
     )
 

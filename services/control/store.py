@@ -265,11 +265,15 @@ class JobStore:
         return job
 
     @staticmethod
-    def _transitions(conn: Connection, job_ids: builtins.list[str]) -> dict[str, builtins.list[TransitionRow]]:
+    def _transitions(
+        conn: Connection, job_ids: builtins.list[str]
+    ) -> dict[str, builtins.list[TransitionRow]]:
         if not job_ids:
             return {}
         rows = conn.execute(
-            sa.select(db.transitions).where(db.transitions.c.job_id.in_(job_ids)).order_by(db.transitions.c.id)
+            sa.select(db.transitions)
+            .where(db.transitions.c.job_id.in_(job_ids))
+            .order_by(db.transitions.c.id)
         )
         out: dict[str, list[TransitionRow]] = {}
         for r in rows:
@@ -291,7 +295,9 @@ class JobStore:
         """Jobs that hold cluster resources: starting/running, or ended but their Ray job is still alive."""
         with self.read() as conn:
             return conn.execute(
-                sa.select(sa.func.count()).select_from(db.jobs).where(
+                sa.select(sa.func.count())
+                .select_from(db.jobs)
+                .where(
                     db.jobs.c.tenant == tenant,
                     sa.or_(
                         db.jobs.c.state.in_([s.value for s in ACTIVE]),
@@ -323,7 +329,12 @@ class JobStore:
 
     # -- change -----------------------------------------------------------------------------------
     def transition(
-        self, job_id: str, dst: JobState, reason: str, expect: frozenset[JobState] | None = None, **fields: Any
+        self,
+        job_id: str,
+        dst: JobState,
+        reason: str,
+        expect: frozenset[JobState] | None = None,
+        **fields: Any,
     ) -> JobRow:
         """Move the job to `dst`; `expect` restricts the states it may come from (else InvalidTransition)."""
         with self.write() as conn:
@@ -391,7 +402,9 @@ class JobStore:
                 raise JobNotFound(job_id)
             job = JobRow.from_row(row)
             if not job.ray_done:
-                raise InvalidTransition(f"job {job_id}: its previous Ray job is still shutting down; retry shortly")
+                raise InvalidTransition(
+                    f"job {job_id}: its previous Ray job is still shutting down; retry shortly"
+                )
             job = apply_transition(
                 conn, job, JobState.QUEUED, f"{reason} (attempt {job.attempt + 1} from {checkpoint})",
                 attempt=job.attempt + 1, resume_from=checkpoint, cancel_requested_at=None, cancel_reason=None,
@@ -405,7 +418,9 @@ class JobStore:
         with self.write() as conn:
             conn.execute(db.driver_logs.delete().where(
                 db.driver_logs.c.job_id == job_id, db.driver_logs.c.attempt == attempt))  # fmt: skip
-            conn.execute(db.driver_logs.insert().values(job_id=job_id, attempt=attempt, text=text, time=time.time()))
+            conn.execute(
+                db.driver_logs.insert().values(job_id=job_id, attempt=attempt, text=text, time=time.time())
+            )
 
     def driver_log(self, job_id: str, attempt: int) -> str | None:
         with self.read() as conn:

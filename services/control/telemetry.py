@@ -72,18 +72,25 @@ class Telemetry:
             ["method", "route", "status"], registry=r,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
         )  # fmt: skip
-        self.submissions = Counter("tgc_job_submissions", "Jobs accepted by POST /v1/jobs.", ["tenant"], registry=r)
+        self.submissions = Counter(
+            "tgc_job_submissions", "Jobs accepted by POST /v1/jobs.", ["tenant"], registry=r
+        )
         self.rejections = Counter(
             "tgc_job_rejections", "Job submissions refused (invalid spec or policy).", ["reason"], registry=r
         )
-        self.finished = Counter("tgc_jobs_finished", "Jobs that reached a terminal state.", ["state"], registry=r)
+        self.finished = Counter(
+            "tgc_jobs_finished", "Jobs that reached a terminal state.", ["state"], registry=r
+        )
         self.failures = Counter("tgc_job_failures", "Jobs that ended failed.", registry=r)
         self.hard_stops = Counter(
             "tgc_job_hard_stops", "Cancelled jobs whose trainer missed the grace period and was stopped hard.",
             registry=r,
         )  # fmt: skip
         self.trainer_events = Counter(
-            "tgc_trainer_events", "Events reported by trainers and stored (duplicates excluded).", ["type"], registry=r
+            "tgc_trainer_events",
+            "Events reported by trainers and stored (duplicates excluded).",
+            ["type"],
+            registry=r,
         )
         self.registry.register(_JobGauges(store))
 

@@ -78,7 +78,9 @@ class TokenStore:
             return None
         with self.engine.connect() as conn:
             row = conn.execute(
-                sa.select(db.tokens).where(db.tokens.c.token_hash == digest(secret), db.tokens.c.revoked_at.is_(None))
+                sa.select(db.tokens).where(
+                    db.tokens.c.token_hash == digest(secret), db.tokens.c.revoked_at.is_(None)
+                )
             ).first()
         return None if row is None else Principal(row.tenant, bool(row.is_admin), row.id)
 
@@ -109,7 +111,9 @@ class TokenStore:
         with self.engine.connect().execution_options(sqlite_begin="IMMEDIATE") as conn, conn.begin():
             self._ensure_tenant(conn, tenant)
             conn.execute(
-                db.tenants.update().where(db.tenants.c.name == tenant).values(max_concurrent_jobs=max_concurrent_jobs)
+                db.tenants.update()
+                .where(db.tenants.c.name == tenant)
+                .values(max_concurrent_jobs=max_concurrent_jobs)
             )
 
     def quota(self, tenant: str) -> int | None:
@@ -122,4 +126,6 @@ class TokenStore:
     def _ensure_tenant(conn: sa.Connection, tenant: str) -> None:
         exists = conn.execute(sa.select(db.tenants.c.name).where(db.tenants.c.name == tenant)).first()
         if not exists:
-            conn.execute(db.tenants.insert().values(name=tenant, max_concurrent_jobs=None, created_at=time.time()))
+            conn.execute(
+                db.tenants.insert().values(name=tenant, max_concurrent_jobs=None, created_at=time.time())
+            )

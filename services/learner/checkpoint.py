@@ -23,12 +23,21 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_st
 
 log = logging.getLogger(__name__)
 
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                    "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json")
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+)
 
 
-def save_hf_model(state_dict: dict[str, torch.Tensor], model_path: Path, tokenizer_path: Path, out: Path,
-                  dtype: torch.dtype) -> None:
+def save_hf_model(
+    state_dict: dict[str, torch.Tensor], model_path: Path, tokenizer_path: Path, out: Path, dtype: torch.dtype
+) -> None:
     """Write `state_dict` (full, HF names) as a save_pretrained directory with the tokenizer (rank 0 only)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -43,18 +52,26 @@ def save_hf_model(state_dict: dict[str, torch.Tensor], model_path: Path, tokeniz
             shutil.copy2(tokenizer_path / name, out / name)
             copied = True
     if not copied:
-        raise FileNotFoundError(f"no tokenizer files in {tokenizer_path}; set model.tokenizer to a tokenizer "
-                                "directory")
+        raise FileNotFoundError(
+            f"no tokenizer files in {tokenizer_path}; set model.tokenizer to a tokenizer directory"
+        )
 
 
-def save_training_state(out: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                        extra: dict[str, Any], with_optimizer: bool = True) -> None:
+def save_training_state(
+    out: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    extra: dict[str, Any],
+    with_optimizer: bool = True,
+) -> None:
     """Collective: every rank writes its shards; rank 0 writes `extra` (schedule and counters).
     `with_optimizer=False` leaves out the AdamW moments (2x the weights in float32)."""
     out.mkdir(parents=True, exist_ok=True)
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd} if with_optimizer else {"model": model_sd},
-             checkpoint_id=str(out))
+    dcp.save(
+        {"model": model_sd, "optim": optim_sd} if with_optimizer else {"model": model_sd},
+        checkpoint_id=str(out),
+    )
     rank = dist.get_rank()
     torch.save(rng_state(), out / f"rng-rank{rank}.pt")
     if rank == 0:
@@ -62,17 +79,23 @@ def save_training_state(out: Path, model: torch.nn.Module, optimizer: torch.opti
     dist.barrier()
 
 
-def load_training_state(src: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def load_training_state(
+    src: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> dict[str, Any]:
     """Collective: restore weights, optimizer (where it was saved) and this rank's RNG; returns rank 0's
     `extra`."""
     if not (src / "state.pt").exists():
-        raise FileNotFoundError(f"{src} is not a learner checkpoint (no state.pt); pass the directory given "
-                                "to save(), whose 'learner' subdirectory holds the training state")
+        raise FileNotFoundError(
+            f"{src} is not a learner checkpoint (no state.pt); pass the directory given "
+            "to save(), whose 'learner' subdirectory holds the training state"
+        )
     rank = dist.get_rank()
     rng_file = src / f"rng-rank{rank}.pt"
     if not rng_file.exists():
-        raise FileNotFoundError(f"{rng_file} is missing: the checkpoint was saved with fewer learner ranks; "
-                                "resume with the same resources.learner_ranks")
+        raise FileNotFoundError(
+            f"{rng_file} is missing: the checkpoint was saved with fewer learner ranks; "
+            "resume with the same resources.learner_ranks"
+        )
     extra = torch.load(src / "state.pt", weights_only=False)
     model_sd, optim_sd = get_state_dict(model, optimizer)
     with_optimizer = extra.get("optimizer_saved", True)
@@ -81,8 +104,11 @@ def load_training_state(src: Path, model: torch.nn.Module, optimizer: torch.opti
     if with_optimizer:
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     else:
-        log.warning("%s holds no optimizer state (checkpoint.save_optimizer was off): AdamW restarts from "
-                    "zero moments, so the resumed run is not identical to an uninterrupted one", src)
+        log.warning(
+            "%s holds no optimizer state (checkpoint.save_optimizer was off): AdamW restarts from "
+            "zero moments, so the resumed run is not identical to an uninterrupted one",
+            src,
+        )
         set_model_state_dict(model, state["model"])
         optimizer.state.clear()  # get_state_dict() above initialised it with a zero-gradient step
     set_rng_state(torch.load(rng_file, weights_only=False))

@@ -38,13 +38,17 @@ def _check_feasible(spec: JobSpec) -> None:
     """Refuse a group the cluster can never place (its actors would wait forever), naming the fields."""
     r = spec.resources
     total = ray.cluster_resources()
-    for kind, per_rank, name in (("CPU", r.cpus_per_learner, "cpus_per_learner"),
-                                 ("GPU", r.gpus_per_learner, "gpus_per_learner")):
+    for kind, per_rank, name in (
+        ("CPU", r.cpus_per_learner, "cpus_per_learner"),
+        ("GPU", r.gpus_per_learner, "gpus_per_learner"),
+    ):
         need = r.learner_ranks * per_rank
         if need > total.get(kind, 0.0) + 1e-9:
-            raise ValueError(f"resources: {r.learner_ranks} learner ranks x {name} {per_rank:g} need {need:g} {kind}s "
-                             f"but the Ray cluster has {total.get(kind, 0.0):g}; lower resources.learner_ranks "
-                             f"or resources.{name}")
+            raise ValueError(
+                f"resources: {r.learner_ranks} learner ranks x {name} {per_rank:g} need {need:g} {kind}s "
+                f"but the Ray cluster has {total.get(kind, 0.0):g}; lower resources.learner_ranks "
+                f"or resources.{name}"
+            )
 
 
 class _LearnerRank:
@@ -67,7 +71,9 @@ class _LearnerRank:
         return ip, free_port(ip)
 
     def setup(self, master_addr: str, master_port: int) -> None:
-        self.learner = Learner(self.spec, self.model_path, self.rank, self.world_size, master_addr, master_port)
+        self.learner = Learner(
+            self.spec, self.model_path, self.rank, self.world_size, master_addr, master_port
+        )
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         return self.learner.train_step(batch)
@@ -87,7 +93,9 @@ class _LearnerRank:
         # Wrapped in a list so that the caller receives the reference itself, not a copy of the weights.
         return [ray.put(pack(state) if pack is not None else state)]
 
-    def open_broadcast(self, make_sender: Callable[[str, int, int, Learner], Any], addr: str, port: int) -> None:
+    def open_broadcast(
+        self, make_sender: Callable[[str, int, int, Learner], Any], addr: str, port: int
+    ) -> None:
         """Join a broadcast group with the rollout replicas: `make_sender(addr, port, rank, learner)` returns this
         rank's sender (services.weight_sync.broadcast.BroadcastSender); a previous group's sender is dropped."""
         self.sender = make_sender(addr, port, self.rank, self.learner)
@@ -118,7 +126,9 @@ class _LearnerRank:
 class LearnerGroup:
     def __init__(self, spec: JobSpec, model_path: Path, job_name: str, *, startup_timeout_s: float = 600.0):
         if not ray.is_initialized():
-            raise RuntimeError("LearnerGroup needs a running Ray: call ray.init() (or run as a Ray job) first")
+            raise RuntimeError(
+                "LearnerGroup needs a running Ray: call ray.init() (or run as a Ray job) first"
+            )
         r = spec.resources
         self.spec, self.job_name = spec, job_name
         self.world_size = r.learner_ranks
@@ -126,13 +136,25 @@ class LearnerGroup:
         # collective, and ranks that ran two of them in different orders would deadlock.
         self._submit = threading.Lock()
         _check_feasible(spec)
-        self.placement = Placement(job_name, "learner", r.learner_placement, self.world_size, r.cpus_per_learner,
-                                   r.gpus_per_learner, r.learner_custom_resources, startup_timeout_s)
+        self.placement = Placement(
+            job_name,
+            "learner",
+            r.learner_placement,
+            self.world_size,
+            r.cpus_per_learner,
+            r.gpus_per_learner,
+            r.learner_custom_resources,
+            startup_timeout_s,
+        )
         actor_cls = ray.remote(_LearnerRank)
         self.actors = [
             actor_cls.options(
-                name=f"{job_name}-learner-{rank}", num_cpus=r.cpus_per_learner, num_gpus=r.gpus_per_learner,
-                max_restarts=0, max_concurrency=1, **self.placement.options(rank),
+                name=f"{job_name}-learner-{rank}",
+                num_cpus=r.cpus_per_learner,
+                num_gpus=r.gpus_per_learner,
+                max_restarts=0,
+                max_concurrency=1,
+                **self.placement.options(rank),
             ).remote(spec, str(model_path), job_name, rank, self.world_size)
             for rank in range(self.world_size)
         ]

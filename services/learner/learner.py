@@ -36,15 +36,26 @@ from services.learner.step_metrics import StepMetrics, rollout_mismatch
 
 
 class Learner:
-    def __init__(self, spec: JobSpec, model_path: Path, rank: int = 0, world_size: int = 1,
-                 master_addr: str = "127.0.0.1", master_port: int | None = None):
+    def __init__(
+        self,
+        spec: JobSpec,
+        model_path: Path,
+        rank: int = 0,
+        world_size: int = 1,
+        master_addr: str = "127.0.0.1",
+        master_port: int | None = None,
+    ):
         if world_size < 1 or not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} / world_size {world_size}: need world_size >= 1 and 0 <= rank < world_size")
+            raise ValueError(
+                f"rank {rank} / world_size {world_size}: need world_size >= 1 and 0 <= rank < world_size"
+            )
         self.spec = spec
         self.model_path = Path(model_path)
         if not (self.model_path / "config.json").exists():
-            raise FileNotFoundError(f"model_path {self.model_path} has no config.json; pass "
-                                    "services.models.model_dir(spec.model, spec.seed)")
+            raise FileNotFoundError(
+                f"model_path {self.model_path} has no config.json; pass "
+                "services.models.model_dir(spec.model, spec.seed)"
+            )
         self.rank, self.world_size = rank, world_size
         if spec.resources.threads_per_actor:
             torch.set_num_threads(spec.resources.threads_per_actor)
@@ -59,12 +70,14 @@ class Learner:
         # The frozen reference is only loaded when the loss uses it (kl_coef > 0).
         self.reference = self._build_policy(trainable=False) if cfg.kl_coef > 0 else None
         o = spec.optim
-        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=o.lr, betas=tuple(o.betas),
-                                           weight_decay=o.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            self.policy.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
+        )
         self.stages_per_batch = 2 if cfg.lopti_eta != 0 else 1
         self.total_optimizer_steps = spec.steps * o.ppo_epochs * o.mini_batches * self.stages_per_batch
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: lr_factor(s, o, self.total_optimizer_steps))
+            self.optimizer, lambda s: lr_factor(s, o, self.total_optimizer_steps)
+        )
         self.train_steps = 0  # train_step calls (rollout batches consumed)
         self.optimizer_steps = 0
         self.last_lr = self.optimizer.param_groups[0]["lr"]  # lr of the latest optimizer step
@@ -82,10 +95,16 @@ class Learner:
             lm.requires_grad_(False)
         layers = getattr(lm.get_decoder(), "layers", None)
         if layers is None:
-            raise ValueError(f"{self.model_path}: expected a decoder with `.layers` (Llama/Qwen/Mistral-style "
-                             "causal LM) to shard per layer")
-        policy = PolicyLogprobs(lm, self.spec.optim.logprob_chunk_tokens, self.spec.sampling.temperature,
-                                prefix_tree=self.spec.optim.shared_prompt_forward)
+            raise ValueError(
+                f"{self.model_path}: expected a decoder with `.layers` (Llama/Qwen/Mistral-style "
+                "causal LM) to shard per layer"
+            )
+        policy = PolicyLogprobs(
+            lm,
+            self.spec.optim.logprob_chunk_tokens,
+            self.spec.sampling.temperature,
+            prefix_tree=self.spec.optim.shared_prompt_forward,
+        )
         sharding.shard(policy, list(layers), self.mesh, self.compute_dtype)
         policy.train(trainable)
         return policy
@@ -116,7 +135,9 @@ class Learner:
         for stage, stage_mask in enumerate(stage_masks):
             for epoch in range(o.ppo_epochs):
                 order = self._group_order(len(groups), epoch + stage * o.ppo_epochs)
-                for mb in plan_minibatches(groups, o.mini_batches, self.world_size, o.micro_batch_size, order):
+                for mb in plan_minibatches(
+                    groups, o.mini_batches, self.world_size, o.micro_batch_size, order
+                ):
                     self._optimizer_step(batch, mb, old, ref, stage_mask, metrics, first_pass=first)
                 first = False
         self.train_steps += 1
@@ -165,7 +186,9 @@ class Learner:
                 continue
             full = sharding.full_tensor(t)
             if self.rank == 0:
-                out[name] = full.detach().to("cpu", dtype=dtype if full.is_floating_point() else full.dtype).clone()
+                out[name] = (
+                    full.detach().to("cpu", dtype=dtype if full.is_floating_point() else full.dtype).clone()
+                )
         return out
 
     def save(self, path: Path) -> None:
@@ -173,14 +196,25 @@ class Learner:
         path = Path(path)
         state = self.full_state_dict()
         if self.rank == 0:
-            tokenizer = Path(self.spec.model.tokenizer).expanduser() if self.spec.model.tokenizer else self.model_path
-            checkpoint.save_hf_model(state, self.model_path, tokenizer, path / "model",
-                                     getattr(torch, self.model_dtype))
+            tokenizer = (
+                Path(self.spec.model.tokenizer).expanduser() if self.spec.model.tokenizer else self.model_path
+            )
+            checkpoint.save_hf_model(
+                state, self.model_path, tokenizer, path / "model", getattr(torch, self.model_dtype)
+            )
         del state
-        checkpoint.save_training_state(path / "learner", self.policy, self.optimizer, {
-            "scheduler": self.scheduler.state_dict(), "train_steps": self.train_steps,
-            "optimizer_steps": self.optimizer_steps, "world_size": self.world_size,
-        }, with_optimizer=self.spec.checkpoint.save_optimizer)
+        checkpoint.save_training_state(
+            path / "learner",
+            self.policy,
+            self.optimizer,
+            {
+                "scheduler": self.scheduler.state_dict(),
+                "train_steps": self.train_steps,
+                "optimizer_steps": self.optimizer_steps,
+                "world_size": self.world_size,
+            },
+            with_optimizer=self.spec.checkpoint.save_optimizer,
+        )
 
     def load(self, path: Path) -> None:
         """Restore what save(path) wrote; continues exactly where that learner was. Collective."""
@@ -208,7 +242,9 @@ class Learner:
         reproducible from the seed and the step) so mini-batches mix across epochs."""
         if pass_index == 0 or self.spec.optim.mini_batches == 1:
             return None
-        gen = torch.Generator().manual_seed(self.spec.seed * 1_000_003 + self.train_steps * 1_009 + pass_index)
+        gen = torch.Generator().manual_seed(
+            self.spec.seed * 1_000_003 + self.train_steps * 1_009 + pass_index
+        )
         return torch.randperm(n_groups, generator=gen).tolist()
 
     def _micro(self, batch: TrainBatch, rows: Tensor) -> TrainBatch:
@@ -216,8 +252,12 @@ class Learner:
 
     def _forward(self, policy: PolicyLogprobs, micro: TrainBatch) -> tuple[Tensor, Tensor]:
         dev = self.device
-        return policy(micro.input_ids.to(dev), micro.attention_mask.to(dev), micro.prompt_len,
-                      micro.response_mask.to(dev))
+        return policy(
+            micro.input_ids.to(dev),
+            micro.attention_mask.to(dev),
+            micro.prompt_len,
+            micro.response_mask.to(dev),
+        )
 
     @torch.no_grad()
     def _batch_logprobs(self, batch: TrainBatch, policy: PolicyLogprobs) -> Tensor:
@@ -230,7 +270,7 @@ class Learner:
             micro = self._micro(batch, mb.rows[:1] if rows is None else rows)
             lp, _ = self._forward(policy, micro)
             if rows is not None:
-                out[rows.to(self.device), :lp.shape[1]] = lp
+                out[rows.to(self.device), : lp.shape[1]] = lp
         policy.train(was_training)
         if self.world_size == 1:  # forward kept the gathered weights (sharding.shard): free them
             sharding.reshard(policy)
@@ -238,8 +278,16 @@ class Learner:
             dist.all_reduce(out)
         return out.cpu()
 
-    def _optimizer_step(self, batch: TrainBatch, mb: MiniBatch, old: Tensor | None, ref: Tensor | None,
-                        stage_mask: Tensor | None, metrics: StepMetrics, first_pass: bool) -> None:
+    def _optimizer_step(
+        self,
+        batch: TrainBatch,
+        mb: MiniBatch,
+        old: Tensor | None,
+        ref: Tensor | None,
+        stage_mask: Tensor | None,
+        metrics: StepMetrics,
+        first_pass: bool,
+    ) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         t0 = time.perf_counter()
         loss = self._accumulate(batch, mb, old, ref, stage_mask, metrics, first_pass)
@@ -256,15 +304,26 @@ class Learner:
             metrics.add_sum("grad_norm_sum", grad_norm)
             metrics.add_sum("grad_clipped_steps", float(grad_norm > self.spec.optim.grad_clip))
 
-    def _accumulate(self, batch: TrainBatch, mb: MiniBatch, old: Tensor | None, ref: Tensor | None,
-                    stage_mask: Tensor | None, metrics: StepMetrics, first_pass: bool) -> float:
+    def _accumulate(
+        self,
+        batch: TrainBatch,
+        mb: MiniBatch,
+        old: Tensor | None,
+        ref: Tensor | None,
+        stage_mask: Tensor | None,
+        metrics: StepMetrics,
+        first_pass: bool,
+    ) -> float:
         """Forward/backward of this rank's micro-batches of one optimizer step; grads accumulate in place.
         Returns this rank's share of the step loss."""
         step_mask = batch.response_mask[mb.rows]
         sizes = {g.stop - g.start for g in group_spans(batch.select(mb.rows))}
-        norm = rlcore.StepNorm(tokens=max(float(step_mask.sum()), 1.0), sequences=len(mb.rows),
-                               length=max(batch.response_mask.shape[1], self.spec.sampling.max_new_tokens),
-                               group_size=sizes.pop() if len(sizes) == 1 else None)
+        norm = rlcore.StepNorm(
+            tokens=max(float(step_mask.sum()), 1.0),
+            sequences=len(mb.rows),
+            length=max(batch.response_mask.shape[1], self.spec.sampling.max_new_tokens),
+            group_size=sizes.pop() if len(sizes) == 1 else None,
+        )
         self.policy.train()
         total = 0.0
         passes = mb.for_rank(self.rank)
@@ -278,8 +337,17 @@ class Learner:
             total += self._micro_step(batch, rows, norm, old, ref, stage_mask, metrics, first_pass)
         return total
 
-    def _micro_step(self, batch: TrainBatch, rows: Tensor, norm: rlcore.StepNorm, old: Tensor | None,
-                    ref: Tensor | None, stage_mask: Tensor | None, metrics: StepMetrics, first_pass: bool) -> float:
+    def _micro_step(
+        self,
+        batch: TrainBatch,
+        rows: Tensor,
+        norm: rlcore.StepNorm,
+        old: Tensor | None,
+        ref: Tensor | None,
+        stage_mask: Tensor | None,
+        metrics: StepMetrics,
+        first_pass: bool,
+    ) -> float:
         micro = self._micro(batch, rows)
         T = micro.response_mask.shape[1]
         mask = micro.response_mask.to(self.device)
@@ -300,13 +368,21 @@ class Learner:
         uses_entropy = self.objective.config.entropy_coef != 0
         lp_leaf = lp.detach().requires_grad_(True)
         ent_leaf = ent.detach().requires_grad_(True) if uses_entropy else None
-        out = self.objective.loss(lp_leaf, old_mb, micro.advantages.to(self.device), mask,
-                                  micro.group_ids.to(self.device), ref_mb, step=norm, stage_mask=stage_mb,
-                                  entropies=ent_leaf)
+        out = self.objective.loss(
+            lp_leaf,
+            old_mb,
+            micro.advantages.to(self.device),
+            mask,
+            micro.group_ids.to(self.device),
+            ref_mb,
+            step=norm,
+            stage_mask=stage_mb,
+            entropies=ent_leaf,
+        )
         leaves = [lp_leaf] if ent_leaf is None else [lp_leaf, ent_leaf]
         regularised = out.loss is not out.pg_loss  # KL or entropy terms besides the policy gradient
         grads = torch.autograd.grad(out.loss, leaves, retain_graph=regularised)
-        torch.autograd.backward([lp, ent][:len(grads)], list(grads))
+        torch.autograd.backward([lp, ent][: len(grads)], list(grads))
         # Diagnostics read the policy-gradient weights alone: KL/entropy terms are not meant to cancel.
         w_pg = -torch.autograd.grad(out.pg_loss, lp_leaf)[0] if regularised else -grads[0]
         metrics.add_means({k: v for k, v in out.metrics.items() if k != "tokens"}, n_tok, prefix="objective/")
@@ -315,14 +391,23 @@ class Learner:
         metrics.add_time("timing/diagnostics_s", time.perf_counter() - t0)  # vs timing/learner_step_s
         return float(out.loss.detach())
 
-    def _diagnostics(self, w: Tensor, micro: TrainBatch, old: Tensor, ent: Tensor, mask: Tensor, out,
-                     metrics: StepMetrics) -> None:
+    def _diagnostics(
+        self, w: Tensor, micro: TrainBatch, old: Tensor, ent: Tensor, mask: Tensor, out, metrics: StepMetrics
+    ) -> None:
         """rlcore's cancellation diagnostics (D1-D4/D7/D9/D10/D11) of one micro-batch, whose groups are
         whole, pooled over the step and the ranks by rlcore's rules (`rlcore.pooling_terms`)."""
         dev = self.device
         diag = rlcore.cancellation_diagnostics(
-            w, micro.response_ids.to(dev), mask, micro.group_ids.to(dev), micro.advantages.to(dev),
-            old_logprobs=old, entropies=ent.detach(), clipped=out.clipped, group_size=self.spec.group_size)
+            w,
+            micro.response_ids.to(dev),
+            mask,
+            micro.group_ids.to(dev),
+            micro.advantages.to(dev),
+            old_logprobs=old,
+            entropies=ent.detach(),
+            clipped=out.clipped,
+            group_size=self.spec.group_size,
+        )
         for t in rlcore.pooling_terms(diag, groups=float(len(torch.unique(micro.group_ids)))):
             if t.rule == "sum":
                 metrics.add_sum(t.key, t.value)
@@ -340,10 +425,11 @@ class Learner:
             dist.all_reduce(sq)
         norm = float(sq.sqrt())
         if not math.isfinite(norm):
-            raise FloatingPointError(f"non-finite gradient norm ({norm}) at optimizer step {self.optimizer_steps}; "
-                                     "lower optim.lr or check the batch's advantages")
+            raise FloatingPointError(
+                f"non-finite gradient norm ({norm}) at optimizer step {self.optimizer_steps}; "
+                "lower optim.lr or check the batch's advantages"
+            )
         scale = min(1.0, max_norm / (norm + 1e-6))
         if scale < 1.0:
             torch._foreach_mul_(grads, scale)
         return norm
-

@@ -45,10 +45,10 @@ def _forward_chunks(hidden, weight, bias, targets, rows, chunk, inv_temperature)
     ent = torch.empty(n, dtype=dtype, device=hidden.device)
     bounds = _chunk_bounds(rows, n, chunk)
     for c, s in enumerate(range(0, n, chunk)):
-        lp = _chunk_logprobs(hidden[s:s + chunk], weight, bias, inv_temperature)
+        lp = _chunk_logprobs(hidden[s : s + chunk], weight, bias, inv_temperature)
         a, b = bounds[c], bounds[c + 1]
         logp[a:b] = lp[rows[a:b] - s, targets[a:b]]
-        ent[s:s + chunk] = -(lp.exp().mul_(lp)).sum(-1)
+        ent[s : s + chunk] = -(lp.exp().mul_(lp)).sum(-1)
     return logp, ent
 
 
@@ -67,7 +67,9 @@ class _ChunkedHead(torch.autograd.Function):
         logp, ent = _forward_chunks(hidden, weight, bias, targets, rows, chunk, inv_temperature)
         ctx.save_for_backward(hidden, weight, bias, targets, rows, ent)
         ctx.chunk, ctx.inv_temperature = chunk, inv_temperature
-        ctx.set_materialize_grads(False)  # an unused output (usually the entropy) arrives as None: skip its terms
+        ctx.set_materialize_grads(
+            False
+        )  # an unused output (usually the entropy) arrives as None: skip its terms
         return logp, ent
 
     @staticmethod
@@ -83,18 +85,20 @@ class _ChunkedHead(torch.autograd.Function):
         grad_b = torch.zeros(weight.shape[0], dtype=acc, device=weight.device) if need_b else None
         bounds = _chunk_bounds(rows, hidden.shape[0], chunk)
         for c, s in enumerate(range(0, hidden.shape[0], chunk)):
-            h = hidden[s:s + chunk]
+            h = hidden[s : s + chunk]
             a, b = bounds[c], bounds[c + 1]
             local, t = rows[a:b] - s, targets[a:b]
             lp = _chunk_logprobs(h, weight, bias, inv_t)
             p = lp.exp()
             g = lp  # reuse the buffer: g = -p * (g_ent * (log p + H) + g_logp), then + g_logp at the target
             if g_ent is not None:
-                g.add_(ent[s:s + chunk, None]).mul_(g_ent[s:s + chunk, None])
+                g.add_(ent[s : s + chunk, None]).mul_(g_ent[s : s + chunk, None])
             else:
                 g.zero_()
             if g_logp is not None:
-                g_row = torch.zeros(h.shape[0], dtype=g_logp.dtype, device=g.device).index_add_(0, local, g_logp[a:b])
+                g_row = torch.zeros(h.shape[0], dtype=g_logp.dtype, device=g.device).index_add_(
+                    0, local, g_logp[a:b]
+                )
                 g.add_(g_row[:, None])
             g.mul_(p).neg_()
             del p
@@ -104,7 +108,7 @@ class _ChunkedHead(torch.autograd.Function):
                 g.mul_(inv_t)
             g = g.to(weight.dtype)
             if need_h:
-                grad_h[s:s + chunk] = g @ weight
+                grad_h[s : s + chunk] = g @ weight
             if need_w:
                 grad_w.add_(g.T @ h)
             if need_b:
@@ -114,9 +118,15 @@ class _ChunkedHead(torch.autograd.Function):
         return grad_h, grad_w, grad_b, None, None, None, None
 
 
-def chunked_head_logprobs(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor,
-                          chunk_tokens: int, inv_temperature: float = 1.0,
-                          rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def chunked_head_logprobs(
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    targets: Tensor,
+    chunk_tokens: int,
+    inv_temperature: float = 1.0,
+    rows: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
     """log p(target) and the entropy of the full distribution for (M, H) hidden states, `chunk_tokens`
     rows at a time, forward and backward: the (M x vocab) logits never exist whole. Target j is predicted
     by hidden row rows[j] (default: row j); targets of one row share its logits, so equal targets of one
@@ -156,8 +166,9 @@ class PolicyLogprobs(nn.Module):
         self.prefix_tree = prefix_tree and supports_prefix_tree(lm)
         self.last_nodes = 0  # tokens the latest forward computed (its rows' tokens, or its trees' nodes)
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, prompt_len: int,
-                response_mask: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor, prompt_len: int, response_mask: Tensor
+    ) -> tuple[Tensor, Tensor]:
         if prompt_len < 1:
             raise ValueError("prompt_len must be >= 1: the first response token is predicted from the prompt")
         trees = pack_trees(input_ids, attention_mask, prompt_len, response_mask) if self.prefix_tree else None
@@ -165,10 +176,14 @@ class PolicyLogprobs(nn.Module):
             return self._tree_forward(trees.to(input_ids.device), response_mask)
         self.last_nodes = int(attention_mask.sum())
         body = self.lm.get_decoder()
-        hidden = body(input_ids=input_ids, attention_mask=attention_mask,
-                      position_ids=position_ids(attention_mask), use_cache=False).last_hidden_state
+        hidden = body(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids(attention_mask),
+            use_cache=False,
+        ).last_hidden_state
         # Column prompt_len + t (response token t) is predicted by the hidden state of column prompt_len + t - 1.
-        hidden = hidden[:, prompt_len - 1:-1]
+        hidden = hidden[:, prompt_len - 1 : -1]
         targets = input_ids[:, prompt_len:]
         select = response_mask.bool()
         empty = not bool(select.any())
@@ -178,8 +193,9 @@ class PolicyLogprobs(nn.Module):
             select = torch.zeros_like(select)
             select[0, 0] = True
         head = self.lm.get_output_embeddings()
-        lp, ent = chunked_head_logprobs(hidden[select], head.weight, head.bias, targets[select],
-                                        self.chunk_tokens, self.inv_temperature)
+        lp, ent = chunked_head_logprobs(
+            hidden[select], head.weight, head.bias, targets[select], self.chunk_tokens, self.inv_temperature
+        )
         if empty:
             lp, ent = lp * 0.0, ent * 0.0
         logprobs = lp.new_zeros(select.shape).masked_scatter(select, lp)
@@ -188,13 +204,26 @@ class PolicyLogprobs(nn.Module):
 
     def _tree_forward(self, trees: PackedTrees, response_mask: Tensor) -> tuple[Tensor, Tensor]:
         eager = self.lm.config._attn_implementation == "eager"
-        hidden = self.lm.get_decoder()(input_ids=trees.input_ids, attention_mask=trees.attention_mask(eager),
-                                       position_ids=trees.position_ids, use_cache=False).last_hidden_state
+        hidden = self.lm.get_decoder()(
+            input_ids=trees.input_ids,
+            attention_mask=trees.attention_mask(eager),
+            position_ids=trees.position_ids,
+            use_cache=False,
+        ).last_hidden_state
         self.last_nodes = trees.nodes
         # Each node that predicts a token goes through the head once, however many rows share it.
         nodes, rows = torch.unique(trees.source, return_inverse=True)
         head = self.lm.get_output_embeddings()
-        lp, ent = chunked_head_logprobs(hidden.reshape(-1, hidden.shape[-1])[nodes], head.weight, head.bias,
-                                        trees.targets, self.chunk_tokens, self.inv_temperature, rows=rows)
+        lp, ent = chunked_head_logprobs(
+            hidden.reshape(-1, hidden.shape[-1])[nodes],
+            head.weight,
+            head.bias,
+            trees.targets,
+            self.chunk_tokens,
+            self.inv_temperature,
+            rows=rows,
+        )
         select = response_mask.bool()
-        return lp.new_zeros(select.shape).masked_scatter(select, lp), ent.new_zeros(select.shape).masked_scatter(select, ent)
+        return lp.new_zeros(select.shape).masked_scatter(select, lp), ent.new_zeros(
+            select.shape
+        ).masked_scatter(select, ent)

@@ -46,22 +46,32 @@ def validate_batch(batch: TrainBatch) -> None:
     if B == 0:
         raise ValueError("TrainBatch is empty: the learner needs at least one group")
     if batch.input_ids.ndim != 2 or batch.attention_mask.shape != batch.input_ids.shape:
-        raise ValueError(f"TrainBatch.input_ids and attention_mask must both be (B, P+T); got "
-                         f"{tuple(batch.input_ids.shape)} and {tuple(batch.attention_mask.shape)}")
+        raise ValueError(
+            f"TrainBatch.input_ids and attention_mask must both be (B, P+T); got "
+            f"{tuple(batch.input_ids.shape)} and {tuple(batch.attention_mask.shape)}"
+        )
     T = batch.input_ids.shape[1] - batch.prompt_len
     if batch.prompt_len < 1 or T < 1:
-        raise ValueError(f"TrainBatch.prompt_len ({batch.prompt_len}) must leave >= 1 prompt column and >= 1 "
-                         f"response column in input_ids of width {batch.input_ids.shape[1]}")
+        raise ValueError(
+            f"TrainBatch.prompt_len ({batch.prompt_len}) must leave >= 1 prompt column and >= 1 "
+            f"response column in input_ids of width {batch.input_ids.shape[1]}"
+        )
     for name in ("response_mask", "rollout_logprobs"):
         if tuple(getattr(batch, name).shape) != (B, T):
-            raise ValueError(f"TrainBatch.{name} must be (B, T) = {(B, T)}, got {tuple(getattr(batch, name).shape)}")
+            raise ValueError(
+                f"TrainBatch.{name} must be (B, T) = {(B, T)}, got {tuple(getattr(batch, name).shape)}"
+            )
     if batch.advantages.shape not in ((B,), (B, T)):
-        raise ValueError(f"TrainBatch.advantages must be (B,) or (B, T) = {(B, T)}, got {tuple(batch.advantages.shape)}")
+        raise ValueError(
+            f"TrainBatch.advantages must be (B,) or (B, T) = {(B, T)}, got {tuple(batch.advantages.shape)}"
+        )
     if tuple(batch.group_ids.shape) != (B,):
         raise ValueError(f"TrainBatch.group_ids must be (B,) = ({B},), got {tuple(batch.group_ids.shape)}")
-    if bool((batch.response_mask.bool() & ~batch.attention_mask[:, batch.prompt_len:].bool()).any()):
-        raise ValueError("TrainBatch.response_mask marks tokens that attention_mask marks as padding; build "
-                         "batches with services.batch.collate")
+    if bool((batch.response_mask.bool() & ~batch.attention_mask[:, batch.prompt_len :].bool()).any()):
+        raise ValueError(
+            "TrainBatch.response_mask marks tokens that attention_mask marks as padding; build "
+            "batches with services.batch.collate"
+        )
     for name in ("advantages", "rollout_logprobs"):
         if not bool(torch.isfinite(getattr(batch, name)).all()):
             raise ValueError(f"TrainBatch.{name} contains NaN or inf")
@@ -76,26 +86,35 @@ def group_spans(batch: TrainBatch) -> list[Group]:
     for i in range(1, len(ids) + 1):
         if i == len(ids) or ids[i] != ids[start]:
             if ids[start] in seen:
-                raise ValueError(f"TrainBatch.group_ids: group {ids[start]} is not contiguous; the G rows of a "
-                                 "group must be adjacent (services.batch.collate keeps them so)")
+                raise ValueError(
+                    f"TrainBatch.group_ids: group {ids[start]} is not contiguous; the G rows of a "
+                    "group must be adjacent (services.batch.collate keeps them so)"
+                )
             seen.add(ids[start])
             groups.append(Group(start, i, int(sum(tokens[start:i]))))
             start = i
     return groups
 
 
-def plan_minibatches(groups: list[Group], mini_batches: int, world_size: int, micro_batch_size: int,
-                     order: list[int] | None = None) -> list[MiniBatch]:
+def plan_minibatches(
+    groups: list[Group],
+    mini_batches: int,
+    world_size: int,
+    micro_batch_size: int,
+    order: list[int] | None = None,
+) -> list[MiniBatch]:
     """Split `groups` (taken in `order`) into `mini_batches` optimizer steps of whole groups, each shared
     out to `world_size` ranks and cut into micro-batches of at most `micro_batch_size` rows (at least one
     group each: a group larger than the micro-batch stays whole)."""
     if len(groups) < mini_batches:
-        raise ValueError(f"optim.mini_batches ({mini_batches}) exceeds the number of groups in the batch "
-                         f"({len(groups)}); lower mini_batches or raise prompts_per_step")
+        raise ValueError(
+            f"optim.mini_batches ({mini_batches}) exceeds the number of groups in the batch "
+            f"({len(groups)}); lower mini_batches or raise prompts_per_step"
+        )
     seq = [groups[i] for i in (order if order is not None else range(len(groups)))]
     plans = []
     for k in range(mini_batches):
-        part = seq[k * len(seq) // mini_batches:(k + 1) * len(seq) // mini_batches]
+        part = seq[k * len(seq) // mini_batches : (k + 1) * len(seq) // mini_batches]
         rows = torch.tensor([r for g in part for r in g.rows], dtype=torch.long)
         micro = [_micro_batches(share, micro_batch_size) for share in _share_out(part, world_size)]
         plans.append(MiniBatch(rows, micro))
@@ -139,7 +158,15 @@ def trim_padding(batch: TrainBatch) -> TrainBatch:
     resp = batch.response_mask.bool().any(0)
     T = int(resp.nonzero()[-1]) + 1 if bool(resp.any()) else 1
     cols = slice(left, P + T)
-    return TrainBatch(batch.input_ids[:, cols], attn[:, cols], batch.response_mask[:, :T],
-                      batch.advantages[:, :T] if batch.advantages.ndim == 2 else batch.advantages,
-                      batch.group_ids, batch.rollout_logprobs[:, :T], batch.rewards, batch.versions,
-                      P - left, dict(batch.meta))
+    return TrainBatch(
+        batch.input_ids[:, cols],
+        attn[:, cols],
+        batch.response_mask[:, :T],
+        batch.advantages[:, :T] if batch.advantages.ndim == 2 else batch.advantages,
+        batch.group_ids,
+        batch.rollout_logprobs[:, :T],
+        batch.rewards,
+        batch.versions,
+        P - left,
+        dict(batch.meta),
+    )

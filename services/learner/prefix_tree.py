@@ -37,9 +37,13 @@ def supports_prefix_tree(lm: nn.Module) -> bool:
 
 @dataclass(frozen=True)
 class PackedTrees:
-    input_ids: Tensor  # (k, L): one tree per run of rows with the same prompt, nodes depth-first, then padding
+    input_ids: (
+        Tensor  # (k, L): one tree per run of rows with the same prompt, nodes depth-first, then padding
+    )
     position_ids: Tensor  # (k, L): a node's position in its rows (prompt 0..p-1, response token t at p + t)
-    subtree_end: Tensor  # (k, L): one past a node's last descendant; padding: itself + 1 (attends only itself)
+    subtree_end: (
+        Tensor  # (k, L): one past a node's last descendant; padding: itself + 1 (attends only itself)
+    )
     source: Tensor  # (N,): flat index into (k * L) of the node that predicts each response-mask token
     targets: Tensor  # (N,): the token ids, in the row-major order of the response mask
     nodes: int  # real nodes over all trees: the tokens the forward computes (the full forward: every row's)
@@ -54,14 +58,23 @@ class PackedTrees:
         if not eager:
             return mask
         return torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill_(
-            ~mask, torch.finfo(torch.float32).min)
+            ~mask, torch.finfo(torch.float32).min
+        )
 
     def to(self, device: torch.device) -> PackedTrees:
-        return PackedTrees(self.input_ids.to(device), self.position_ids.to(device), self.subtree_end.to(device),
-                           self.source.to(device), self.targets.to(device), self.nodes)
+        return PackedTrees(
+            self.input_ids.to(device),
+            self.position_ids.to(device),
+            self.subtree_end.to(device),
+            self.source.to(device),
+            self.targets.to(device),
+            self.nodes,
+        )
 
 
-def pack_trees(input_ids: Tensor, attention_mask: Tensor, prompt_len: int, response_mask: Tensor) -> PackedTrees | None:
+def pack_trees(
+    input_ids: Tensor, attention_mask: Tensor, prompt_len: int, response_mask: Tensor
+) -> PackedTrees | None:
     """The micro-batch as token trees, or None where nothing is shared (no two adjacent rows with one prompt),
     the response mask is empty, or a row's tokens are not one contiguous span (left-padded prompt,
     right-padded response, as services.batch.collate builds them): the full forward then runs instead."""
@@ -72,8 +85,10 @@ def pack_trees(input_ids: Tensor, attention_mask: Tensor, prompt_len: int, respo
         return None
     p_len, r_len = attn[:, :P].sum(1), attn[:, P:].sum(1)
     cols_p, cols_r = torch.arange(P), torch.arange(T)
-    if not (torch.equal(attn[:, :P], cols_p[None] >= P - p_len[:, None])
-            and torch.equal(attn[:, P:], cols_r[None] < r_len[:, None])):
+    if not (
+        torch.equal(attn[:, :P], cols_p[None] >= P - p_len[:, None])
+        and torch.equal(attn[:, P:], cols_r[None] < r_len[:, None])
+    ):
         return None
     prompts = ids[:, :P] * attn[:, :P]
     same = (prompts[1:] == prompts[:-1]).all(1) & (p_len[1:] == p_len[:-1])
@@ -101,11 +116,12 @@ def pack_trees(input_ids: Tensor, attention_mask: Tensor, prompt_len: int, respo
     return PackedTrees(out_ids, out_pos, out_end, source, target, sum(len(t[0]) for t in trees))
 
 
-def _tree(ids: list[list[int]], p: int, P: int, r0: int, r1: int, r_len: list[int],
-          rmask: list[list[bool]]) -> tuple[tuple[list[int], list[int], list[int]], list[tuple[int, int]]]:
+def _tree(
+    ids: list[list[int]], p: int, P: int, r0: int, r1: int, r_len: list[int], rmask: list[list[bool]]
+) -> tuple[tuple[list[int], list[int], list[int]], list[tuple[int, int]]]:
     """One group's tree: (tokens, positions, subtree ends) in depth-first order, and per response-mask token
     (row-major) the (node that predicts it, token id)."""
-    tokens = ids[r0][P - p:P]  # the prompt: a chain, nodes 0..p-1
+    tokens = ids[r0][P - p : P]  # the prompt: a chain, nodes 0..p-1
     parent = list(range(-1, p - 1))
     depth = list(range(p))
     children: list[dict[int, int]] = [{tokens[i + 1]: i + 1} for i in range(p - 1)] + [{}]

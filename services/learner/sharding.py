@@ -35,14 +35,17 @@ def learner_device(gpus_per_learner: float) -> torch.device:
     actor, so the learner's GPU is the current device."""
     if gpus_per_learner > 0:
         if not torch.cuda.is_available():
-            raise RuntimeError("resources.gpus_per_learner > 0 but this process sees no CUDA device; set "
-                               "gpus_per_learner: 0 to train on CPU")
+            raise RuntimeError(
+                "resources.gpus_per_learner > 0 but this process sees no CUDA device; set "
+                "gpus_per_learner: 0 to train on CPU"
+            )
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
 
-def init_process_group(rank: int, world_size: int, device: torch.device, master_addr: str,
-                       master_port: int | None) -> DeviceMesh:
+def init_process_group(
+    rank: int, world_size: int, device: torch.device, master_addr: str, master_port: int | None
+) -> DeviceMesh:
     """Join (or reuse) the default process group: NCCL on GPU, gloo on CPU; returns a 1-D mesh."""
     backend = "nccl" if device.type == "cuda" else "gloo"
     if dist.is_initialized():
@@ -57,8 +60,13 @@ def init_process_group(rank: int, world_size: int, device: torch.device, master_
             if world_size > 1:
                 raise ValueError("master_port is required when world_size > 1 (all ranks must agree on it)")
             master_port = free_port(master_addr)
-        dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
-                                world_size=world_size, timeout=COLLECTIVE_TIMEOUT)
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://{master_addr}:{master_port}",
+            rank=rank,
+            world_size=world_size,
+            timeout=COLLECTIVE_TIMEOUT,
+        )
     return init_device_mesh(device.type, (world_size,))
 
 
@@ -86,7 +94,9 @@ def shard(module: nn.Module, layers: list[nn.Module], mesh: DeviceMesh, dtype: t
     On one rank a shard is the whole weight: resharding after forward would only free the compute-dtype copy
     to gather (cast and copy) it again for backward, so the copy is kept until backward is done.
     """
-    mp = MixedPrecisionPolicy(param_dtype=dtype if dtype != torch.float32 else None, reduce_dtype=torch.float32)
+    mp = MixedPrecisionPolicy(
+        param_dtype=dtype if dtype != torch.float32 else None, reduce_dtype=torch.float32
+    )
     reshard = mesh.size() > 1
     for layer in layers:
         fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)

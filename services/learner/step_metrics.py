@@ -55,9 +55,13 @@ class StepMetrics:
             keys = tuple(sorted(set().union(*(g[i] for g in gathered))) for i in range(3))
         sum_keys, mean_keys, peak_keys = keys
         zero = [0.0, 0.0]
-        flat = torch.tensor([self.sums.get(k, 0.0) for k in sum_keys]
-                            + [self.weighted.get(k, zero)[0] for k in mean_keys]
-                            + [self.weighted.get(k, zero)[1] for k in mean_keys], dtype=torch.float64, device=device)
+        flat = torch.tensor(
+            [self.sums.get(k, 0.0) for k in sum_keys]
+            + [self.weighted.get(k, zero)[0] for k in mean_keys]
+            + [self.weighted.get(k, zero)[1] for k in mean_keys],
+            dtype=torch.float64,
+            device=device,
+        )
         top = torch.tensor([peaks.get(k, -math.inf) for k in peak_keys], dtype=torch.float64, device=device)
         if distributed:
             dist.all_reduce(flat)

@@ -26,8 +26,13 @@ DEFAULT_MAX_PENDING_CALLS = 64
 class RewardPoolService:
     """The actor's body; a plain class so that tests can also drive it without Ray."""
 
-    def __init__(self, task: TaskSpec | dict[str, Any], seed: int = 0, max_pending: int = 10_000,
-                 grants: frozenset[str] = LOCAL_GRANTS):
+    def __init__(
+        self,
+        task: TaskSpec | dict[str, Any],
+        seed: int = 0,
+        max_pending: int = 10_000,
+        grants: frozenset[str] = LOCAL_GRANTS,
+    ):
         self.task = task if isinstance(task, TaskSpec) else TaskSpec.model_validate(task)
         self.pool = RewardPool(self.task, seed, max_pending=max_pending, grants=grants)
         self._tags = {"task": self.task.name}
@@ -37,8 +42,10 @@ class RewardPoolService:
             tag_keys=("task", "status"),
         )
         self._batch_seconds = ray_metrics.Histogram(
-            "tgc_reward_actor_batch_seconds", "Wall time of one score() batch in a reward actor (seconds).",
-            boundaries=[0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300], tag_keys=("task",),
+            "tgc_reward_actor_batch_seconds",
+            "Wall time of one score() batch in a reward actor (seconds).",
+            boundaries=[0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300],
+            tag_keys=("task",),
         )
 
     def ready(self) -> bool:
@@ -67,12 +74,19 @@ class RewardPoolService:
 RewardPoolActor = ray.remote(num_cpus=1, max_concurrency=DEFAULT_MAX_CONCURRENCY)(RewardPoolService)  # type: ignore[call-overload]  # Ray's stubs lack actor options
 
 
-def start_reward_pool_actor(task: TaskSpec, seed: int = 0, *, name: str | None = None,
-                            namespace: str | None = None, num_cpus: float | None = None,
-                            max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
-                            max_pending_calls: int = DEFAULT_MAX_PENDING_CALLS,
-                            label_selector: dict[str, str] | None = None, wait: bool = True,
-                            grants: frozenset[str] = LOCAL_GRANTS) -> Any:
+def start_reward_pool_actor(
+    task: TaskSpec,
+    seed: int = 0,
+    *,
+    name: str | None = None,
+    namespace: str | None = None,
+    num_cpus: float | None = None,
+    max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
+    max_pending_calls: int = DEFAULT_MAX_PENDING_CALLS,
+    label_selector: dict[str, str] | None = None,
+    wait: bool = True,
+    grants: frozenset[str] = LOCAL_GRANTS,
+) -> Any:
     """Start a (named) reward actor and, with `wait`, block until its workers are up.
 
     `num_cpus` defaults to `task.reward_workers`: the worker processes are the actor's CPU use.
@@ -102,13 +116,20 @@ class RewardPoolGroup:
     into contiguous chunks, one per actor, scored in parallel, and put back together in order. The trainer
     holds one per job (and its evaluation uses the same one)."""
 
-    def __init__(self, task: TaskSpec, seed: int = 0, actors: int = 2, name_prefix: str | None = None,
-                 **actor_options: Any):
+    def __init__(
+        self,
+        task: TaskSpec,
+        seed: int = 0,
+        actors: int = 2,
+        name_prefix: str | None = None,
+        **actor_options: Any,
+    ):
         if actors < 1:
             raise ValueError(f"actors={actors}: a reward group needs at least one actor")
         self.handles = [
-            start_reward_pool_actor(task, seed, name=f"{name_prefix}-{i}" if name_prefix else None,
-                                    wait=False, **actor_options)
+            start_reward_pool_actor(
+                task, seed, name=f"{name_prefix}-{i}" if name_prefix else None, wait=False, **actor_options
+            )
             for i in range(actors)
         ]
         ray.get([h.ready.remote() for h in self.handles])
@@ -116,12 +137,16 @@ class RewardPoolGroup:
     def score_refs(self, items: list[TaskItem], responses: list[str]) -> list[ray.ObjectRef]:
         """One object ref per non-empty chunk, in order; `ray.get` each for its Scores."""
         if len(items) != len(responses):
-            raise ValueError(f"score(items, responses): got {len(items)} items and {len(responses)} "
-                             "responses; pass exactly one response per item")
+            raise ValueError(
+                f"score(items, responses): got {len(items)} items and {len(responses)} "
+                "responses; pass exactly one response per item"
+            )
         n = len(self.handles)
         size = -(-len(items) // n) if items else 0
-        return [h.score.remote(items[i:i + size], responses[i:i + size])
-                for h, i in zip(self.handles, range(0, len(items), size or 1), strict=False)]
+        return [
+            h.score.remote(items[i : i + size], responses[i : i + size])
+            for h, i in zip(self.handles, range(0, len(items), size or 1), strict=False)
+        ]
 
     def score(self, items: list[TaskItem], responses: list[str]) -> list[Score]:
         return [s for chunk in ray.get(self.score_refs(items, responses)) for s in chunk]

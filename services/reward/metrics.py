@@ -24,7 +24,9 @@ VERIFICATIONS = Counter(
 VERIFY_SECONDS = Histogram(
     "tgc_reward_verification_seconds",
     "Wall time of one verification in a pool worker, dispatch to result (seconds).",
-    ["task"], unit="seconds", buckets=_LATENCY_BUCKETS,
+    ["task"],
+    unit="seconds",
+    buckets=_LATENCY_BUCKETS,
 )
 WORKER_RESTARTS = Counter(
     "tgc_reward_worker_restarts",
@@ -32,7 +34,9 @@ WORKER_RESTARTS = Counter(
     ["task"],
 )
 QUEUE_DEPTH = Gauge(
-    "tgc_reward_queue_depth", "Verifications waiting for a free reward worker (verifications).", ["task"],
+    "tgc_reward_queue_depth",
+    "Verifications waiting for a free reward worker (verifications).",
+    ["task"],
 )
 
 

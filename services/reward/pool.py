@@ -59,8 +59,12 @@ class _Worker:
     def __init__(self, index: int, init: dict[str, Any], env: dict[str, str]):
         self.index = index
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "services.reward.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            start_new_session=True, env=env, close_fds=True,
+            [sys.executable, "-m", "services.reward.worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+            env=env,
+            close_fds=True,
         )
         assert self.proc.stdout is not None and self.proc.stdin is not None  # both are PIPEs
         self.fd_out = self.proc.stdout.fileno()
@@ -79,7 +83,7 @@ class _Worker:
         end = time.monotonic() + _WRITE_TIMEOUT_S
         while view:
             try:
-                view = view[os.write(self.fd_in, view):]
+                view = view[os.write(self.fd_in, view) :]
             except BlockingIOError:
                 if not select.select([], [self.fd_in], [], max(0.0, end - time.monotonic()))[1]:
                     raise TimeoutError(f"reward worker {self.proc.pid} stopped reading its input") from None
@@ -116,16 +120,28 @@ class RewardPool:
     worker's error). `score(items, responses)` returns one Score per pair, in order.
     """
 
-    def __init__(self, task: TaskSpec, seed: int = 0, *, max_pending: int = 10_000,
-                 start_timeout_s: float = 180.0, grants: frozenset[str] = LOCAL_GRANTS):
+    def __init__(
+        self,
+        task: TaskSpec,
+        seed: int = 0,
+        *,
+        max_pending: int = 10_000,
+        start_timeout_s: float = 180.0,
+        grants: frozenset[str] = LOCAL_GRANTS,
+    ):
         if max_pending < 1:
             raise ValueError(f"max_pending={max_pending}: must be >= 1")
         self.task = task
         self.timeout_s = float(task.reward_timeout_s)
         self.start_timeout_s = start_timeout_s
         self._label = task.name
-        self._init = {"task": task.name, "params": dict(task.params), "seed": seed, "reward": task.reward,
-                      "grants": sorted(grants)}
+        self._init = {
+            "task": task.name,
+            "params": dict(task.params),
+            "seed": seed,
+            "reward": task.reward,
+            "grants": sorted(grants),
+        }
         self._env = _worker_env()
         self._stats = metrics.StatsWindow()
         self._slots = threading.BoundedSemaphore(max_pending)
@@ -144,8 +160,9 @@ class RewardPool:
         self._finalizer = weakref.finalize(self, RewardPool._shutdown, self._thread, self._wake, self._stop)
         if not self._ready.wait(start_timeout_s + 5):
             self.close()
-            raise RewardPoolError(f"reward workers for task {task.name!r} did not start in "
-                                  f"{start_timeout_s:g}s")
+            raise RewardPoolError(
+                f"reward workers for task {task.name!r} did not start in {start_timeout_s:g}s"
+            )
         if self._broken is not None:
             message = self._broken
             self.close()
@@ -172,8 +189,10 @@ class RewardPool:
     def score(self, items: list[TaskItem], responses: list[str]) -> list[Score]:
         """One Score per (item, response), same order; status ok, timeout or error, never a silent 0."""
         if len(items) != len(responses):
-            raise ValueError(f"score(items, responses): got {len(items)} items and {len(responses)} "
-                             "responses; pass exactly one response per item")
+            raise ValueError(
+                f"score(items, responses): got {len(items)} items and {len(responses)} "
+                "responses; pass exactly one response per item"
+            )
         futures = [self.submit(item, response) for item, response in zip(items, responses, strict=True)]
         return [f.result() for f in futures]
 
@@ -335,8 +354,15 @@ class RewardPool:
                 req, w.request = w.request, None
                 w.kill()
                 self._replace(sel, w)
-                self._finish(req, Score(0.0, "timeout", f"verification exceeded the {self.timeout_s:g}s "
-                                                        "deadline; its worker was killed and replaced"))
+                self._finish(
+                    req,
+                    Score(
+                        0.0,
+                        "timeout",
+                        f"verification exceeded the {self.timeout_s:g}s "
+                        "deadline; its worker was killed and replaced",
+                    ),
+                )
             elif w.state == "starting" and now >= w.started + self.start_timeout_s:
                 self._on_init_error(sel, w, f"a worker did not become ready in {self.start_timeout_s:g}s")
 

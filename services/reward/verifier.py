@@ -21,19 +21,29 @@ RewardFn = Callable[[TaskItem, str], Any]
 
 
 class Verifier:
-    def __init__(self, task: str, params: dict[str, Any], seed: int, reward: str = "builtin",
-                 grants: frozenset[str] = LOCAL_GRANTS):
+    def __init__(
+        self,
+        task: str,
+        params: dict[str, Any],
+        seed: int,
+        reward: str = "builtin",
+        grants: frozenset[str] = LOCAL_GRANTS,
+    ):
         self.task = load_task(task, params, seed, grants)
         self.grants = grants
         self._sandboxes: dict[tuple[str, int | None], Any] = {}
         if reward != "builtin" and CUSTOM_CODE not in grants:
-            raise GrantError(f"task.reward {reward!r}: custom code needs the operator's grant '{CUSTOM_CODE}'")
+            raise GrantError(
+                f"task.reward {reward!r}: custom code needs the operator's grant '{CUSTOM_CODE}'"
+            )
         self.custom = None if reward == "builtin" else import_reward(reward)
 
     def __call__(self, item: TaskItem, response: str) -> Score:
         if self.custom is not None:
             return as_score(self.custom(item, response), "task.reward")
-        if item.kind == "dataset":  # rows carry their verifier: any worker scores any dataset's items (eval sets)
+        if (
+            item.kind == "dataset"
+        ):  # rows carry their verifier: any worker scores any dataset's items (eval sets)
             from services.tasks.dataset import score_row
 
             return as_score(score_row(item, response, self.sandbox), "dataset verifier")
@@ -73,13 +83,16 @@ class Verifier:
 def import_reward(spec: str) -> RewardFn:
     module, sep, attr = spec.partition(":")
     if not sep or not module or not attr:
-        raise ValueError(f"task.reward {spec!r}: use 'builtin' or 'module:function', "
-                         "e.g. 'my_rewards:exact_match'")
+        raise ValueError(
+            f"task.reward {spec!r}: use 'builtin' or 'module:function', e.g. 'my_rewards:exact_match'"
+        )
     try:
         fn = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as e:
-        raise ValueError(f"task.reward {spec!r}: cannot import {attr} from {module} ({e}); make the module "
-                         "importable on the reward workers (PYTHONPATH or an installed package)") from None
+        raise ValueError(
+            f"task.reward {spec!r}: cannot import {attr} from {module} ({e}); make the module "
+            "importable on the reward workers (PYTHONPATH or an installed package)"
+        ) from None
     if not callable(fn):
         raise ValueError(f"task.reward {spec!r}: {attr} is not callable; it must take (item, response)")
     return fn

@@ -18,8 +18,9 @@ MAX_FRAME = 256 << 20
 def encode(kind: str, payload: Any) -> bytes:
     body = pickle.dumps((kind, payload), protocol=pickle.HIGHEST_PROTOCOL)
     if len(body) > MAX_FRAME:
-        raise ValueError(f"frame of {len(body)} bytes exceeds {MAX_FRAME}; responses this large "
-                         "cannot be scored")
+        raise ValueError(
+            f"frame of {len(body)} bytes exceeds {MAX_FRAME}; responses this large cannot be scored"
+        )
     return _HEADER.pack(len(body)) + body
 
 
@@ -27,7 +28,7 @@ def write_frame(fd: int, kind: str, payload: Any) -> None:
     """Blocking write of one whole frame (worker side)."""
     view = memoryview(encode(kind, payload))
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def read_frame(fd: int) -> tuple[str, Any] | None:
@@ -66,7 +67,7 @@ class FrameBuffer:
             (size,) = _HEADER.unpack_from(self._buf)
             if len(self._buf) < _HEADER.size + size:
                 break
-            body = bytes(self._buf[_HEADER.size:_HEADER.size + size])
-            del self._buf[:_HEADER.size + size]
+            body = bytes(self._buf[_HEADER.size : _HEADER.size + size])
+            del self._buf[: _HEADER.size + size]
             frames.append(pickle.loads(body))
         return frames

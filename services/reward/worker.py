@@ -53,7 +53,9 @@ def main() -> None:
         from services.reward.verifier import Verifier
 
         spec = frame[1]
-        verifier = Verifier(spec["task"], spec["params"], spec["seed"], spec["reward"], frozenset(spec["grants"]))
+        verifier = Verifier(
+            spec["task"], spec["params"], spec["seed"], spec["reward"], frozenset(spec["grants"])
+        )
         verifier.warm_up()
     except BaseException as e:  # any failure to build the task is reported, not hidden behind an EOF
         wire.write_frame(wfd, "init_error", f"{type(e).__name__}: {e}")

@@ -36,8 +36,9 @@ class RolloutActor:
         children = [c.pid for c in psutil.Process().children(recursive=True)]
         return {"pid": os.getpid(), "children": children, "engine": self.kind, "version": self.engine.version}
 
-    def generate(self, prompts: list[list[int]], n: int, seeds: list[int],
-                 sampling: Sampling | None = None) -> list[list[Completion]]:
+    def generate(
+        self, prompts: list[list[int]], n: int, seeds: list[int], sampling: Sampling | None = None
+    ) -> list[list[Completion]]:
         t0 = time.perf_counter()
         out = self.engine.generate(prompts, n, seeds, sampling)
         self.generate_s += time.perf_counter() - t0
@@ -65,7 +66,9 @@ class RolloutActor:
     def weight_transfer(self, op: str, payload: dict | None = None, version: int | None = None) -> None:
         transfer = getattr(self.engine, "weight_transfer", None)
         if transfer is None:
-            raise RuntimeError(f"{self.name}: the {self.kind} engine has no NCCL weight transfer; use vllm on GPU")
+            raise RuntimeError(
+                f"{self.name}: the {self.kind} engine has no NCCL weight transfer; use vllm on GPU"
+            )
         transfer(op, payload, version)
 
     def stats(self) -> dict:

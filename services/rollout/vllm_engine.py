@@ -67,9 +67,11 @@ def engine_args(spec: JobSpec, model_path: Path | str) -> dict:
     from services.weight_sync.broadcast import weight_transfer_config
 
     if uses_cuda(spec):
-        args.update(gpu_memory_utilization=spec.resources.vllm_memory_fraction,
-                    tensor_parallel_size=max(1, int(spec.resources.gpus_per_rollout)),
-                    weight_transfer_config=weight_transfer_config("nccl"))
+        args.update(
+            gpu_memory_utilization=spec.resources.vllm_memory_fraction,
+            tensor_parallel_size=max(1, int(spec.resources.gpus_per_rollout)),
+            weight_transfer_config=weight_transfer_config("nccl"),
+        )
     else:
         from services.weight_sync import gloo
 
@@ -77,12 +79,14 @@ def engine_args(spec: JobSpec, model_path: Path | str) -> dict:
         args.update(weight_transfer_config=weight_transfer_config(gloo.BACKEND))
         # On CPU vLLM's gpu_memory_utilization is a share of host RAM minus this process's RSS, which
         # in-process includes torch and the caller; an explicit KV size keeps the spec's meaning.
-        args.update(kv_cache_memory_bytes=int(spec.resources.vllm_memory_fraction * host_memory_bytes()),
-                    enforce_eager=True,  # no torch.compile: start-up in seconds, not minutes
-                    # A prompt split across scheduler steps makes vLLM rewind the request's seeded generator,
-                    # which CPU generators cannot do ("CPU Generator does not use offset"): prefill whole prompts.
-                    enable_chunked_prefill=False,
-                    max_num_batched_tokens=max(CPU_BATCH_TOKENS, args["max_model_len"]))
+        args.update(
+            kv_cache_memory_bytes=int(spec.resources.vllm_memory_fraction * host_memory_bytes()),
+            enforce_eager=True,  # no torch.compile: start-up in seconds, not minutes
+            # A prompt split across scheduler steps makes vLLM rewind the request's seeded generator,
+            # which CPU generators cannot do ("CPU Generator does not use offset"): prefill whole prompts.
+            enable_chunked_prefill=False,
+            max_num_batched_tokens=max(CPU_BATCH_TOKENS, args["max_model_len"]),
+        )
     return args
 
 
@@ -92,8 +96,16 @@ def sampling_params(spec: JobSpec, seed: int, eos_id: int, sampling: Sampling | 
     from vllm import SamplingParams
 
     s = sampling or spec.sampling
-    return SamplingParams(n=1, temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_new_tokens,
-                          seed=seed, logprobs=0, stop_token_ids=[eos_id], detokenize=False)
+    return SamplingParams(
+        n=1,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        max_tokens=s.max_new_tokens,
+        seed=seed,
+        logprobs=0,
+        stop_token_ids=[eos_id],
+        detokenize=False,
+    )
 
 
 def _llvmlite_safe_for_vllm_scan() -> None:
@@ -147,17 +159,21 @@ class VLLMEngine(RolloutEngine):
         self._closed = False
 
     # -- generation -------------------------------------------------------------------------------
-    def generate(self, prompts: list[list[int]], n: int, seeds: list[int],
-                 sampling: Sampling | None = None) -> list[list[Completion]]:
+    def generate(
+        self, prompts: list[list[int]], n: int, seeds: list[int], sampling: Sampling | None = None
+    ) -> list[list[Completion]]:
         check_requests(prompts, n, seeds, self.spec.sampling.max_prompt_tokens)
         if not prompts:
             return []
         requests = [{"prompt_token_ids": list(p)} for p in prompts for _ in range(n)]
-        params = [sampling_params(self.spec, sample_seed(seed, j), self.eos_id, sampling)
-                  for seed in seeds for j in range(n)]
+        params = [
+            sampling_params(self.spec, sample_seed(seed, j), self.eos_id, sampling)
+            for seed in seeds
+            for j in range(n)
+        ]
         outs = self.llm.generate(requests, params, use_tqdm=False)
         comps = [self._completion(o.outputs[0]) for o in outs]
-        return [comps[i * n:(i + 1) * n] for i in range(len(prompts))]
+        return [comps[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     def _completion(self, out) -> Completion:
         ids = list(out.token_ids)
@@ -180,12 +196,16 @@ class VLLMEngine(RolloutEngine):
         limit = self.spec.sampling.max_prompt_tokens + self.spec.sampling.max_new_tokens
         for i, seq in enumerate(sequences):
             if len(seq) > limit:
-                raise ValueError(f"score: sequence {i} has {len(seq)} tokens, more than max_prompt_tokens + "
-                                 f"max_new_tokens ({limit})")
+                raise ValueError(
+                    f"score: sequence {i} has {len(seq)} tokens, more than max_prompt_tokens + "
+                    f"max_new_tokens ({limit})"
+                )
         params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
         outs = self.llm.generate([{"prompt_token_ids": list(s)} for s in sequences], params, use_tqdm=False)
-        return [[float(o.prompt_logprobs[t][seq[t]].logprob) for t in range(p, len(seq))]
-                for o, seq, p in zip(outs, sequences, lens, strict=True)]
+        return [
+            [float(o.prompt_logprobs[t][seq[t]].logprob) for t in range(p, len(seq))]
+            for o, seq, p in zip(outs, sequences, lens, strict=True)
+        ]
 
     # -- broadcast weight transfer (NCCL on GPU, gloo on CPU) ---------------------------------------------------------------
     def weight_transfer(self, op: str, payload: dict | None = None, version: int | None = None) -> None:

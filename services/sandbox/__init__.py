@@ -4,5 +4,12 @@ from services.sandbox.bwrap import SandboxUnavailable
 from services.sandbox.executor import LANGUAGES, RunResult, Sandbox, SandboxError, SandboxMode
 from services.sandbox.limits import SandboxLimits
 
-__all__ = ["LANGUAGES", "RunResult", "Sandbox", "SandboxError", "SandboxLimits", "SandboxMode",
-           "SandboxUnavailable"]
+__all__ = [
+    "LANGUAGES",
+    "RunResult",
+    "Sandbox",
+    "SandboxError",
+    "SandboxLimits",
+    "SandboxMode",
+    "SandboxUnavailable",
+]

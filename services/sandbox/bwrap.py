@@ -62,8 +62,10 @@ def seccomp_program() -> bytes:
     try:
         import pyseccomp
     except (ImportError, OSError) as e:  # the module, or libseccomp.so.2 it loads
-        raise SandboxUnavailable(f"the sandbox's seccomp filter needs libseccomp (`apt-get install "
-                                 f"libseccomp2`) and the pyseccomp package: {e}") from None
+        raise SandboxUnavailable(
+            f"the sandbox's seccomp filter needs libseccomp (`apt-get install "
+            f"libseccomp2`) and the pyseccomp package: {e}"
+        ) from None
     f = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
     for name in DENIED_SYSCALLS:
         f.add_rule(pyseccomp.ERRNO(errno.EPERM), name)
@@ -76,8 +78,9 @@ def seccomp_program() -> bytes:
 def find_bwrap() -> str:
     path = os.environ.get("TGC_BWRAP") or shutil.which("bwrap")
     if not path:
-        raise SandboxUnavailable(f"the code sandbox needs bubblewrap (`bwrap`), which is not on PATH. "
-                                 f"{INSTALL_HINT}")
+        raise SandboxUnavailable(
+            f"the code sandbox needs bubblewrap (`bwrap`), which is not on PATH. {INSTALL_HINT}"
+        )
     return path
 
 
@@ -93,8 +96,9 @@ def host_uid() -> int | None:
     try:
         uid = int(value)
     except ValueError:
-        raise SandboxUnavailable(f"TGC_SANDBOX_HOST_UID={value!r}: must be an integer uid, "
-                                 "e.g. 65534") from None
+        raise SandboxUnavailable(
+            f"TGC_SANDBOX_HOST_UID={value!r}: must be an integer uid, e.g. 65534"
+        ) from None
     if not 0 < uid < 2**31:
         raise SandboxUnavailable(f"TGC_SANDBOX_HOST_UID={uid}: must be an unprivileged uid in 1..2**31-1")
     return uid
@@ -120,8 +124,10 @@ def find_python(explicit: str | None = None, unprivileged: bool = False) -> str:
     """
     explicit = explicit or os.environ.get("TGC_SANDBOX_PYTHON")
     if explicit and not (os.path.isfile(explicit) and os.access(explicit, os.X_OK)):
-        raise SandboxUnavailable(f"sandbox interpreter {explicit!r} (python= or TGC_SANDBOX_PYTHON) is not "
-                                 "an executable file; point it at a python3, e.g. /usr/bin/python3")
+        raise SandboxUnavailable(
+            f"sandbox interpreter {explicit!r} (python= or TGC_SANDBOX_PYTHON) is not "
+            "an executable file; point it at a python3, e.g. /usr/bin/python3"
+        )
     fallback = str(Path(sys.base_prefix) / "bin" / "python3")
     candidates = [explicit] if explicit else [*_PYTHON_CANDIDATES, fallback]
     tried = []
@@ -188,17 +194,42 @@ def system_binds(python: str) -> list[str]:
     return args
 
 
-def bwrap_argv(bwrap: str, python: str, limits: SandboxLimits, files: list[tuple[int, str]],
-               status_fd: int, seccomp_fd: int) -> list[str]:
+def bwrap_argv(
+    bwrap: str,
+    python: str,
+    limits: SandboxLimits,
+    files: list[tuple[int, str]],
+    status_fd: int,
+    seccomp_fd: int,
+) -> list[str]:
     """The bwrap command up to (not including) the command it runs; `files` are (fd, path in sandbox),
     `seccomp_fd` holds seccomp_program()."""
     args = [
-        bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--seccomp", str(seccomp_fd),
-        "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox",
-        "--cap-drop", "ALL", "--die-with-parent", "--new-session",
+        bwrap,
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--seccomp",
+        str(seccomp_fd),
+        "--uid",
+        str(SANDBOX_UID),
+        "--gid",
+        str(SANDBOX_UID),
+        "--hostname",
+        "sandbox",
+        "--cap-drop",
+        "ALL",
+        "--die-with-parent",
+        "--new-session",
         *system_binds(python),
-        "--proc", "/proc", "--dev", "/dev",
-        "--size", str(limits.tmpfs_mb << 20), "--tmpfs", WORKDIR,
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--size",
+        str(limits.tmpfs_mb << 20),
+        "--tmpfs",
+        WORKDIR,
     ]
     made: set[str] = {WORKDIR}
     for fd, dest in files:

@@ -38,8 +38,14 @@ LANGUAGES = ("python", "bash")
 _LAUNCHER = (Path(__file__).parent / "launcher.py").read_text()
 # util-linux prlimit sets the rlimits and execs the program: no launcher interpreter to start per run.
 _PRLIMIT = next((p for p in ("/usr/bin/prlimit",) if os.access(p, os.X_OK)), None)
-_PRLIMIT_FLAGS = {"RLIMIT_CPU": "--cpu", "RLIMIT_AS": "--as", "RLIMIT_NPROC": "--nproc",
-                  "RLIMIT_FSIZE": "--fsize", "RLIMIT_NOFILE": "--nofile", "RLIMIT_CORE": "--core"}
+_PRLIMIT_FLAGS = {
+    "RLIMIT_CPU": "--cpu",
+    "RLIMIT_AS": "--as",
+    "RLIMIT_NPROC": "--nproc",
+    "RLIMIT_FSIZE": "--fsize",
+    "RLIMIT_NOFILE": "--nofile",
+    "RLIMIT_CORE": "--core",
+}
 _READ_CHUNK = 1 << 16
 _EXIT_GRACE_S = 0.5  # after the program exits, how long stray holders of its pipes may keep them open
 _UNSAFE_WARNING = (
@@ -88,11 +94,13 @@ class RunResult:
 class Sandbox:
     """Runs untrusted programs under bwrap with rlimits and a wall-clock deadline. Thread-safe."""
 
-    def __init__(self, limits: SandboxLimits | None = None, mode: SandboxMode = "bwrap",
-                 python: str | None = None):
+    def __init__(
+        self, limits: SandboxLimits | None = None, mode: SandboxMode = "bwrap", python: str | None = None
+    ):
         if mode not in ("bwrap", "unsafe_local"):
-            raise ValueError(f"sandbox mode {mode!r}: use 'bwrap' (default) or 'unsafe_local' "
-                             "(trusted code only)")
+            raise ValueError(
+                f"sandbox mode {mode!r}: use 'bwrap' (default) or 'unsafe_local' (trusted code only)"
+            )
         self.limits = limits or SandboxLimits()
         self.mode: SandboxMode = mode
         self.python = bw.find_python(python, unprivileged=mode == "bwrap" and bw.host_uid() is not None)
@@ -107,9 +115,16 @@ class Sandbox:
             _check_bwrap_works(self)
 
     # -- public --------------------------------------------------------------------------------------
-    def run(self, code: str, *, language: str = "python", stdin: str | bytes | None = None,
-            files: dict[str, bytes] | None = None, fetch: list[str] | tuple[str, ...] = (),
-            limits: SandboxLimits | None = None) -> RunResult:
+    def run(
+        self,
+        code: str,
+        *,
+        language: str = "python",
+        stdin: str | bytes | None = None,
+        files: dict[str, bytes] | None = None,
+        fetch: list[str] | tuple[str, ...] = (),
+        limits: SandboxLimits | None = None,
+    ) -> RunResult:
         """Run `code` as a program of `language` with `stdin`; `files` (relative paths) are put in the
         work dir first and `fetch` (relative paths) are read back after the program ends."""
         if language not in LANGUAGES:
@@ -131,8 +146,16 @@ class Sandbox:
         metrics.SANDBOX_SECONDS.observe(time.monotonic() - start)
         return result
 
-    def _command(self, language: str, main: str, workdir: str, limits: SandboxLimits, fetch: list[str],
-                 fetch_fd: int | None, nproc: bool = True) -> list[str]:
+    def _command(
+        self,
+        language: str,
+        main: str,
+        workdir: str,
+        limits: SandboxLimits,
+        fetch: list[str],
+        fetch_fd: int | None,
+        nproc: bool = True,
+    ) -> list[str]:
         """What runs in the sandbox: `prlimit <rlimits> -- <program>`, or the Python launcher where files
         must be fetched after the program (or prlimit is missing)."""
         rlimits = limits.rlimits()
@@ -146,13 +169,23 @@ class Sandbox:
         fetch_spec = ""
         if fetch_fd is not None:
             fetch_spec = f"{fetch_fd}:{limits.max_output_bytes}:" + "\n".join(fetch)
-        launch = ["runpy", workdir, spec, fetch_spec, main] if language == "python" else \
-            ["exec", workdir, spec, fetch_spec, _bash(), main]
+        launch = (
+            ["runpy", workdir, spec, fetch_spec, main]
+            if language == "python"
+            else ["exec", workdir, spec, fetch_spec, _bash(), main]
+        )
         return [self.python, "-I", "-S", "-B", "-c", _LAUNCHER, *launch]
 
     # -- bwrap ---------------------------------------------------------------------------------------
-    def _run_bwrap(self, language: str, main: str, program: dict[str, bytes], stdin: str | bytes | None,
-                   fetch: list[str], limits: SandboxLimits) -> RunResult:
+    def _run_bwrap(
+        self,
+        language: str,
+        main: str,
+        program: dict[str, bytes],
+        stdin: str | bytes | None,
+        fetch: list[str],
+        limits: SandboxLimits,
+    ) -> RunResult:
         fds: list[int] = []
         try:
             files = []
@@ -169,13 +202,31 @@ class Sandbox:
             if fetch:
                 fetch_r, fetch_w = os.pipe()
                 fds.append(fetch_r)
-            command = self._command(language, f"{bw.WORKDIR}/{main}", bw.WORKDIR, limits,
-                                    [f"{bw.WORKDIR}/{p}" for p in fetch], fetch_w)
+            command = self._command(
+                language,
+                f"{bw.WORKDIR}/{main}",
+                bw.WORKDIR,
+                limits,
+                [f"{bw.WORKDIR}/{p}" for p in fetch],
+                fetch_w,
+            )
             argv = [*bw.bwrap_argv(self._bwrap, self.python, limits, files, status_w, seccomp_fd), *command]
-            keep = (*(fd for fd, _ in files), status_w, seccomp_fd, *((fetch_w,) if fetch_w is not None else ()))
-            outcome = _supervise(argv, stdin_fd, keep, limits, self._uid, cwd="/",
-                                 extra_reads={"status": status_r, **({"fetch": fetch_r} if fetch_r else {})},
-                                 close_after_start=[status_w, *([fetch_w] if fetch_w is not None else [])])
+            keep = (
+                *(fd for fd, _ in files),
+                status_w,
+                seccomp_fd,
+                *((fetch_w,) if fetch_w is not None else ()),
+            )
+            outcome = _supervise(
+                argv,
+                stdin_fd,
+                keep,
+                limits,
+                self._uid,
+                cwd="/",
+                extra_reads={"status": status_r, **({"fetch": fetch_r} if fetch_r else {})},
+                close_after_start=[status_w, *([fetch_w] if fetch_w is not None else [])],
+            )
         finally:
             for fd in fds:
                 _close_quietly(fd)
@@ -185,13 +236,22 @@ class Sandbox:
         # exec. A program cannot fake this by printing "bwrap:" lines: the status fd is out of its reach.
         killed = outcome.timed_out or outcome.output_exceeded
         if not started or (not ended and not killed and outcome.stderr.startswith(b"bwrap:")):
-            raise SandboxError(f"bwrap failed to start the program (exit {outcome.exit_code}): "
-                               f"{outcome.stderr.decode(errors='replace').strip()[:2000]}")
+            raise SandboxError(
+                f"bwrap failed to start the program (exit {outcome.exit_code}): "
+                f"{outcome.stderr.decode(errors='replace').strip()[:2000]}"
+            )
         return outcome.result("bwrap", _fetched(outcome.extra.get("fetch"), bw.WORKDIR))
 
     # -- unsafe_local ----------------------------------------------------------------------------------
-    def _run_unsafe(self, language: str, main: str, program: dict[str, bytes], stdin: str | bytes | None,
-                    fetch: list[str], limits: SandboxLimits) -> RunResult:
+    def _run_unsafe(
+        self,
+        language: str,
+        main: str,
+        program: dict[str, bytes],
+        stdin: str | bytes | None,
+        fetch: list[str],
+        limits: SandboxLimits,
+    ) -> RunResult:
         workdir = tempfile.mkdtemp(prefix="tgc-unsafe-sandbox-")
         fds: list[int] = []
         try:
@@ -206,12 +266,26 @@ class Sandbox:
                 fetch_r, fetch_w = os.pipe()
                 fds.append(fetch_r)
             # RLIMIT_NPROC would count every process of the host user here, so it is left out.
-            argv = self._command(language, f"{workdir}/{main}", workdir, limits,
-                                 [f"{workdir}/{p}" for p in fetch], fetch_w, nproc=False)
-            outcome = _supervise(argv, stdin_fd, (fetch_w,) if fetch_w is not None else (), limits, None,
-                                 cwd=workdir, env={**bw.SANDBOX_ENV, "HOME": workdir, "TMPDIR": workdir},
-                                 extra_reads={"fetch": fetch_r} if fetch_r else {},
-                                 close_after_start=[fetch_w] if fetch_w is not None else [])
+            argv = self._command(
+                language,
+                f"{workdir}/{main}",
+                workdir,
+                limits,
+                [f"{workdir}/{p}" for p in fetch],
+                fetch_w,
+                nproc=False,
+            )
+            outcome = _supervise(
+                argv,
+                stdin_fd,
+                (fetch_w,) if fetch_w is not None else (),
+                limits,
+                None,
+                cwd=workdir,
+                env={**bw.SANDBOX_ENV, "HOME": workdir, "TMPDIR": workdir},
+                extra_reads={"fetch": fetch_r} if fetch_r else {},
+                close_after_start=[fetch_w] if fetch_w is not None else [],
+            )
         finally:
             for fd in fds:
                 _close_quietly(fd)
@@ -231,15 +305,30 @@ class _Outcome:
     extra: dict[str, bytes]
 
     def result(self, isolation: SandboxMode, files: dict[str, str]) -> RunResult:
-        return RunResult(exit_code=self.exit_code, stdout=self.stdout.decode(errors="replace"),
-                         stderr=self.stderr.decode(errors="replace"), wall_s=self.wall_s,
-                         timed_out=self.timed_out, output_exceeded=self.output_exceeded,
-                         isolation=isolation, files=files)
+        return RunResult(
+            exit_code=self.exit_code,
+            stdout=self.stdout.decode(errors="replace"),
+            stderr=self.stderr.decode(errors="replace"),
+            wall_s=self.wall_s,
+            timed_out=self.timed_out,
+            output_exceeded=self.output_exceeded,
+            isolation=isolation,
+            files=files,
+        )
 
 
-def _supervise(argv: list[str], stdin_fd: int, pass_fds: tuple[int, ...], limits: SandboxLimits,
-               uid: int | None, *, cwd: str, extra_reads: dict[str, int], close_after_start: list[int],
-               env: dict[str, str] | None = None) -> _Outcome:
+def _supervise(
+    argv: list[str],
+    stdin_fd: int,
+    pass_fds: tuple[int, ...],
+    limits: SandboxLimits,
+    uid: int | None,
+    *,
+    cwd: str,
+    extra_reads: dict[str, int],
+    close_after_start: list[int],
+    env: dict[str, str] | None = None,
+) -> _Outcome:
     """Run argv to completion or kill it; `close_after_start` (write ends only the child keeps, so that
     EOF means it is gone) are closed here in every case."""
     start = time.monotonic()
@@ -252,9 +341,17 @@ def _supervise(argv: list[str], stdin_fd: int, pass_fds: tuple[int, ...], limits
         else:
             user = {"user": uid, "group": uid, "extra_groups": []}
     try:
-        proc = subprocess.Popen(argv, stdin=stdin_fd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                pass_fds=pass_fds, start_new_session=True, cwd=cwd,
-                                env=env if env is not None else {"PATH": "/usr/bin:/bin"}, **user)
+        proc = subprocess.Popen(
+            argv,
+            stdin=stdin_fd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=pass_fds,
+            start_new_session=True,
+            cwd=cwd,
+            env=env if env is not None else {"PATH": "/usr/bin:/bin"},
+            **user,
+        )
     finally:
         for fd in close_after_start:
             os.close(fd)
@@ -300,8 +397,15 @@ def _supervise(argv: list[str], stdin_fd: int, pass_fds: tuple[int, ...], limits
         proc.stdout.close()
         proc.stderr.close()
     extra = {k: bytes(v) for k, v in bufs.items() if k not in ("stdout", "stderr")}
-    return _Outcome(proc.returncode, bytes(bufs["stdout"]), bytes(bufs["stderr"]), time.monotonic() - start,
-                    timed_out, exceeded, extra)
+    return _Outcome(
+        proc.returncode,
+        bytes(bufs["stdout"]),
+        bytes(bufs["stderr"]),
+        time.monotonic() - start,
+        timed_out,
+        exceeded,
+        extra,
+    )
 
 
 def _kill_tree(proc: subprocess.Popen, inner_pid: int | None) -> None:
@@ -357,7 +461,7 @@ def _fetched(raw: bytes | None, workdir: str) -> dict[str, str]:
     except ValueError:
         return {}
     prefix = workdir.rstrip("/") + "/"
-    return {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in files.items()}
+    return {k[len(prefix) :] if k.startswith(prefix) else k: v for k, v in files.items()}
 
 
 def _as_bytes(data: str | bytes | None) -> bytes:
@@ -371,7 +475,7 @@ def _memfd(name: str, data: bytes) -> int:
     fd = os.memfd_create(f"tgc-sandbox-{name}", os.MFD_CLOEXEC)
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
     os.lseek(fd, 0, os.SEEK_SET)
     return fd
 
@@ -401,8 +505,14 @@ def _check_bwrap_works(sandbox: Sandbox) -> None:
             if prefix:
                 bw.check_world_accessible(prefix, "the sandbox interpreter's prefix")
         try:
-            result = sandbox._run_bwrap("python", "main.py", {"main.py": b"print('ok')"}, None, [],
-                                        sandbox.limits.replace(wall_s=30.0))
+            result = sandbox._run_bwrap(
+                "python",
+                "main.py",
+                {"main.py": b"print('ok')"},
+                None,
+                [],
+                sandbox.limits.replace(wall_s=30.0),
+            )
         except SandboxError as e:
             raise bw.SandboxUnavailable(f"the code sandbox cannot run here: {e}. {bw.USERNS_HINT}") from None
         if not result.ok or result.stdout.strip() != "ok":

@@ -34,19 +34,23 @@ class RunCodeRequest(BaseModel):
 
     code: str = Field(..., max_length=4 * 2**20, description="The program text.")
     language: str = Field("python", max_length=32, description=f"One of: {', '.join(LANGUAGES)}.")
-    compile_timeout: float = Field(10, gt=0, le=MAX_RUN_TIMEOUT_S,
-                                   description="Accepted for compatibility; nothing here compiles.")
+    compile_timeout: float = Field(
+        10, gt=0, le=MAX_RUN_TIMEOUT_S, description="Accepted for compatibility; nothing here compiles."
+    )
     run_timeout: float = Field(10, gt=0, le=MAX_RUN_TIMEOUT_S, description="Wall-clock deadline (s).")
     memory_limit_MB: int = Field(-1, ge=-1, le=MAX_MEMORY_MB, description="Address-space limit; -1: default.")
     stdin: str | None = Field(None, max_length=16 * 2**20, description="Text fed to the program's stdin.")
     files: dict[Annotated[str, Field(max_length=MAX_PATH_CHARS)], str | None] = Field(
-        default_factory=dict, max_length=MAX_FILES,
+        default_factory=dict,
+        max_length=MAX_FILES,
         description=f"Relative path in the work dir -> base64 content, written first (at most {MAX_FILES}).",
     )
     fetch_files: list[Annotated[str, Field(max_length=MAX_PATH_CHARS)]] = Field(
-        default_factory=list, max_length=MAX_FILES, description="Relative paths sent back (base64).")
-    args: list[str] = Field(default_factory=list, max_length=64,
-                            description="SandboxFusion's pytest arguments; keep empty.")
+        default_factory=list, max_length=MAX_FILES, description="Relative paths sent back (base64)."
+    )
+    args: list[str] = Field(
+        default_factory=list, max_length=64, description="SandboxFusion's pytest arguments; keep empty."
+    )
 
 
 class CommandRunResult(BaseModel):
@@ -70,8 +74,9 @@ def create_app(sandbox: Sandbox | None = None, max_concurrency: int | None = Non
     """The app; `max_concurrency` sandboxes run at once (default: CPU count), further requests wait."""
     box = sandbox or Sandbox()
     slots = threading.BoundedSemaphore(max_concurrency or os.cpu_count() or 1)
-    app = FastAPI(title="tgc-rl code sandbox",
-                  description="SandboxFusion-compatible /run_code over bubblewrap.")
+    app = FastAPI(
+        title="tgc-rl code sandbox", description="SandboxFusion-compatible /run_code over bubblewrap."
+    )
     app.mount("/metrics", make_asgi_app())
 
     @app.exception_handler(RequestValidationError)
@@ -88,8 +93,9 @@ def create_app(sandbox: Sandbox | None = None, max_concurrency: int | None = Non
     @app.post("/run_code", response_model=RunCodeResponse)
     def run_code(req: RunCodeRequest) -> RunCodeResponse:
         if req.language not in LANGUAGES:
-            raise HTTPException(422, f"language: {req.language!r} is not supported here; "
-                                     f"use one of {list(LANGUAGES)}")
+            raise HTTPException(
+                422, f"language: {req.language!r} is not supported here; use one of {list(LANGUAGES)}"
+            )
         if req.args:
             raise HTTPException(422, "args: pytest arguments are not supported; send an empty list")
         files = {name: _b64decode(name, data) for name, data in req.files.items() if data is not None}
@@ -99,8 +105,14 @@ def create_app(sandbox: Sandbox | None = None, max_concurrency: int | None = Non
         pod = os.environ.get("MY_POD_NAME") or os.environ.get("HOSTNAME")
         with slots:
             try:
-                result = box.run(req.code, language=req.language, stdin=req.stdin, files=files,
-                                 fetch=req.fetch_files, limits=limits)
+                result = box.run(
+                    req.code,
+                    language=req.language,
+                    stdin=req.stdin,
+                    files=files,
+                    fetch=req.fetch_files,
+                    limits=limits,
+                )
             except ValueError as e:  # a bad path in files / fetch_files
                 raise HTTPException(422, str(e)) from None
             except SandboxError as e:
@@ -118,10 +130,20 @@ def _response(result: RunResult, limits: SandboxLimits, pod: str | None) -> RunC
         status = "Finished"
         if result.status == "output_limit":
             message = f"output exceeded {limits.max_output_bytes} bytes per stream; the run was killed"
-    run = CommandRunResult(status=status, execution_time=round(result.wall_s, 6),
-                           return_code=result.exit_code, stdout=result.stdout, stderr=result.stderr)
-    return RunCodeResponse(status="Success" if result.ok else "Failed", message=message, run_result=run,
-                           executor_pod_name=pod, files=result.files)
+    run = CommandRunResult(
+        status=status,
+        execution_time=round(result.wall_s, 6),
+        return_code=result.exit_code,
+        stdout=result.stdout,
+        stderr=result.stderr,
+    )
+    return RunCodeResponse(
+        status="Success" if result.ok else "Failed",
+        message=message,
+        run_result=run,
+        executor_pod_name=pod,
+        files=result.files,
+    )
 
 
 def _b64decode(name: str, data: str) -> bytes:
@@ -135,12 +157,14 @@ def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
     parser = argparse.ArgumentParser(
-        description="Serve the code sandbox (SandboxFusion-compatible /run_code).")
+        description="Serve the code sandbox (SandboxFusion-compatible /run_code)."
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--max-concurrency", type=int, default=None)
-    parser.add_argument("--unsafe-local", action="store_true",
-                        help="run WITHOUT isolation (no bwrap); for trusted code only")
+    parser.add_argument(
+        "--unsafe-local", action="store_true", help="run WITHOUT isolation (no bwrap); for trusted code only"
+    )
     args = parser.parse_args(argv)
     box = Sandbox(mode="unsafe_local" if args.unsafe_local else "bwrap")
     uvicorn.run(create_app(box, args.max_concurrency), host=args.host, port=args.port)

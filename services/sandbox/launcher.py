@@ -83,7 +83,7 @@ def _run_then_fetch(argv: list, paths: list, fetch_fd: int, limit: int) -> None:
         files[path] = base64.b64encode(data).decode()
     payload = json.dumps(files).encode()
     while payload:
-        payload = payload[os.write(fetch_fd, payload):]
+        payload = payload[os.write(fetch_fd, payload) :]
     os.close(fetch_fd)
     os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
 

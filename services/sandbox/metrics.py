@@ -12,6 +12,8 @@ SANDBOX_RUNS = Counter(
     ["status"],
 )
 SANDBOX_SECONDS = Histogram(
-    "tgc_sandbox_run_seconds", "Wall time of one sandboxed program run, sandbox setup included (seconds).",
-    unit="seconds", buckets=LATENCY_BUCKETS,
+    "tgc_sandbox_run_seconds",
+    "Wall time of one sandboxed program run, sandbox setup included (seconds).",
+    unit="seconds",
+    buckets=LATENCY_BUCKETS,
 )

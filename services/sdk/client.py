@@ -105,15 +105,23 @@ class Client:
         last: Exception | None = None
         for attempt in range(self.retries + 1):
             try:
-                r = self._http.request(method, path, json=json, content=content, params=params, headers=headers)
+                r = self._http.request(
+                    method, path, json=json, content=content, params=params, headers=headers
+                )
             except httpx.ConnectError as e:  # nothing reached the server: always safe to retry
                 last = e
             except (httpx.TimeoutException, httpx.RemoteProtocolError, httpx.ReadError) as e:
                 if not idempotent:
-                    raise Unavailable(f"{method} {path}: {type(e).__name__}: {e} (not retried: not idempotent)") from e
+                    raise Unavailable(
+                        f"{method} {path}: {type(e).__name__}: {e} (not retried: not idempotent)"
+                    ) from e
                 last = e
             else:
-                if r.status_code in RETRY_STATUSES and (idempotent or r.status_code == 429) and attempt < self.retries:
+                if (
+                    r.status_code in RETRY_STATUSES
+                    and (idempotent or r.status_code == 429)
+                    and attempt < self.retries
+                ):
                     self._sleep_before_retry(attempt, r.headers.get("Retry-After"))
                     continue
                 if r.status_code >= 400:
@@ -155,7 +163,9 @@ class Client:
 
     def validate(self, spec: JobSpec | Mapping[str, Any] | str | Path) -> dict[str, Any]:
         """Dry run: the server's verdict on a spec (schema and its policy); returns the normalized spec."""
-        r = self.request("POST", "/v1/jobs", json=spec_to_dict(spec), params={"dry_run": "true"}, idempotent=True)
+        r = self.request(
+            "POST", "/v1/jobs", json=spec_to_dict(spec), params={"dry_run": "true"}, idempotent=True
+        )
         return r.json()["spec"]
 
     def job(self, job_id: str) -> Job:
@@ -189,7 +199,9 @@ class Client:
                 break
         return out
 
-    def evaluate(self, spec: JobSpec | Mapping[str, Any] | str | Path, *, idempotency_key: str | None = None) -> Job:
+    def evaluate(
+        self, spec: JobSpec | Mapping[str, Any] | str | Path, *, idempotency_key: str | None = None
+    ) -> Job:
         """Evaluate the spec's model on its `eval` rows without training (a job with `steps: 0`); once it has
         succeeded, `job.metrics()[0].metrics` holds the `eval/...` figures."""
         return self.submit({**spec_to_dict(spec), "steps": 0}, idempotency_key=idempotency_key)

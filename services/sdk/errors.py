@@ -8,7 +8,13 @@ from typing import Any
 class TgcError(Exception):
     """Base of every SDK error. `status` is the HTTP status (None for connection failures)."""
 
-    def __init__(self, message: str, status: int | None = None, code: str = "", detail: list[dict[str, Any]] | None = None):
+    def __init__(
+        self,
+        message: str,
+        status: int | None = None,
+        code: str = "",
+        detail: list[dict[str, Any]] | None = None,
+    ):
         super().__init__(message)
         self.message = message
         self.status = status

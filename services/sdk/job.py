@@ -69,7 +69,9 @@ class Job:
     # -- control ----------------------------------------------------------------------------------
     def cancel(self, reason: str = "cancelled by user") -> Job:
         """Ask the job to stop: it checkpoints at the next step boundary and ends `cancelled`."""
-        r = self._client.request("POST", f"/v1/jobs/{self.id}/cancel", json={"reason": reason}, idempotent=True)
+        r = self._client.request(
+            "POST", f"/v1/jobs/{self.id}/cancel", json={"reason": reason}, idempotent=True
+        )
         self.record = JobRecord.model_validate(r.json())
         return self
 
@@ -94,7 +96,9 @@ class Job:
     def logs(self, since: int = 0, limit: int = 1000) -> LogPage:
         """Log lines the trainer reported after `since` (pass the page's `next` to continue)."""
         params = {"since": since, "limit": limit}
-        return LogPage.model_validate(self._client.request("GET", f"/v1/jobs/{self.id}/logs", params=params).json())
+        return LogPage.model_validate(
+            self._client.request("GET", f"/v1/jobs/{self.id}/logs", params=params).json()
+        )
 
     def driver_log(self, attempt: int | None = None) -> str:
         """The Ray driver's stdout/stderr (tracebacks land here)."""

@@ -14,8 +14,14 @@ _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * 
 class ArithmeticTask:
     name = "arithmetic"
 
-    def __init__(self, seed: int = 0, max_operand: int = 9, ops: tuple[str, ...] | list[str] = ("+",),
-                 min_operand: int = 0, template: str = "What is {a} {op} {b}? Reply with just the number."):
+    def __init__(
+        self,
+        seed: int = 0,
+        max_operand: int = 9,
+        ops: tuple[str, ...] | list[str] = ("+",),
+        min_operand: int = 0,
+        template: str = "What is {a} {op} {b}? Reply with just the number.",
+    ):
         bad = [op for op in ops if op not in _OPS]
         if bad or not ops:
             raise ValueError(f"task.params.ops {list(ops)!r}: allowed operators are {sorted(_OPS)}")
@@ -29,8 +35,12 @@ class ArithmeticTask:
         a = rng.randint(self.min_operand, self.max_operand)
         b = rng.randint(self.min_operand, self.max_operand)
         op = rng.choice(self.ops)
-        return TaskItem(id=f"arith-{self.seed}-{index}", prompt=fill_template(self.template, a=a, op=op, b=b),
-                        answer=str(_OPS[op](a, b)), kind="math")
+        return TaskItem(
+            id=f"arith-{self.seed}-{index}",
+            prompt=fill_template(self.template, a=a, op=op, b=b),
+            answer=str(_OPS[op](a, b)),
+            kind="math",
+        )
 
     def score(self, item: TaskItem, response: str) -> Score:
         got = last_number(response)

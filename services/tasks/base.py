@@ -43,8 +43,9 @@ class GrantError(PermissionError):
     """The spec needs a privilege that the operator did not grant to this job."""
 
 
-def load_task(name: str, params: dict[str, Any] | None = None, seed: int = 0,
-              grants: frozenset[str] = LOCAL_GRANTS) -> Task:
+def load_task(
+    name: str, params: dict[str, Any] | None = None, seed: int = 0, grants: frozenset[str] = LOCAL_GRANTS
+) -> Task:
     """Build a task from its spec name: a built-in, `reasoning_gym:<dataset>`, or `module:function`.
 
     `params` are checked against the task's declared schema (services.tasks.params), and every privileged
@@ -55,8 +56,10 @@ def load_task(name: str, params: dict[str, Any] | None = None, seed: int = 0,
     parsed = parse_params(name, params)
     for path, privilege in privileged_fields(parsed).items():
         if privilege not in grants:
-            raise GrantError(f"{path}: {params[path.rsplit('.', 1)[1]]!r} needs the operator's grant "
-                             f"'{privilege}', which this job does not have (see docs/security.md)")
+            raise GrantError(
+                f"{path}: {params[path.rsplit('.', 1)[1]]!r} needs the operator's grant "
+                f"'{privilege}', which this job does not have (see docs/security.md)"
+            )
     if parsed is not None:
         params = parsed.model_dump(exclude_unset=True)
     if name == "arithmetic":

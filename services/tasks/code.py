@@ -76,8 +76,11 @@ def _add_constant(rng: random.Random, cases: int) -> _Problem:
     xs = [rng.randint(-100, 100) for _ in range(cases)]
     return _Problem(
         f"Write a Python function `add_constant(x)` that returns x + {k}. {_REPLY}",
-        {"style": "function", "entry_point": "add_constant",
-         "test": "\n".join(f"assert add_constant({x}) == {x + k}" for x in xs)},
+        {
+            "style": "function",
+            "entry_point": "add_constant",
+            "test": "\n".join(f"assert add_constant({x}) == {x + k}" for x in xs),
+        },
         f"def add_constant(x):\n    return x + {k}\n",
     )
 
@@ -88,8 +91,11 @@ def _is_multiple(rng: random.Random, cases: int) -> _Problem:
     return _Problem(
         f"Write a Python function `is_multiple(n)` that returns True if n is divisible by {k} and False "
         f"otherwise. {_REPLY}",
-        {"style": "function", "entry_point": "is_multiple",
-         "test": "\n".join(f"assert is_multiple({x}) is {x % k == 0}" for x in xs)},
+        {
+            "style": "function",
+            "entry_point": "is_multiple",
+            "test": "\n".join(f"assert is_multiple({x}) is {x % k == 0}" for x in xs),
+        },
         f"def is_multiple(n):\n    return n % {k} == 0\n",
     )
 
@@ -101,8 +107,11 @@ def _count_char(rng: random.Random, cases: int) -> _Problem:
     return _Problem(
         f"Write a Python function `count_char(s)` that returns how many times the letter '{c}' occurs in "
         f"the string s. {_REPLY}",
-        {"style": "function", "entry_point": "count_char",
-         "test": "\n".join(f"assert count_char({t!r}) == {t.count(c)}" for t in texts)},
+        {
+            "style": "function",
+            "entry_point": "count_char",
+            "test": "\n".join(f"assert count_char({t!r}) == {t.count(c)}" for t in texts),
+        },
         f"def count_char(s):\n    return s.count({c!r})\n",
     )
 
@@ -114,15 +123,24 @@ def _clamp(rng: random.Random, cases: int) -> _Problem:
     return _Problem(
         f"Write a Python function `clamp(x)` that returns x limited to the range [{lo}, {hi}]: {lo} if x is "
         f"smaller, {hi} if x is larger, else x. {_REPLY}",
-        {"style": "function", "entry_point": "clamp",
-         "test": "\n".join(f"assert clamp({x}) == {min(max(x, lo), hi)}" for x in xs)},
+        {
+            "style": "function",
+            "entry_point": "clamp",
+            "test": "\n".join(f"assert clamp({x}) == {min(max(x, lo), hi)}" for x in xs),
+        },
         f"def clamp(x):\n    return min(max(x, {lo}), {hi})\n",
     )
 
 
 FAMILIES: dict[str, Callable[[random.Random, int], _Problem]] = {
-    "sum_line": _sum_line, "max_line": _max_line, "scale": _scale, "reverse_words": _reverse_words,
-    "add_constant": _add_constant, "is_multiple": _is_multiple, "count_char": _count_char, "clamp": _clamp,
+    "sum_line": _sum_line,
+    "max_line": _max_line,
+    "scale": _scale,
+    "reverse_words": _reverse_words,
+    "add_constant": _add_constant,
+    "is_multiple": _is_multiple,
+    "count_char": _count_char,
+    "clamp": _clamp,
 }
 
 
@@ -134,11 +152,20 @@ def _refuse_unknown(unknown: dict[str, Any], task: str, known: list[str]) -> Non
 class CodeTask(SandboxedCodeTask):
     name = "code"
 
-    def __init__(self, seed: int = 0, families: list[str] | tuple[str, ...] | None = None, cases: int = 3,
-                 timeout_s: float = 5.0, sandbox: str = "bwrap", memory_mb: int | None = None,
-                 partial_credit: bool = False, **unknown: Any):
-        _refuse_unknown(unknown, "code",
-                        ["families", "cases", "timeout_s", "sandbox", "memory_mb", "partial_credit"])
+    def __init__(
+        self,
+        seed: int = 0,
+        families: list[str] | tuple[str, ...] | None = None,
+        cases: int = 3,
+        timeout_s: float = 5.0,
+        sandbox: str = "bwrap",
+        memory_mb: int | None = None,
+        partial_credit: bool = False,
+        **unknown: Any,
+    ):
+        _refuse_unknown(
+            unknown, "code", ["families", "cases", "timeout_s", "sandbox", "memory_mb", "partial_credit"]
+        )
         chosen = list(families) if families is not None else list(FAMILIES)
         bad = [f for f in chosen if f not in FAMILIES]
         if bad or not chosen:
@@ -157,6 +184,9 @@ class CodeTask(SandboxedCodeTask):
         family = rng.choice(self.families)
         problem = FAMILIES[family](rng, self.cases)
         tests = {**problem.tests, "timeout_s": self.timeout_s}
-        return TaskItem(id=f"code-{self.seed}-{index}", prompt=problem.prompt, kind="code",
-                        meta={"tests": tests, "family": family, "reference": problem.reference})
-
+        return TaskItem(
+            id=f"code-{self.seed}-{index}",
+            prompt=problem.prompt,
+            kind="code",
+            meta={"tests": tests, "family": family, "reference": problem.reference},
+        )

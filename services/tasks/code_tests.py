@@ -46,8 +46,9 @@ class CodeTests:
         if self.style == "stdio" and not self.cases:
             raise ValueError("tests.cases: a stdio test needs at least one (stdin, stdout) case")
         if self.style == "function" and (not self.entry_point.isidentifier() or not self.test.strip()):
-            raise ValueError("tests: a function test needs an identifier `entry_point` and non-empty "
-                             "`test` code")
+            raise ValueError(
+                "tests: a function test needs an identifier `entry_point` and non-empty `test` code"
+            )
         if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
             raise ValueError(f"tests.timeout_s={self.timeout_s!r}: must be a positive number of seconds")
 
@@ -129,8 +130,9 @@ def _failure(result: RunResult) -> str:
 def make_sandbox(mode: str = "bwrap", memory_mb: int | None = None) -> Sandbox:
     """The sandbox of a code task, from its `task.params` (`sandbox`, `memory_mb`)."""
     if mode not in ("bwrap", "unsafe_local"):
-        raise ValueError(f"task.params.sandbox {mode!r}: use 'bwrap' (default) or 'unsafe_local' "
-                         "(trusted code only)")
+        raise ValueError(
+            f"task.params.sandbox {mode!r}: use 'bwrap' (default) or 'unsafe_local' (trusted code only)"
+        )
     sandbox = Sandbox(mode=mode)  # type: ignore[arg-type]
     if memory_mb is not None:
         sandbox.limits = sandbox.limits.replace(memory_mb=memory_mb)

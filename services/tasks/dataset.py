@@ -57,62 +57,122 @@ class DatasetParams(TaskParams):
     """Where the rows are, which columns hold what, and how responses are verified."""
 
     path: str | None = Field(
-        None, min_length=1, max_length=4096, json_schema_extra={"privilege": HOST_PATHS},
+        None,
+        min_length=1,
+        max_length=4096,
+        json_schema_extra={"privilege": HOST_PATHS},
         description="A file or `save_to_disk` directory on the workers' hosts (operators and admin tokens only; "
-        "tenants use `dataset_id` or `file`).")
+        "tenants use `dataset_id` or `file`).",
+    )
     file: str | None = Field(
-        None, min_length=1, max_length=1024,
+        None,
+        min_length=1,
+        max_length=1024,
         description="A path relative to the server's data root (`TGC_DATA_ROOT`, set by the operator); it may "
-        "not leave that directory.")
+        "not leave that directory.",
+    )
     dataset_id: str | None = Field(
-        None, pattern=r"^ds_[0-9a-f]{32}$",
-        description="A dataset uploaded by this tenant (`tgc data upload`, `POST /v1/datasets`).")
+        None,
+        pattern=r"^ds_[0-9a-f]{32}$",
+        description="A dataset uploaded by this tenant (`tgc data upload`, `POST /v1/datasets`).",
+    )
     hub_id: str | None = Field(
-        None, max_length=193, pattern=r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$",
-        description="A Hugging Face hub dataset `owner/name`; needs a hub the workers can reach.")
+        None,
+        max_length=193,
+        pattern=r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$",
+        description="A Hugging Face hub dataset `owner/name`; needs a hub the workers can reach.",
+    )
     format: Literal["auto", "jsonl", "parquet", "csv", "arrow"] = Field(
-        "auto", description="`auto`: from the file suffix (.jsonl/.json, .parquet, .csv) or a `save_to_disk` "
-        "directory (`arrow`).")
-    split: str | None = Field(None, max_length=128, pattern=r"^[\w.-]+$",
-                              description="Split of a `save_to_disk` DatasetDict or a hub dataset.")
+        "auto",
+        description="`auto`: from the file suffix (.jsonl/.json, .parquet, .csv) or a `save_to_disk` "
+        "directory (`arrow`).",
+    )
+    split: str | None = Field(
+        None,
+        max_length=128,
+        pattern=r"^[\w.-]+$",
+        description="Split of a `save_to_disk` DatasetDict or a hub dataset.",
+    )
     prompt_column: str = Field("prompt", min_length=1, max_length=256, description="Prompt text.")
-    messages_column: str = Field("messages", min_length=1, max_length=256,
-                                 description="Chat messages [{role, content}, ...]; used when the prompt column "
-                                 "is absent (needs model.chat_template).")
-    answer_column: str = Field("answer", min_length=1, max_length=256,
-                               description="Reference answer (math, exact) or pattern (regex).")
-    tests_column: str = Field("tests", min_length=1, max_length=256,
-                              description="Code tests (a JSON object: {style: stdio, cases: [[stdin, stdout], "
-                              "...]} or {style: function, entry_point, test}) for `code` rows.")
-    verifier_column: str = Field("verifier", min_length=1, max_length=256,
-                                 description="Per-row verifier name; rows without one use `verifier`.")
-    id_column: str | None = Field(None, min_length=1, max_length=256, description="Row id (default: row number).")
-    metadata_columns: list[str] = Field([], max_length=64, description="Columns kept with each item as metadata.")
+    messages_column: str = Field(
+        "messages",
+        min_length=1,
+        max_length=256,
+        description="Chat messages [{role, content}, ...]; used when the prompt column "
+        "is absent (needs model.chat_template).",
+    )
+    answer_column: str = Field(
+        "answer",
+        min_length=1,
+        max_length=256,
+        description="Reference answer (math, exact) or pattern (regex).",
+    )
+    tests_column: str = Field(
+        "tests",
+        min_length=1,
+        max_length=256,
+        description="Code tests (a JSON object: {style: stdio, cases: [[stdin, stdout], "
+        "...]} or {style: function, entry_point, test}) for `code` rows.",
+    )
+    verifier_column: str = Field(
+        "verifier",
+        min_length=1,
+        max_length=256,
+        description="Per-row verifier name; rows without one use `verifier`.",
+    )
+    id_column: str | None = Field(
+        None, min_length=1, max_length=256, description="Row id (default: row number)."
+    )
+    metadata_columns: list[str] = Field(
+        [], max_length=64, description="Columns kept with each item as metadata."
+    )
     verifier: Verifier = Field(
-        "math", description="Default verifier: `math` (math-verify, then the last number), `exact` (normalised "
+        "math",
+        description="Default verifier: `math` (math-verify, then the last number), `exact` (normalised "
         "exact match of the final answer), `regex` (the reference is a pattern searched in the response), "
-        "`code` (the row's tests in the sandbox).")
-    system_prompt: str | None = Field(None, max_length=16_384,
-                                      description="System message before each prompt (overrides model.system_prompt).")
-    shuffle: bool = Field(True, description="A new permutation of the rows every epoch, drawn from the job seed.")
-    epochs: int | None = Field(None, ge=1, le=1_000_000,
-                               description="Passes over the data; the job ends when they are done (default: "
-                               "`steps` decides).")
-    holdout: int = Field(0, ge=0, le=MAX_ROWS, description="Rows kept out of training for evaluation "
-                         "(`eval` without a dataset); the same rows for every seed.")
-    max_rows: int | None = Field(None, ge=1, le=MAX_ROWS, description="Use only the first N rows of the file.")
+        "`code` (the row's tests in the sandbox).",
+    )
+    system_prompt: str | None = Field(
+        None,
+        max_length=16_384,
+        description="System message before each prompt (overrides model.system_prompt).",
+    )
+    shuffle: bool = Field(
+        True, description="A new permutation of the rows every epoch, drawn from the job seed."
+    )
+    epochs: int | None = Field(
+        None,
+        ge=1,
+        le=1_000_000,
+        description="Passes over the data; the job ends when they are done (default: `steps` decides).",
+    )
+    holdout: int = Field(
+        0,
+        ge=0,
+        le=MAX_ROWS,
+        description="Rows kept out of training for evaluation "
+        "(`eval` without a dataset); the same rows for every seed.",
+    )
+    max_rows: int | None = Field(
+        None, ge=1, le=MAX_ROWS, description="Use only the first N rows of the file."
+    )
     timeout_s: float = Field(10.0, gt=0, le=120, description="Wall-clock limit of one code test run.")
     sandbox: Literal["bwrap", "unsafe_local"] = Field(
-        "bwrap", json_schema_extra={"privilege": "unsafe_sandbox"},
-        description="Sandbox of `code` rows; `unsafe_local` (no isolation) is the operator's decision.")
-    memory_mb: int | None = Field(None, ge=16, le=65_536, description="Address-space limit of a code test run.")
+        "bwrap",
+        json_schema_extra={"privilege": "unsafe_sandbox"},
+        description="Sandbox of `code` rows; `unsafe_local` (no isolation) is the operator's decision.",
+    )
+    memory_mb: int | None = Field(
+        None, ge=16, le=65_536, description="Address-space limit of a code test run."
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> DatasetParams:
         given = [k for k in ("path", "file", "dataset_id", "hub_id") if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError("give exactly one of path, file, dataset_id, hub_id (got "
-                             f"{', '.join(given) or 'none'})")
+            raise ValueError(
+                f"give exactly one of path, file, dataset_id, hub_id (got {', '.join(given) or 'none'})"
+            )
         if self.file is not None and (self.file.startswith(("/", "~")) or ".." in Path(self.file).parts):
             raise ValueError("file: must be a relative path inside the data root, without '..'")
         return self
@@ -130,8 +190,10 @@ def resolve_location(p: DatasetParams) -> Path | None:
     if p.file is not None:
         root = os.environ.get(DATA_ROOT_ENV)
         if not root:
-            raise DataError(f"task.params.file {p.file!r}: this server has no data root ({DATA_ROOT_ENV}); upload "
-                            "the file (`tgc data upload`) and use dataset_id")
+            raise DataError(
+                f"task.params.file {p.file!r}: this server has no data root ({DATA_ROOT_ENV}); upload "
+                "the file (`tgc data upload`) and use dataset_id"
+            )
         base = Path(root).resolve()
         target = (base / p.file).resolve()
         if base != target and base not in target.parents:  # a symlink leaving the root
@@ -154,8 +216,10 @@ def uploaded_file(dataset_id: str) -> Path:
     folder = datasets_dir() / dataset_id
     files = sorted(f for f in folder.iterdir() if not f.name.startswith(".")) if folder.is_dir() else []
     if len(files) != 1:
-        raise DataError(f"dataset {dataset_id}: not found under {datasets_dir()} (deleted, or this worker does not "
-                        f"see the control plane's datasets directory; set {DATASETS_DIR_ENV})")
+        raise DataError(
+            f"dataset {dataset_id}: not found under {datasets_dir()} (deleted, or this worker does not "
+            f"see the control plane's datasets directory; set {DATASETS_DIR_ENV})"
+        )
     return files[0]
 
 
@@ -166,8 +230,10 @@ def detect_format(location: Path, declared: str) -> str:
         return "arrow"
     fmt = FORMATS.get(location.suffix.lower())
     if fmt is None:
-        raise DataError(f"{location}: cannot tell the format from the suffix {location.suffix!r}; name the file "
-                        ".jsonl, .parquet or .csv, or set task.params.format")
+        raise DataError(
+            f"{location}: cannot tell the format from the suffix {location.suffix!r}; name the file "
+            ".jsonl, .parquet or .csv, or set task.params.format"
+        )
     return fmt
 
 
@@ -212,7 +278,8 @@ def _read_jsonl(path: Path, max_rows: int | None) -> list[dict[str, Any]]:
 
 def _json_kind(value: Any) -> str:
     return {bool: "boolean", int: "number", float: "number", str: "string", list: "list", dict: "object"}.get(
-        type(value), "null")
+        type(value), "null"
+    )
 
 
 def _diagnose_jsonl(path: Path) -> str | None:
@@ -227,16 +294,20 @@ def _diagnose_jsonl(path: Path) -> str | None:
             except ValueError as e:
                 return f"row {number}: not valid JSON ({e}); each line must be one JSON object"
             if not isinstance(value, dict):
-                return (f"row {number}: a JSON {_json_kind(value)}, not an object; each line must be one object "
-                        'such as {"prompt": ..., "answer": ...}')
+                return (
+                    f"row {number}: a JSON {_json_kind(value)}, not an object; each line must be one object "
+                    'such as {"prompt": ..., "answer": ...}'
+                )
             for column, cell in value.items():
                 kind = _json_kind(cell)
                 if kind == "null":
                     continue
                 first = kinds.setdefault(column, (kind, number))
                 if first[0] != kind:
-                    return (f"row {number}, column {column!r}: a {kind}, but row {first[1]} has a {first[0]}; every "
-                            f"row must give a column the same type (e.g. quote numbers as text)")
+                    return (
+                        f"row {number}, column {column!r}: a {kind}, but row {first[1]} has a {first[0]}; every "
+                        f"row must give a column the same type (e.g. quote numbers as text)"
+                    )
     return None
 
 
@@ -249,7 +320,9 @@ def _bounded_lines(fh, path: Path, limit: int = 64 * MAX_CELL_CHARS):
             return
         number += 1
         if len(line) > limit and not line.endswith(b"\n"):
-            raise DataError(f"{path}: row {number}: longer than {limit >> 20} MiB; split it or shorten its cells")
+            raise DataError(
+                f"{path}: row {number}: longer than {limit >> 20} MiB; split it or shorten its cells"
+            )
         yield line
 
 
@@ -262,8 +335,11 @@ def _read_arrow_file(path: Path, fmt: str, max_rows: int | None):
         if fmt == "parquet":
             table = pq.read_table(path)
         else:
-            table = pcsv.read_csv(path, read_options=pcsv.ReadOptions(block_size=1 << 24),
-                                  convert_options=pcsv.ConvertOptions(strings_can_be_null=False))
+            table = pcsv.read_csv(
+                path,
+                read_options=pcsv.ReadOptions(block_size=1 << 24),
+                convert_options=pcsv.ConvertOptions(strings_can_be_null=False),
+            )
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as e:
         raise DataError(f"{path}: not a readable {fmt.upper()} file: {_arrow_message(e)}") from None
     if table.num_rows == 0:
@@ -293,16 +369,22 @@ def _load_from_disk(location: Path, split: str | None):
 
 def _read_hub(p: DatasetParams) -> tuple[list[dict[str, Any]], list[str], str]:
     label = f"hub dataset {p.hub_id}"
-    if p.hub_id is None or Path(p.hub_id).exists():  # datasets would read a local directory of that name instead
-        raise DataError(f"task.params.hub_id {p.hub_id!r}: a local path of that name exists; use path or file")
+    if (
+        p.hub_id is None or Path(p.hub_id).exists()
+    ):  # datasets would read a local directory of that name instead
+        raise DataError(
+            f"task.params.hub_id {p.hub_id!r}: a local path of that name exists; use path or file"
+        )
     try:
         import datasets
 
         ds = datasets.load_dataset(p.hub_id, split=p.split or "train")
     except Exception as e:  # offline (ConnectionError, LocalEntryNotFoundError, ...) or no such dataset
-        raise DataError(f"{label}: cannot be loaded: the Hugging Face hub is not reachable from this worker or "
-                        f"has no such dataset ({type(e).__name__}: {str(e)[:300]}); download it where a hub is "
-                        "reachable, save it as JSONL or Parquet and upload it (`tgc data upload`)") from None
+        raise DataError(
+            f"{label}: cannot be loaded: the Hugging Face hub is not reachable from this worker or "
+            f"has no such dataset ({type(e).__name__}: {str(e)[:300]}); download it where a hub is "
+            "reachable, save it as JSONL or Parquet and upload it (`tgc data upload`)"
+        ) from None
     if p.max_rows is not None and p.max_rows < len(ds):
         ds = ds.select(range(p.max_rows))
     return ds.to_list(), list(ds.column_names), label
@@ -333,12 +415,16 @@ def parse_rows(rows: list[dict[str, Any]], columns: list[str], p: DatasetParams,
     """Check every row against the column mapping; raise DataError naming file, row and column."""
     use_messages = p.prompt_column not in columns
     if use_messages and p.messages_column not in columns:
-        raise DataError(f"{label}: no column {p.prompt_column!r} (prompt text) nor {p.messages_column!r} (chat "
-                        f"messages); its columns are {columns}. Rename a column or set task.params.prompt_column")
+        raise DataError(
+            f"{label}: no column {p.prompt_column!r} (prompt text) nor {p.messages_column!r} (chat "
+            f"messages); its columns are {columns}. Rename a column or set task.params.prompt_column"
+        )
     missing_meta = [c for c in p.metadata_columns if c not in columns]
     if missing_meta:
-        raise DataError(f"{label}: task.params.metadata_columns {missing_meta} are not columns of the file; it "
-                        f"has {columns}")
+        raise DataError(
+            f"{label}: task.params.metadata_columns {missing_meta} are not columns of the file; it "
+            f"has {columns}"
+        )
     if p.id_column is not None and p.id_column not in columns:
         raise DataError(f"{label}: task.params.id_column {p.id_column!r} is not a column; it has {columns}")
     out: list[Row] = []
@@ -349,8 +435,10 @@ def parse_rows(rows: list[dict[str, Any]], columns: list[str], p: DatasetParams,
         if verifier is None or verifier == "":
             verifier = p.verifier
         elif verifier not in VERIFIERS:
-            raise DataError(f"{where}, column {p.verifier_column!r}: {verifier!r} is not a verifier; use one of "
-                            f"{', '.join(VERIFIERS)} (or leave it empty for task.params.verifier)")
+            raise DataError(
+                f"{where}, column {p.verifier_column!r}: {verifier!r} is not a verifier; use one of "
+                f"{', '.join(VERIFIERS)} (or leave it empty for task.params.verifier)"
+            )
         if use_messages:
             messages = _messages(raw.get(p.messages_column), f"{where}, column {p.messages_column!r}")
             prompt = next((c for r, c in reversed(messages) if r == "user"), "")
@@ -361,18 +449,25 @@ def parse_rows(rows: list[dict[str, Any]], columns: list[str], p: DatasetParams,
         if verifier == "code":
             tests = _tests(raw.get(p.tests_column), f"{where}, column {p.tests_column!r}")
         else:
-            answer = _text(raw.get(p.answer_column), f"{where}, column {p.answer_column!r}", "the reference answer",
-                           numbers=True)
+            answer = _text(
+                raw.get(p.answer_column),
+                f"{where}, column {p.answer_column!r}",
+                "the reference answer",
+                numbers=True,
+            )
             if verifier == "regex":
                 try:
                     re.compile(answer)
                 except re.error as e:
-                    raise DataError(f"{where}, column {p.answer_column!r}: not a valid regular expression ({e})") \
-                        from None
+                    raise DataError(
+                        f"{where}, column {p.answer_column!r}: not a valid regular expression ({e})"
+                    ) from None
         row_id = str(raw.get(p.id_column)) if p.id_column else str(i + 1)
         if p.id_column:
             if row_id in seen_ids:
-                raise DataError(f"{where}, column {p.id_column!r}: id {row_id!r} appears twice; ids must be unique")
+                raise DataError(
+                    f"{where}, column {p.id_column!r}: id {row_id!r} appears twice; ids must be unique"
+                )
             seen_ids.add(row_id)
         meta = {c: _plain(raw.get(c), f"{where}, column {c!r}") for c in p.metadata_columns}
         out.append(Row(row_id, prompt, messages, verifier, answer, tests, meta))
@@ -428,9 +523,11 @@ def _tests(value: Any, where: str) -> dict[str, Any]:
         except ValueError:
             raise DataError(f"{where}: text that is not a JSON object of tests") from None
     if not isinstance(value, dict):
-        raise DataError(f"{where}: missing or not an object; `code` rows need tests such as {{\"style\": \"stdio\", "
-                        "\"cases\": [[\"1 2\\n\", \"3\\n\"]]}} or {\"style\": \"function\", \"entry_point\": \"f\", "
-                        "\"test\": \"assert f(1) == 2\"}")
+        raise DataError(
+            f'{where}: missing or not an object; `code` rows need tests such as {{"style": "stdio", '
+            '"cases": [["1 2\\n", "3\\n"]]}} or {"style": "function", "entry_point": "f", '
+            '"test": "assert f(1) == 2"}'
+        )
     value = {k: v for k, v in value.items() if v is not None}  # Parquet structs fill absent fields with null
     try:
         tests = CodeTests.from_meta({"tests": value})
@@ -456,8 +553,13 @@ class DatasetTask:
 
     name = "dataset"
 
-    def __init__(self, seed: int = 0, role: Literal["train", "holdout", "all"] = "train",
-                 params: DatasetParams | None = None, **fields: Any):
+    def __init__(
+        self,
+        seed: int = 0,
+        role: Literal["train", "holdout", "all"] = "train",
+        params: DatasetParams | None = None,
+        **fields: Any,
+    ):
         self.params = params if params is not None else DatasetParams.model_validate(fields)
         self.seed, self.role = seed, role
         self._rows: list[Row] | None = None
@@ -497,8 +599,10 @@ class DatasetTask:
         kept = [r for r in self.rows if fits(self._item(r, r.id))]
         dropped = len(self.rows) - len(kept)
         if not kept:
-            raise DataError(f"{self.params.source()}: all {len(self.rows)} prompts are longer than the prompt "
-                            "limit; raise sampling.max_prompt_tokens or shorten them")
+            raise DataError(
+                f"{self.params.source()}: all {len(self.rows)} prompts are longer than the prompt "
+                "limit; raise sampling.max_prompt_tokens or shorten them"
+            )
         self._rows, self._orders = kept, {}
         self.dropped_too_long += dropped
         return dropped
@@ -513,13 +617,17 @@ class DatasetTask:
         if epoch not in self._orders:
             import numpy as np
 
-            self._orders = {epoch: np.random.default_rng([self.seed, epoch]).permutation(len(self.rows)).tolist()}
+            self._orders = {
+                epoch: np.random.default_rng([self.seed, epoch]).permutation(len(self.rows)).tolist()
+            }
         return self._orders[epoch]
 
     def item(self, index: int) -> TaskItem:
         n = len(self.rows)
         if not self.available(index):
-            raise DataExhausted(f"all {self.params.epochs} epoch(s) of {n} rows of {self.params.source()} are done")
+            raise DataExhausted(
+                f"all {self.params.epochs} epoch(s) of {n} rows of {self.params.source()} are done"
+            )
         epoch, pos = divmod(index, n)
         row = self.rows[self.order(epoch)[pos]]
         return self._item(row, f"dataset-{row.id}-e{epoch}")
@@ -537,7 +645,10 @@ class DatasetTask:
         if row.messages is not None or self.params.system_prompt is not None:
             meta["messages"] = [{"role": r, "content": c} for r, c in messages]
         if row.tests is not None:
-            meta["tests"] = {**row.tests, "timeout_s": min(row.tests.get("timeout_s", 1e9), self.params.timeout_s)}
+            meta["tests"] = {
+                **row.tests,
+                "timeout_s": min(row.tests.get("timeout_s", 1e9), self.params.timeout_s),
+            }
             meta["sandbox"] = {"mode": self.params.sandbox, "memory_mb": self.params.memory_mb}
         return TaskItem(id=item_id, prompt=row.prompt, answer=row.answer, kind="dataset", meta=meta)
 
@@ -577,8 +688,9 @@ def score_row(item: TaskItem, response: str, sandbox: Callable[..., Any]) -> Sco
         from services.tasks.code_tests import CodeTests, score_code
 
         box = item.meta.get("sandbox") or {}
-        return score_code(sandbox(box.get("mode", "bwrap"), box.get("memory_mb")), CodeTests.from_meta(item.meta),
-                          response)
+        return score_code(
+            sandbox(box.get("mode", "bwrap"), box.get("memory_mb")), CodeTests.from_meta(item.meta), response
+        )
     raise ValueError(f"dataset item {item.id}: unknown verifier {verifier!r}")
 
 

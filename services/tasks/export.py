@@ -18,12 +18,16 @@ from services.tasks.params import LOCAL_GRANTS
 MAX_EXPORT_ROWS = 1_000_000
 
 
-def export_rows(task: str, params: dict[str, Any] | None = None, rows: int = 100, seed: int = 0) -> list[dict]:
+def export_rows(
+    task: str, params: dict[str, Any] | None = None, rows: int = 100, seed: int = 0
+) -> list[dict]:
     """The first `rows` items of a built-in task as dataset rows (prompt, answer or tests, verifier, source)."""
     if not 1 <= rows <= MAX_EXPORT_ROWS:
         raise ValueError(f"rows={rows}: must be between 1 and {MAX_EXPORT_ROWS:,}")
     if task == "dataset" or ":" in task and not task.startswith("reasoning_gym:"):
-        raise ValueError(f"task {task!r}: export a built-in task (arithmetic, code, humaneval, reasoning_gym:<name>)")
+        raise ValueError(
+            f"task {task!r}: export a built-in task (arithmetic, code, humaneval, reasoning_gym:<name>)"
+        )
     source = load_task(task, params or {}, seed, LOCAL_GRANTS)
     if task == "humaneval":
         rows = min(rows, len(source))  # type: ignore[arg-type]  # HumanEvalTask has a length: each problem once
@@ -37,8 +41,12 @@ def export_rows(task: str, params: dict[str, Any] | None = None, rows: int = 100
         else:
             if item.answer is None:  # an open-ended reasoning-gym answer: checked by simulation only
                 continue
-            row.update(answer=item.answer, verifier="math" if last_number(item.answer) == item.answer.strip()
-                       .replace(",", "") else "exact")
+            row.update(
+                answer=item.answer,
+                verifier="math"
+                if last_number(item.answer) == item.answer.strip().replace(",", "")
+                else "exact",
+            )
         out.append(row)
     if not out:
         raise ValueError(f"task {task!r}: none of its first {rows} items has a reference answer to export")

@@ -20,8 +20,14 @@ DEFAULT_INSTRUCTION = "\nReply with just the answer."
 
 
 class ReasoningGymTask:
-    def __init__(self, dataset: str, seed: int = 0, size: int = 10_000,
-                 instruction: str = DEFAULT_INSTRUCTION, **config: Any):
+    def __init__(
+        self,
+        dataset: str,
+        seed: int = 0,
+        size: int = 10_000,
+        instruction: str = DEFAULT_INSTRUCTION,
+        **config: Any,
+    ):
         import reasoning_gym
 
         if not 1 <= size <= 10_000_000:
@@ -29,16 +35,23 @@ class ReasoningGymTask:
         try:
             self.dataset = reasoning_gym.create_dataset(dataset, size=size, seed=seed, **config)
         except (KeyError, ValueError, TypeError, AssertionError) as e:
-            raise ValueError(f"task.name 'reasoning_gym:{dataset}' with params {config!r}: {e}; see the "
-                             "dataset's config class in reasoning_gym for its fields and ranges") from None
+            raise ValueError(
+                f"task.name 'reasoning_gym:{dataset}' with params {config!r}: {e}; see the "
+                "dataset's config class in reasoning_gym for its fields and ranges"
+            ) from None
         self.name = f"reasoning_gym:{dataset}"
         self.seed, self.size, self.instruction = seed, size, instruction
 
     def item(self, index: int) -> TaskItem:
         entry = self.dataset[index % self.size]
         answer = entry.get("answer")
-        return TaskItem(id=f"{self.name}-{self.seed}-{index}", prompt=entry["question"] + self.instruction,
-                        answer=None if answer is None else str(answer), kind="gym", meta={"entry": entry})
+        return TaskItem(
+            id=f"{self.name}-{self.seed}-{index}",
+            prompt=entry["question"] + self.instruction,
+            answer=None if answer is None else str(answer),
+            kind="gym",
+            meta={"entry": entry},
+        )
 
     def score(self, item: TaskItem, response: str) -> Score:
         entry = item.meta["entry"]

@@ -27,11 +27,21 @@ def _problems() -> tuple[dict, ...]:
 class HumanEvalTask(SandboxedCodeTask):
     name = "humaneval"
 
-    def __init__(self, seed: int = 0, shuffle: bool = True, timeout_s: float = 10.0, sandbox: str = "bwrap",
-                 memory_mb: int | None = None, instruction: str = _INSTRUCTION, **unknown: Any):
+    def __init__(
+        self,
+        seed: int = 0,
+        shuffle: bool = True,
+        timeout_s: float = 10.0,
+        sandbox: str = "bwrap",
+        memory_mb: int | None = None,
+        instruction: str = _INSTRUCTION,
+        **unknown: Any,
+    ):
         if unknown:
-            raise ValueError(f"task.params: unknown field(s) {sorted(unknown)} for task 'humaneval'; known: "
-                             "['shuffle', 'timeout_s', 'sandbox', 'memory_mb', 'instruction']")
+            raise ValueError(
+                f"task.params: unknown field(s) {sorted(unknown)} for task 'humaneval'; known: "
+                "['shuffle', 'timeout_s', 'sandbox', 'memory_mb', 'instruction']"
+            )
         if not timeout_s > 0:
             raise ValueError(f"task.params.timeout_s={timeout_s}: must be > 0")
         if sandbox not in ("bwrap", "unsafe_local"):
@@ -56,9 +66,14 @@ class HumanEvalTask(SandboxedCodeTask):
 
     def item(self, index: int) -> TaskItem:
         p = self.problems[self.problem_index(index)]
-        tests = {"style": "function", "entry_point": p["entry_point"], "test": p["test"], "call_check": True,
-                 "prompt": p["prompt"], "timeout_s": self.timeout_s}
+        tests = {
+            "style": "function",
+            "entry_point": p["entry_point"],
+            "test": p["test"],
+            "call_check": True,
+            "prompt": p["prompt"],
+            "timeout_s": self.timeout_s,
+        }
         meta = {"tests": tests, "task_id": p["task_id"], "reference": p["prompt"] + p["canonical_solution"]}
         prompt = fill_template(self.instruction, prompt=p["prompt"])
         return TaskItem(id=f"humaneval-{self.seed}-{index}", prompt=prompt, kind="code", meta=meta)
-

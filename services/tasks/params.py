@@ -45,6 +45,7 @@ def job_grants() -> frozenset[str]:
 def encode_grants(grants: frozenset[str] | set[str]) -> str:
     return ",".join(sorted(g for g in grants if g in PRIVILEGES))
 
+
 MAX_TEMPLATE_CHARS = 4096
 
 
@@ -61,7 +62,9 @@ def _placeholders_only(template: str, allowed: tuple[str, ...]) -> str:
     for name in allowed:
         template = template.replace("{" + name + "}", "")
     if "{" in template or "}" in template:
-        raise ValueError(f"only the placeholders {', '.join('{' + a + '}' for a in allowed)} may appear in braces")
+        raise ValueError(
+            f"only the placeholders {', '.join('{' + a + '}' for a in allowed)} may appear in braces"
+        )
     return template
 
 
@@ -76,8 +79,12 @@ class ArithmeticParams(TaskParams):
     max_operand: int = Field(9, ge=0, le=10**9, description="Largest operand.")
     min_operand: int = Field(0, ge=0, le=10**9, description="Smallest operand (<= max_operand).")
     ops: list[Literal["+", "-", "*"]] = Field(["+"], min_length=1, max_length=3, description="Operators.")
-    template: str = Field("What is {a} {op} {b}? Reply with just the number.", min_length=1,
-                          max_length=MAX_TEMPLATE_CHARS, description="Question; slots {a}, {op}, {b}.")
+    template: str = Field(
+        "What is {a} {op} {b}? Reply with just the number.",
+        min_length=1,
+        max_length=MAX_TEMPLATE_CHARS,
+        description="Question; slots {a}, {op}, {b}.",
+    )
 
     @field_validator("template")
     @classmethod
@@ -94,21 +101,29 @@ class ArithmeticParams(TaskParams):
 
 
 SandboxMode = Literal["bwrap", "unsafe_local"]
-_SANDBOX_DOC = ("`bwrap` (default): model-written code runs in the bubblewrap sandbox. `unsafe_local` runs it "
-                "WITHOUT isolation; only the operator can allow it (server setting or admin token).")
+_SANDBOX_DOC = (
+    "`bwrap` (default): model-written code runs in the bubblewrap sandbox. `unsafe_local` runs it "
+    "WITHOUT isolation; only the operator can allow it (server setting or admin token)."
+)
 
 
 class CodeParams(TaskParams):
-    families: list[str] | None = Field(None, min_length=1, max_length=64, description="Problem families (default all).")
+    families: list[str] | None = Field(
+        None, min_length=1, max_length=64, description="Problem families (default all)."
+    )
     cases: int = Field(3, ge=1, le=100, description="Test cases per problem.")
     timeout_s: float = Field(5.0, gt=0, le=120, description="Wall-clock limit of one test run.")
     sandbox: SandboxMode = Field("bwrap", description=_SANDBOX_DOC, json_schema_extra=_needs(UNSAFE_SANDBOX))
     memory_mb: int | None = Field(None, ge=16, le=65_536, description="Address-space limit of a test run.")
-    partial_credit: bool = Field(False, description="Reward the share of passed cases instead of all-or-nothing.")
+    partial_credit: bool = Field(
+        False, description="Reward the share of passed cases instead of all-or-nothing."
+    )
 
 
-HUMANEVAL_INSTRUCTION = ("Complete the following Python function. Reply with the whole function in a ```python "
-                         "code block.\n\n```python\n{prompt}```")
+HUMANEVAL_INSTRUCTION = (
+    "Complete the following Python function. Reply with the whole function in a ```python "
+    "code block.\n\n```python\n{prompt}```"
+)
 
 
 class HumanEvalParams(TaskParams):
@@ -116,8 +131,11 @@ class HumanEvalParams(TaskParams):
     timeout_s: float = Field(10.0, gt=0, le=120, description="Wall-clock limit of one test run.")
     sandbox: SandboxMode = Field("bwrap", description=_SANDBOX_DOC, json_schema_extra=_needs(UNSAFE_SANDBOX))
     memory_mb: int | None = Field(None, ge=16, le=65_536, description="Address-space limit of a test run.")
-    instruction: str = Field(HUMANEVAL_INSTRUCTION, max_length=MAX_TEMPLATE_CHARS,
-                             description="Prompt around the problem; must hold the slot {prompt}.")
+    instruction: str = Field(
+        HUMANEVAL_INSTRUCTION,
+        max_length=MAX_TEMPLATE_CHARS,
+        description="Prompt around the problem; must hold the slot {prompt}.",
+    )
 
     @field_validator("instruction")
     @classmethod
@@ -133,8 +151,11 @@ class ReasoningGymParams(TaskParams):
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False, frozen=True)
     size: int = Field(10_000, ge=1, le=10_000_000, description="Items before the stream repeats.")
-    instruction: str = Field("\nReply with just the answer.", max_length=MAX_TEMPLATE_CHARS,
-                             description="Appended to each question.")
+    instruction: str = Field(
+        "\nReply with just the answer.",
+        max_length=MAX_TEMPLATE_CHARS,
+        description="Appended to each question.",
+    )
 
     def dataset_config(self) -> dict[str, Any]:
         return dict(self.model_extra or {})
@@ -167,14 +188,18 @@ def check_gym_config(dataset: str, config: dict[str, Any]) -> None:
     the worker checks again when it builds the dataset.
     """
     if dataset in _GYM_REFUSED_DATASETS:
-        raise ValueError(f"task.name: reasoning_gym:{dataset} is not accepted: {_GYM_REFUSED_DATASETS[dataset]}")
+        raise ValueError(
+            f"task.name: reasoning_gym:{dataset} is not accepted: {_GYM_REFUSED_DATASETS[dataset]}"
+        )
     try:
         from reasoning_gym.factory import DATASETS
     except ImportError:
         return
     if dataset not in DATASETS:
-        raise ValueError(f"task.name: no reasoning-gym dataset {dataset!r}; e.g. basic_arithmetic, chain_sum, "
-                         "leg_counting (reasoning_gym.factory.DATASETS lists them)")
+        raise ValueError(
+            f"task.name: no reasoning-gym dataset {dataset!r}; e.g. basic_arithmetic, chain_sum, "
+            "leg_counting (reasoning_gym.factory.DATASETS lists them)"
+        )
     config_cls = DATASETS[dataset][1]
     hints = typing.get_type_hints(config_cls)
     fields = {f.name: hints.get(f.name, f.type) for f in dataclasses.fields(config_cls)}
@@ -185,8 +210,10 @@ def check_gym_config(dataset: str, config: dict[str, Any]) -> None:
             raise ValueError(f"{path}: not a field of reasoning-gym's {config_cls.__name__}; known: {known}")
         tp = fields[key]
         if not (_plain_data_type(tp) or ((dataset, key) in _GYM_SAFE_STR_FIELDS)):
-            raise ValueError(f"{path}: this field ({tp}) can name files or objects on the worker; it is not "
-                             "accepted in a job spec")
+            raise ValueError(
+                f"{path}: this field ({tp}) can name files or objects on the worker; it is not "
+                "accepted in a job spec"
+            )
         try:
             TypeAdapter(tp).validate_python(value, strict=False)
         except ValidationError as e:
@@ -196,7 +223,9 @@ def check_gym_config(dataset: str, config: dict[str, Any]) -> None:
         if hasattr(cfg, "validate"):
             cfg.validate()
     except (AssertionError, ValueError, TypeError) as e:
-        raise ValueError(f"task.params: reasoning-gym's {config_cls.__name__} refuses {config}: {e}") from None
+        raise ValueError(
+            f"task.params: reasoning-gym's {config_cls.__name__} refuses {config}: {e}"
+        ) from None
 
 
 TASK_PARAMS: dict[str, type[TaskParams]] = {

@@ -29,13 +29,16 @@ class Checkpoints:
         final = self.root / checkpoint_name(step)
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
-        for old in self.complete()[:-self.keep_last]:
+        for old in self.complete()[: -self.keep_last]:
             shutil.rmtree(old, ignore_errors=True)
         return final
 
     def complete(self) -> list[Path]:
-        found = [(step, p) for p in self.root.iterdir()
-                 if (step := checkpoint_step(p.name)) is not None and (p / TRAINER_STATE).exists()]
+        found = [
+            (step, p)
+            for p in self.root.iterdir()
+            if (step := checkpoint_step(p.name)) is not None and (p / TRAINER_STATE).exists()
+        ]
         return [p for _, p in sorted(found)]
 
     def latest(self) -> Path | None:

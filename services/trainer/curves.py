@@ -32,7 +32,9 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
     from matplotlib.ticker import MaxNLocator
 
     rows = read_metrics(run_dir)
-    panels = [(title, [(k, label) for k, label in series if any(k in r for r in rows)]) for title, series in PANELS]
+    panels = [
+        (title, [(k, label) for k, label in series if any(k in r for r in rows)]) for title, series in PANELS
+    ]
     panels = [(title, series) for title, series in panels if series]
     if not panels:
         raise ValueError(f"{run_dir}: no step metrics to plot yet")

@@ -21,9 +21,13 @@ class PromptSource:
         self.spec, self.tokenizer, self.position = spec, tokenizer, position
         self.task = load_task(spec.task.name, spec.task.params, spec.seed, job_grants())
         self.dropped_too_long = 0
-        if hasattr(self.task, "filter_prompts"):  # a dataset: long prompts are dropped (and counted), not refused
+        if hasattr(
+            self.task, "filter_prompts"
+        ):  # a dataset: long prompts are dropped (and counted), not refused
             limit = spec.sampling.max_prompt_tokens
-            self.dropped_too_long = self.task.filter_prompts(lambda item: len(self.encode_item(item)) <= limit)
+            self.dropped_too_long = self.task.filter_prompts(
+                lambda item: len(self.encode_item(item)) <= limit
+            )
 
     def available(self, n: int) -> bool:
         """Whether the next n prompts exist (a dataset with `epochs` runs out)."""
@@ -62,7 +66,7 @@ def encode_item(tokenizer, model: ModelSpec, item: TaskItem) -> list[int]:
             raise ValueError(f"item {item.id}: chat messages need model.chat_template: true")
         return tokenizer(item.prompt, add_special_tokens=True)["input_ids"]
     if messages is None:
-        messages = ([{"role": "system", "content": model.system_prompt}] if model.system_prompt else [])
+        messages = [{"role": "system", "content": model.system_prompt}] if model.system_prompt else []
         messages.append({"role": "user", "content": item.prompt})
     elif model.system_prompt and messages[0]["role"] != "system":
         messages = [{"role": "system", "content": model.system_prompt}, *messages]

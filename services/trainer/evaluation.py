@@ -53,14 +53,26 @@ class Evaluator:
         limit = spec.sampling.max_prompt_tokens
         self.task.filter_prompts(lambda item: len(encode(item)) <= limit)
         n = min(len(self.task), ev.max_prompts)
-        self.prompts = [EvalPrompt(i, item, encode(item)) for i in range(n) for item in [self.task.eval_item(i)]]
+        self.prompts = [
+            EvalPrompt(i, item, encode(item)) for i in range(n) for item in [self.task.eval_item(i)]
+        ]
         self.k = ev.samples_per_prompt
-        self.sampling = Sampling(0.0 if ev.greedy else ev.temperature, 1.0 if ev.greedy else ev.top_p,
-                                 ev.max_new_tokens or spec.sampling.max_new_tokens)
-        self.seeds = [(spec.seed * 1_000_003 + p.index * 7_919 + _EVAL_SEED_SALT) % (2**31 - 1) for p in self.prompts]
-        log.info("evaluation: %d prompts x %d samples (%s), %d dropped as longer than %d prompt tokens",
-                 len(self.prompts), self.k, "greedy" if ev.greedy else f"T={ev.temperature}",
-                 self.task.dropped_too_long, limit)
+        self.sampling = Sampling(
+            0.0 if ev.greedy else ev.temperature,
+            1.0 if ev.greedy else ev.top_p,
+            ev.max_new_tokens or spec.sampling.max_new_tokens,
+        )
+        self.seeds = [
+            (spec.seed * 1_000_003 + p.index * 7_919 + _EVAL_SEED_SALT) % (2**31 - 1) for p in self.prompts
+        ]
+        log.info(
+            "evaluation: %d prompts x %d samples (%s), %d dropped as longer than %d prompt tokens",
+            len(self.prompts),
+            self.k,
+            "greedy" if ev.greedy else f"T={ev.temperature}",
+            self.task.dropped_too_long,
+            limit,
+        )
 
     def run(self, rollout, rewards, step: int, tokenizer) -> dict[str, float]:
         t0 = time.perf_counter()
@@ -80,8 +92,19 @@ class Evaluator:
         folder.mkdir(parents=True, exist_ok=True)
         with open(folder / f"step_{step}.jsonl", "w") as fh:
             for item, text, score in zip(items, texts, scores, strict=True):
-                fh.write(json.dumps({"id": item.id, "row": item.meta.get("row"), "reward": score.reward,
-                                     "status": score.status, "detail": score.detail, "response": text}) + "\n")
+                fh.write(
+                    json.dumps(
+                        {
+                            "id": item.id,
+                            "row": item.meta.get("row"),
+                            "reward": score.reward,
+                            "status": score.status,
+                            "detail": score.detail,
+                            "response": text,
+                        }
+                    )
+                    + "\n"
+                )
 
 
 def summarise(scores, completions, k: int) -> dict[str, float]:
@@ -93,7 +116,7 @@ def summarise(scores, completions, k: int) -> dict[str, float]:
     return {
         "eval/accuracy": sum(correct) / max(n, 1),
         "eval/reward_mean": sum(s.reward for s in scores) / max(n, 1),
-        f"eval/pass@{k}": sum(any(correct[i * k:(i + 1) * k]) for i in range(prompts)) / max(prompts, 1),
+        f"eval/pass@{k}": sum(any(correct[i * k : (i + 1) * k]) for i in range(prompts)) / max(prompts, 1),
         "eval/prompts": float(prompts),
         "eval/samples": float(n),
         "eval/timeouts": float(sum(s.status == "timeout" for s in scores)),
@@ -103,7 +126,9 @@ def summarise(scores, completions, k: int) -> dict[str, float]:
     }
 
 
-def run_eval_only(spec: JobSpec, run_dir: Path, model_path: Path | None = None, reporter=None) -> dict[str, float]:
+def run_eval_only(
+    spec: JobSpec, run_dir: Path, model_path: Path | None = None, reporter=None
+) -> dict[str, float]:
     """Evaluate a model (the spec's, or `model_path`, e.g. a checkpoint's `model` dir) without training: rollout
     replicas and a reward pool only, no learner. Writes metrics.jsonl (step 0) and eval/step_0.jsonl."""
     from services.models import load_tokenizer, model_dir
@@ -139,4 +164,6 @@ def format_table(metrics: dict[str, Any]) -> str:
     """The eval/ metrics as an aligned two-column table."""
     rows = [(k, v) for k, v in metrics.items() if k.startswith("eval/") or k == "timing/eval_s"]
     width = max((len(k) for k, _ in rows), default=0)
-    return "\n".join(f"{k:<{width}}  {v:.4g}" if isinstance(v, float) else f"{k:<{width}}  {v}" for k, v in rows)
+    return "\n".join(
+        f"{k:<{width}}  {v:.4g}" if isinstance(v, float) else f"{k:<{width}}  {v}" for k, v in rows
+    )

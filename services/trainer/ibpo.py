@@ -67,16 +67,22 @@ class Reviser:
         s = spec.sampling
         self.sampling = Sampling(s.temperature, s.top_p, self.cfg.max_new_tokens or s.max_new_tokens)
         self.preserves, self.reasons = core.verdict(objective.config, self.cfg.mask)
-        log.info("IBPO: rho %.3g, lambda %.3g, %d reference(s), mask %s: %s", self.cfg.rho, self.lam,
-                 self.cfg.references, self.cfg.mask,
-                 "preserves cancellation" if self.preserves else "breaks cancellation: " + "; ".join(self.reasons))
+        log.info(
+            "IBPO: rho %.3g, lambda %.3g, %d reference(s), mask %s: %s",
+            self.cfg.rho,
+            self.lam,
+            self.cfg.references,
+            self.cfg.mask,
+            "preserves cancellation" if self.preserves else "breaks cancellation: " + "; ".join(self.reasons),
+        )
 
     # -- generation -----------------------------------------------------------------------------------
     def revision_prompt(self, item: TaskItem, response: str, references: list[str]) -> list[int]:
         """Token ids of the revision prompt: the template as the user turn, through the model's chat template
         (and system prompt) like a task prompt."""
-        text = self.cfg.revision_template.format(prompt=item.prompt, response=response,
-                                                 references=_REFERENCE_SEPARATOR.join(references))
+        text = self.cfg.revision_template.format(
+            prompt=item.prompt, response=response, references=_REFERENCE_SEPARATOR.join(references)
+        )
         return encode_item(self.tokenizer, self.spec.model, TaskItem(id=item.id, prompt=text))
 
     def revise(self, groups: list, rollout: Any, rewards: Any, metrics: dict[str, float]) -> None:
@@ -87,8 +93,12 @@ class Reviser:
         outs, scores = [], []
         t1 = time.perf_counter()
         if jobs:
-            outs = [cs[0] for cs in rollout.generate([j.prompt_ids for j in jobs], 1, [j.seed for j in jobs],
-                                                     self.sampling)]
+            outs = [
+                cs[0]
+                for cs in rollout.generate(
+                    [j.prompt_ids for j in jobs], 1, [j.seed for j in jobs], self.sampling
+                )
+            ]
         t2 = time.perf_counter()
         if jobs:
             texts = [self.tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in outs]
@@ -103,27 +113,31 @@ class Reviser:
                 repaired += 1
                 rec.phi[j.row] = self.cfg.rho
                 if self.cfg.mask != "none":
-                    rec.edits[j.row] = core.edit_mask(groups[j.group].completions[j.row].token_ids, out.token_ids)
+                    rec.edits[j.row] = core.edit_mask(
+                        groups[j.group].completions[j.row].token_ids, out.token_ids
+                    )
                     edited.append(float(rec.edits[j.row].mean()) if rec.edits[j.row].size else 0.0)
         phis = [p for g in groups for p in g.ibpo.phi]
         gen_s, reward_s = t2 - t1, t3 - t2
         metrics["timing/generate_s"] = metrics.get("timing/generate_s", 0.0) + gen_s + (t1 - t0)
         metrics["timing/reward_s"] = metrics.get("timing/reward_s", 0.0) + reward_s
-        metrics.update({
-            "ibpo/eligible_groups": float(eligible),
-            "ibpo/revisions": float(len(jobs)),
-            "ibpo/skipped_too_long": float(skipped),
-            "ibpo/repaired": float(repaired),
-            "ibpo/success_rate": repaired / len(jobs) if jobs else 0.0,
-            "ibpo/phi_mean": sum(phis) / max(len(phis), 1),
-            "ibpo/tokens": float(sum(len(c.token_ids) for c in outs)),
-            "ibpo/revision_length_mean": sum(len(c.token_ids) for c in outs) / max(len(outs), 1),
-            "ibpo/generate_s": gen_s + (t1 - t0),
-            "ibpo/reward_s": reward_s,
-            "ibpo/reward_timeouts": float(sum(s.status == "timeout" for s in scores)),
-            "ibpo/reward_errors": float(sum(s.status == "error" for s in scores)),
-            "ibpo/edited_frac_mean": sum(edited) / len(edited) if edited else 0.0,
-        })
+        metrics.update(
+            {
+                "ibpo/eligible_groups": float(eligible),
+                "ibpo/revisions": float(len(jobs)),
+                "ibpo/skipped_too_long": float(skipped),
+                "ibpo/repaired": float(repaired),
+                "ibpo/success_rate": repaired / len(jobs) if jobs else 0.0,
+                "ibpo/phi_mean": sum(phis) / max(len(phis), 1),
+                "ibpo/tokens": float(sum(len(c.token_ids) for c in outs)),
+                "ibpo/revision_length_mean": sum(len(c.token_ids) for c in outs) / max(len(outs), 1),
+                "ibpo/generate_s": gen_s + (t1 - t0),
+                "ibpo/reward_s": reward_s,
+                "ibpo/reward_timeouts": float(sum(s.status == "timeout" for s in scores)),
+                "ibpo/reward_errors": float(sum(s.status == "error" for s in scores)),
+                "ibpo/edited_frac_mean": sum(edited) / len(edited) if edited else 0.0,
+            }
+        )
 
     def _jobs(self, groups: list) -> tuple[list[_Job], int, int]:
         jobs: list[_Job] = []
@@ -147,7 +161,9 @@ class Reviser:
                 if len(ids) > limit:
                     skipped += 1
                     continue
-                seed = (self.spec.seed * 1_000_003 + g.prompt.index * 7_919 + i * 104_729 + _SEED_SALT) % (2**31 - 1)
+                seed = (self.spec.seed * 1_000_003 + g.prompt.index * 7_919 + i * 104_729 + _SEED_SALT) % (
+                    2**31 - 1
+                )
                 jobs.append(_Job(gi, i, ids, g.prompt.item, seed))
         return jobs, eligible, skipped
 
@@ -161,8 +177,10 @@ class Reviser:
         mask, gids, tokens = batch.response_mask, batch.group_ids, batch.response_ids
         adv = core.shaped_advantages(self.objective.config, batch.rewards, gids, mask, phi, self.lam)
         variants = ("none", "naive", "symmetric") if self.cfg.mask != "none" else ("none",)
-        metrics: dict[str, float] = {"ibpo/lambda": float(self.lam),
-                                     "ibpo/preserves_cancellation": float(self.preserves)}
+        metrics: dict[str, float] = {
+            "ibpo/lambda": float(self.lam),
+            "ibpo/preserves_cancellation": float(self.preserves),
+        }
         credit = None
         for variant in variants:
             c = core.credit_mask(variant, edits, tokens, mask, gids)

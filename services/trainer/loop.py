@@ -54,14 +54,22 @@ def job_rewards(spec: JobSpec, job_name: str):
     from services.reward import RewardPoolGroup
     from services.tasks.params import job_grants
 
-    return RewardPoolGroup(spec.task, spec.seed, actors=1, name_prefix=f"{job_name}-reward", grants=job_grants())
+    return RewardPoolGroup(
+        spec.task, spec.seed, actors=1, name_prefix=f"{job_name}-reward", grants=job_grants()
+    )
 
 
 class Trainer:
     """Owns the actors of one job and drives them; `run()` returns the final state."""
 
-    def __init__(self, spec: JobSpec, run_dir: Path, reporter: Reporter, resume: Path | None = None,
-                 progress: bool | None = None):
+    def __init__(
+        self,
+        spec: JobSpec,
+        run_dir: Path,
+        reporter: Reporter,
+        resume: Path | None = None,
+        progress: bool | None = None,
+    ):
         from services.models import load_tokenizer, model_dir
 
         self.spec, self.run_dir, self.reporter = spec, run_dir, reporter
@@ -125,17 +133,23 @@ class Trainer:
     def _seeds(self, prompts: list[Prompt], attempt: int) -> list[int]:
         return [(self.spec.seed * 1_000_003 + p.index * 7_919 + attempt) % (2**31 - 1) for p in prompts]
 
-    def _generate_groups(self, prompts: list[Prompt], attempt: int = 0) -> tuple[list[Group], dict[str, float]]:
+    def _generate_groups(
+        self, prompts: list[Prompt], attempt: int = 0
+    ) -> tuple[list[Group], dict[str, float]]:
         t0 = time.perf_counter()
-        outs = self.rollout.generate([p.token_ids for p in prompts], self.spec.group_size,
-                                     self._seeds(prompts, attempt))
+        outs = self.rollout.generate(
+            [p.token_ids for p in prompts], self.spec.group_size, self._seeds(prompts, attempt)
+        )
         t1 = time.perf_counter()
         items = [p.item for p in prompts for _ in range(self.spec.group_size)]
         texts = [self.tokenizer.decode(c.token_ids, skip_special_tokens=True) for cs in outs for c in cs]
         scores = self.rewards.score(items, texts)
         t2 = time.perf_counter()
         G = self.spec.group_size
-        groups = [Group(p, cs, scores[i * G:(i + 1) * G]) for i, (p, cs) in enumerate(zip(prompts, outs, strict=True))]
+        groups = [
+            Group(p, cs, scores[i * G : (i + 1) * G])
+            for i, (p, cs) in enumerate(zip(prompts, outs, strict=True))
+        ]
         return groups, {"timing/generate_s": t1 - t0, "timing/reward_s": t2 - t1}
 
     def _rollout(self) -> Rollout:
@@ -169,7 +183,9 @@ class Trainer:
                 gids.append(g_id)
                 rewards.append(s.reward)
         reward_t = torch.tensor(rewards, dtype=torch.float32)
-        batch = collate(prompts, comps, gids, torch.zeros(len(rewards)), reward_t, self.tokenizer.pad_token_id)
+        batch = collate(
+            prompts, comps, gids, torch.zeros(len(rewards)), reward_t, self.tokenizer.pad_token_id
+        )
         if self.ibpo is not None:
             batch.advantages, batch.meta["metrics"] = self.ibpo.advantages(groups, batch)
         else:
@@ -187,15 +203,27 @@ class Trainer:
         self.trained_position = rollout.end_position
         sync = self.weight_sync(self.version)
         t3 = time.perf_counter()
-        m = {**rollout.metrics, **batch.meta.get("metrics", {}), **learner_metrics, **_rollout_metrics(rollout, batch),
-             **self._data_metrics(),
-             **_prefixed("rollout/", self.rollout.stats()), **_prefixed("reward/", self.rewards.stats())}
-        m.update({
-            "timing/train_s": t2 - t1, "timing/sync_s": t3 - t2, "timing/prepare_s": t1 - t0,
-            "policy/version": float(self.version), "policy/staleness_mean": staleness.mean().item(),
-            "policy/staleness_max": staleness.max().item(), "sync/bytes": float(sync.get("bytes", 0.0)),
-            "sync/broadcast": sync["broadcast"],
-        })
+        m = {
+            **rollout.metrics,
+            **batch.meta.get("metrics", {}),
+            **learner_metrics,
+            **_rollout_metrics(rollout, batch),
+            **self._data_metrics(),
+            **_prefixed("rollout/", self.rollout.stats()),
+            **_prefixed("reward/", self.rewards.stats()),
+        }
+        m.update(
+            {
+                "timing/train_s": t2 - t1,
+                "timing/sync_s": t3 - t2,
+                "timing/prepare_s": t1 - t0,
+                "policy/version": float(self.version),
+                "policy/staleness_mean": staleness.mean().item(),
+                "policy/staleness_max": staleness.max().item(),
+                "sync/bytes": float(sync.get("bytes", 0.0)),
+                "sync/broadcast": sync["broadcast"],
+            }
+        )
         return m
 
     # -- the job ------------------------------------------------------------------------------------
@@ -276,10 +304,16 @@ class Trainer:
         tmp = self.checkpoints.staging(self.step)
         self.learner.save(tmp)
         self.tokenizer.save_pretrained(tmp / "model")
-        path = self.checkpoints.commit(tmp, self.step, {
-            "step": self.step, "version": self.version, "data_position": self.trained_position,
-            "spec": self.spec.to_dict(),
-        })
+        path = self.checkpoints.commit(
+            tmp,
+            self.step,
+            {
+                "step": self.step,
+                "version": self.version,
+                "data_position": self.trained_position,
+                "spec": self.spec.to_dict(),
+            },
+        )
         self.reporter.emit("checkpoint", step=self.step, path=str(path))
         return path
 
@@ -300,7 +334,8 @@ def _rollout_metrics(rollout: Rollout, batch: TrainBatch) -> dict[str, float]:
         "reward/accuracy": sum(s.reward >= 1.0 for s in scores) / n,
         "reward/timeouts": float(sum(s.status == "timeout" for s in scores)),
         "reward/errors": float(sum(s.status == "error" for s in scores)),
-        "rollout/informative_groups": sum(g.informative for g in rollout.groups) / max(len(rollout.groups), 1),
+        "rollout/informative_groups": sum(g.informative for g in rollout.groups)
+        / max(len(rollout.groups), 1),
         "response/length_mean": lengths.mean().item(),
         "response/length_max": lengths.max().item(),
         "response/truncated_frac": sum(c.finish_reason == "length" for c in comps) / n,

@@ -23,8 +23,10 @@ from services.trainer.reporting import Reporter
 log = logging.getLogger("tgc.trainer")
 
 LOCAL_OVERSUBSCRIPTION = 4
-UNSAFE_HELP = ("let this job run model-written code WITHOUT the bubblewrap sandbox when its spec asks for "
-               "`task.params.sandbox: unsafe_local` (trusted code only; a spec alone never can)")  # a local cluster may promise this many logical CPUs per core, no more
+UNSAFE_HELP = (
+    "let this job run model-written code WITHOUT the bubblewrap sandbox when its spec asks for "
+    "`task.params.sandbox: unsafe_local` (trusted code only; a spec alone never can)"
+)  # a local cluster may promise this many logical CPUs per core, no more
 
 
 class ResourceError(ValueError):
@@ -38,8 +40,11 @@ def check_grants(spec: JobSpec) -> None:
     grants = job_grants()
     missing = {f: p for f, p in spec.privileges().items() if p not in grants}
     if missing:
-        raise ResourceError("not allowed for this job: " + "; ".join(
-            f"{f} needs the grant '{p}'" for f, p in missing.items()) + " (the operator decides; see docs/security.md)")
+        raise ResourceError(
+            "not allowed for this job: "
+            + "; ".join(f"{f} needs the grant '{p}'" for f, p in missing.items())
+            + " (the operator decides; see docs/security.md)"
+        )
 
 
 def allow_unsafe_sandbox() -> None:
@@ -52,7 +57,8 @@ def allow_unsafe_sandbox() -> None:
 def required_resources(spec: JobSpec) -> dict[str, float]:
     r = spec.resources
     return {
-        "CPU": r.learner_ranks * r.cpus_per_learner + r.rollout_replicas * r.cpus_per_rollout
+        "CPU": r.learner_ranks * r.cpus_per_learner
+        + r.rollout_replicas * r.cpus_per_rollout
         + spec.task.reward_workers,  # the reward actor reserves one CPU per verifier worker process
         "GPU": r.learner_ranks * r.gpus_per_learner + r.rollout_replicas * r.gpus_per_rollout,
     }
@@ -60,8 +66,10 @@ def required_resources(spec: JobSpec) -> dict[str, float]:
 
 def check_resources(spec: JobSpec, available: dict[str, float]) -> None:
     need = required_resources(spec)
-    for kind, field_names in (("CPU", "cpus_per_learner / cpus_per_rollout"),
-                              ("GPU", "gpus_per_learner / gpus_per_rollout")):
+    for kind, field_names in (
+        ("CPU", "cpus_per_learner / cpus_per_rollout"),
+        ("GPU", "gpus_per_learner / gpus_per_rollout"),
+    ):
         if need[kind] > available.get(kind, 0.0) + 1e-9:
             raise ResourceError(
                 f"resources: the job needs {need[kind]:g} {kind}s (learner_ranks x {field_names.split(' / ')[0]} "
@@ -98,9 +106,14 @@ def init_ray(spec: JobSpec) -> bool:
     need = required_resources(spec)
     # A local run's console is the user's: actors' and engines' output goes to the run dir (save_actor_logs),
     # and Ray's own notices (that it started, that token auth is on by default) stay out of it.
-    ray.init(num_cpus=int(max(need["CPU"] + 1, os.cpu_count() or 1)), num_gpus=int(cap["GPU"]),
-             include_dashboard=False, runtime_env={"env_vars": env}, log_to_driver=False,
-             logging_level=logging.ERROR)
+    ray.init(
+        num_cpus=int(max(need["CPU"] + 1, os.cpu_count() or 1)),
+        num_gpus=int(cap["GPU"]),
+        include_dashboard=False,
+        runtime_env={"env_vars": env},
+        log_to_driver=False,
+        logging_level=logging.ERROR,
+    )
     return True
 
 
@@ -139,14 +152,19 @@ def run(spec: JobSpec, run_dir: Path, resume: str | Path | None = None, progress
     reporter = Reporter.from_env(run_dir)
     checkpoint: Path | None = None
     if resume is not None:
-        checkpoint = Path(resume) if str(resume) not in ("", "latest") else \
-            Checkpoints(run_dir / "checkpoints", spec.checkpoint.keep_last).latest()
+        checkpoint = (
+            Path(resume)
+            if str(resume) not in ("", "latest")
+            else Checkpoints(run_dir / "checkpoints", spec.checkpoint.keep_last).latest()
+        )
         if checkpoint is None:
             reporter.emit("log", message="resume requested but no checkpoint exists; starting fresh")
 
     trainer = None
     started_ray = False
-    previous = _install_stop_handlers(lambda reason: setattr(trainer, "stop_reason", reason) if trainer else None)
+    previous = _install_stop_handlers(
+        lambda reason: setattr(trainer, "stop_reason", reason) if trainer else None
+    )
     try:
         check_grants(spec)
         started_ray = init_ray(spec)
@@ -209,8 +227,10 @@ def summary(spec: JobSpec, run_dir: Path, state: str) -> str:
                        ("diag/d2_residual", "D2 residual")):  # fmt: skip
         seen = [r for r in rows if key in r]
         if seen:
-            lines.append(f"  {label}: {seen[0][key]:.3g} (step {seen[0]['step']}) -> {seen[-1][key]:.3g} "
-                         f"(step {seen[-1]['step']})")
+            lines.append(
+                f"  {label}: {seen[0][key]:.3g} (step {seen[0]['step']}) -> {seen[-1][key]:.3g} "
+                f"(step {seen[-1]['step']})"
+            )
     for name in ("curves.png", "metrics.jsonl", "logs"):
         if (run_dir / name).exists():
             lines.append(f"  {name}: {run_dir / name}")
@@ -244,9 +264,16 @@ def add_train_arguments(parser: argparse.ArgumentParser, spec_flag: bool = False
         parser.add_argument("--spec", dest="spec", required=True, type=Path, help="job spec YAML")
     else:
         parser.add_argument("spec", type=Path, help="job spec YAML")
-    parser.add_argument("--run-dir", type=Path, default=None, help="run directory (default runs/<name>-<time>)")
-    parser.add_argument("--resume", nargs="?", const="latest", default=None,
-                        help="resume from a checkpoint directory (default: the run dir's latest)")
+    parser.add_argument(
+        "--run-dir", type=Path, default=None, help="run directory (default runs/<name>-<time>)"
+    )
+    parser.add_argument(
+        "--resume",
+        nargs="?",
+        const="latest",
+        default=None,
+        help="resume from a checkpoint directory (default: the run dir's latest)",
+    )
     parser.add_argument("--allow-unsafe-sandbox", action="store_true", help=UNSAFE_HELP)
 
 

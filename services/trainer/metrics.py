@@ -9,8 +9,15 @@ import sys
 from pathlib import Path
 
 # The figures the progress line shows, in order (name in the metrics dict, label).
-_PROGRESS = [("reward/mean", "reward"), ("reward/accuracy", "acc"), ("diag/d1_gcpr", "D1"), ("diag/d2_residual", "D2"),
-             ("response/length_mean", "len"), ("eval/accuracy", "eval acc"), ("timing/step_s", "s/step")]
+_PROGRESS = [
+    ("reward/mean", "reward"),
+    ("reward/accuracy", "acc"),
+    ("diag/d1_gcpr", "D1"),
+    ("diag/d2_residual", "D2"),
+    ("response/length_mean", "len"),
+    ("eval/accuracy", "eval acc"),
+    ("timing/step_s", "s/step"),
+]
 
 
 class MetricsSink:
@@ -26,8 +33,9 @@ class MetricsSink:
             pass
         self._gauges = _ray_gauges()
         self._lines = progress is not False  # `progress=False`: library use, nothing on the console
-        self._progress = _Progress(total_steps) if (progress if progress is not None else sys.stdout.isatty()) \
-            else None
+        self._progress = (
+            _Progress(total_steps) if (progress if progress is not None else sys.stdout.isatty()) else None
+        )
 
     def truncate_after(self, step: int) -> None:
         """On resume: forget steps the checkpoint does not contain, so no step is counted twice."""
@@ -68,24 +76,36 @@ def _ray_gauges():
 
         if not ray.is_initialized():
             return None
-        return (Gauge("tgc_train_step", "Last completed optimizer step of the job (steps).", tag_keys=("job",)),
-                Gauge("tgc_train_metric", "Per-step training metric of the job; unit as in its name.",
-                      tag_keys=("job", "metric")))
+        return (
+            Gauge("tgc_train_step", "Last completed optimizer step of the job (steps).", tag_keys=("job",)),
+            Gauge(
+                "tgc_train_metric",
+                "Per-step training metric of the job; unit as in its name.",
+                tag_keys=("job", "metric"),
+            ),
+        )
     except Exception:  # metrics export must never stop training
         return None
 
 
 def step_line(step: int, total: int, m: dict[str, float]) -> str:
     """`step 3/15  reward 0.41  acc 0.41  D2 1.2e-09  s/step 12.3`: the figures of _PROGRESS a step has."""
-    return f"step {step}/{total}  " + "  ".join(f"{label} {m[key]:.3g}" for key, label in _PROGRESS if key in m)
+    return f"step {step}/{total}  " + "  ".join(
+        f"{label} {m[key]:.3g}" for key, label in _PROGRESS if key in m
+    )
 
 
 class _Progress:
     def __init__(self, total: int):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-        self._bar = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
-                             TimeRemainingColumn(), TextColumn("{task.description}"))
+        self._bar = Progress(
+            TextColumn("[bold]train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            TextColumn("{task.description}"),
+        )
         self._task = self._bar.add_task("", total=total)
         self._total = total
         self._bar.start()

@@ -21,8 +21,14 @@ class Reporter:
     Reporting never stops training: a failed POST keeps the events buffered for the next attempt.
     """
 
-    def __init__(self, run_dir: Path, url: str | None = None, job_id: str | None = None,
-                 token: str | None = None, timeout_s: float = 5.0):
+    def __init__(
+        self,
+        run_dir: Path,
+        url: str | None = None,
+        job_id: str | None = None,
+        token: str | None = None,
+        timeout_s: float = 5.0,
+    ):
         self.path = run_dir / "events.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.url = f"{url.rstrip('/')}/v1/internal/jobs/{job_id}/events" if url and job_id else None
@@ -32,8 +38,12 @@ class Reporter:
 
     @classmethod
     def from_env(cls, run_dir: Path) -> Reporter:
-        return cls(run_dir, os.environ.get("TGC_CONTROL_URL"), os.environ.get("TGC_JOB_ID"),
-                   os.environ.get("TGC_JOB_TOKEN"))
+        return cls(
+            run_dir,
+            os.environ.get("TGC_CONTROL_URL"),
+            os.environ.get("TGC_JOB_ID"),
+            os.environ.get("TGC_JOB_TOKEN"),
+        )
 
     def emit(self, type_: str, **fields: Any) -> None:
         event = json_safe({"type": type_, "time": time.time(), **fields})
@@ -52,15 +62,19 @@ class Reporter:
         import httpx
 
         try:
-            r = httpx.post(self.url, json={"events": self._pending}, timeout=self.timeout_s,
-                           headers={"Authorization": f"Bearer {self.token}"})
+            r = httpx.post(
+                self.url,
+                json={"events": self._pending},
+                timeout=self.timeout_s,
+                headers={"Authorization": f"Bearer {self.token}"},
+            )
             r.raise_for_status()
         except httpx.HTTPError as e:
-            log.warning("could not report %d events to the control plane (%s); will retry", len(self._pending), e)
+            log.warning(
+                "could not report %d events to the control plane (%s); will retry", len(self._pending), e
+            )
             return
         self._pending.clear()
         reply = r.json() if r.content else {}
         if reply.get("cancel"):
             self.cancel_requested = reply.get("reason") or "cancel requested by the control plane"
-
-

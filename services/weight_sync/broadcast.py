@@ -50,12 +50,15 @@ class ReplicaSyncClient:
 
     def _all(self, op: str, payloads: list[Any] | None = None, version: int | None = None) -> None:
         payloads = payloads or [None] * len(self.actors)
-        ray.get([a.weight_transfer.remote(op, p, version) for a, p in zip(self.actors, payloads, strict=True)])
+        ray.get(
+            [a.weight_transfer.remote(op, p, version) for a, p in zip(self.actors, payloads, strict=True)]
+        )
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
         # vLLM's trainer engine writes rank_offset=1 for a single instance; give each replica its own slot
-        self._all("init", [{**init_info, "rank_offset": off, "world_size": self.world_size}
-                           for off in self.offsets])
+        self._all(
+            "init", [{**init_info, "rank_offset": off, "world_size": self.world_size} for off in self.offsets]
+        )
 
     def start_weight_update(self) -> None:
         self._all("start")
@@ -77,8 +80,9 @@ def make_sender(client: ReplicaSyncClient, model, master_address: str, master_po
         NCCLTrainerWeightTransferEngine,
     )
 
-    info = NCCLTrainerInitInfo(master_address=master_address, master_port=master_port,
-                               world_size=client.world_size, rank=rank)
+    info = NCCLTrainerInitInfo(
+        master_address=master_address, master_port=master_port, world_size=client.world_size, rank=rank
+    )
     return NCCLTrainerWeightTransferEngine.trainer_init(info, client=client, source=ModuleSource(model))
 
 
@@ -91,7 +95,9 @@ class BroadcastSender:
         sender = make(address, port, rank, learner); sender.send(learner, version)   # on each rank
     """
 
-    def __init__(self, client: ReplicaSyncClient, master_address: str, master_port: int, rank: int, learner: Any):
+    def __init__(
+        self, client: ReplicaSyncClient, master_address: str, master_port: int, rank: int, learner: Any
+    ):
         self.client = client
         self.gpu = learner.device.type == "cuda"
         if self.gpu:

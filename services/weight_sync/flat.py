@@ -42,13 +42,15 @@ class FlatWeights:
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"weights[{name!r}] is a {type(t).__name__}, expected a torch.Tensor")
             nbytes = t.numel() * t.element_size()
-            entries.append(TensorEntry(name, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset, nbytes))
+            entries.append(
+                TensorEntry(name, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset, nbytes)
+            )
             offset += -(-nbytes // _ALIGN) * _ALIGN
         buffer = np.empty(offset, dtype=np.uint8)
         flat = torch.from_numpy(buffer)
         for e, t in zip(entries, state_dict.values(), strict=True):
             src = t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
-            flat[e.offset:e.offset + e.nbytes].copy_(src)
+            flat[e.offset : e.offset + e.nbytes].copy_(src)
         return cls(buffer, entries)
 
     @property
@@ -63,7 +65,7 @@ class FlatWeights:
             flat = torch.from_numpy(self.buffer)
         for e in self.entries:
             dtype = getattr(torch, e.dtype)
-            yield e.name, flat[e.offset:e.offset + e.nbytes].view(dtype).view(e.shape)
+            yield e.name, flat[e.offset : e.offset + e.nbytes].view(dtype).view(e.shape)
 
     def to_state_dict(self) -> dict[str, torch.Tensor]:
         return dict(self.items())

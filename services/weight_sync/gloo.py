@@ -40,8 +40,14 @@ class GlooUpdateInfo:
 
 def _group(info: GlooInitInfo, rank: int, is_master: bool) -> dist.ProcessGroupGloo:
     # A group of its own (no torch.distributed global state): the learner's FSDP group is untouched.
-    store = dist.TCPStore(info.master_address, info.master_port, info.world_size, is_master=is_master,
-                          timeout=TIMEOUT, wait_for_workers=False)
+    store = dist.TCPStore(
+        info.master_address,
+        info.master_port,
+        info.world_size,
+        is_master=is_master,
+        timeout=TIMEOUT,
+        wait_for_workers=False,
+    )
     return dist.ProcessGroupGloo(dist.PrefixStore("tgc-weights", store), rank, info.world_size, TIMEOUT)
 
 
@@ -79,11 +85,14 @@ def register() -> None:
 
             group = self.group
             if group is None:
-                raise RuntimeError("gloo weight transfer not initialised: call init_weight_transfer_engine first")
+                raise RuntimeError(
+                    "gloo weight transfer not initialised: call init_weight_transfer_engine first"
+                )
 
             def received():  # one tensor at a time, as vLLM's loader asks for it
-                for name, dtype, shape in zip(update_info.names, update_info.dtype_names, update_info.shapes,
-                                              strict=True):
+                for name, dtype, shape in zip(
+                    update_info.names, update_info.dtype_names, update_info.shapes, strict=True
+                ):
                     buf = torch.empty(shape, dtype=getattr(torch, dtype))
                     group.broadcast(buf, 0).wait()
                     yield name, buf
@@ -111,8 +120,11 @@ class GlooSender:
 
     def send(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         tensors = [t.detach().to("cpu").contiguous() for t in state_dict.values()]
-        update = GlooUpdateInfo(list(state_dict), [str(t.dtype).removeprefix("torch.") for t in tensors],
-                                [list(t.shape) for t in tensors])
+        update = GlooUpdateInfo(
+            list(state_dict),
+            [str(t.dtype).removeprefix("torch.") for t in tensors],
+            [list(t.shape) for t in tensors],
+        )
         self.client.version = version
         self.client.start_weight_update()
         with ThreadPoolExecutor(max_workers=1) as pool:

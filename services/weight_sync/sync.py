@@ -39,8 +39,12 @@ class WeightSync:
             if failure is None:
                 self.rollout.weights_broadcast(version, seconds)
                 return {"sync_s": seconds, "bytes": self._bytes, "broadcast": 1.0}
-            log.warning("weight broadcast of version %d failed (%s); syncing through the object store, which "
-                        "replaces dead replicas, and reopening the group", version, failure)
+            log.warning(
+                "weight broadcast of version %d failed (%s); syncing through the object store, which "
+                "replaces dead replicas, and reopening the group",
+                version,
+                failure,
+            )
         out = self.rollout.update_weights(self._publish(), version)
         self._bytes = float(out.get("bytes", 0.0))
         if self.broadcast:

@@ -16,7 +16,9 @@ from services.weight_sync.flat import Weights, named_tensors
 EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 
 
-def with_tied_head(pairs: Iterable[tuple[str, torch.Tensor]], tied: bool) -> Iterator[tuple[str, torch.Tensor]]:
+def with_tied_head(
+    pairs: Iterable[tuple[str, torch.Tensor]], tied: bool
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Add the output embedding of a tied model when the weights carry only the input embedding.
 
     vLLM's in-place reload treats the tied lm_head as its own layer: if no `lm_head.weight` arrives, that layer

@@ -7,7 +7,10 @@ from services.tasks.dataset import DatasetTask
 def test_data_export_writes_jsonl_and_parquet_that_load_back(tmp_path, capsys):
     for name in ("gsm.jsonl", "gsm.parquet"):
         out = tmp_path / name
-        assert main(["data", "export", "--task", "reasoning_gym:gsm_symbolic", "--rows", "5", "--out", str(out)]) == 0
+        assert (
+            main(["data", "export", "--task", "reasoning_gym:gsm_symbolic", "--rows", "5", "--out", str(out)])
+            == 0
+        )
         assert "5 rows of reasoning_gym:gsm_symbolic" in capsys.readouterr().out
         task = DatasetTask(path=str(out))
         assert len(task) == 5 and all(task.eval_item(i).meta["verifier"] == "math" for i in range(5))
@@ -18,7 +21,12 @@ def test_data_export_refuses_bad_input_with_exit_code_2(tmp_path, capsys):
     assert "unknown task" in capsys.readouterr().err
     assert main(["data", "export", "--task", "arithmetic", "--out", str(tmp_path / "x.txt")]) == 2
     assert "use a .jsonl or .parquet file name" in capsys.readouterr().err
-    assert main(["data", "export", "--task", "arithmetic", "--params", "{bad", "--out", str(tmp_path / "x.jsonl")]) == 2
+    assert (
+        main(
+            ["data", "export", "--task", "arithmetic", "--params", "{bad", "--out", str(tmp_path / "x.jsonl")]
+        )
+        == 2
+    )
 
 
 def test_eval_needs_an_eval_section(tmp_path, capsys):

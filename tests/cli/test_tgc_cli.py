@@ -68,7 +68,9 @@ def test_schema_prints_the_job_spec_json_schema(capsys):
 def test_schema_prints_a_tasks_declared_params_with_their_privileges(capsys):
     code, out, _ = run(capsys, "schema", "--task", "code")
     props = json.loads(out)["properties"]
-    assert code == 0 and props["cases"]["maximum"] == 100 and props["sandbox"]["privilege"] == "unsafe_sandbox"
+    assert (
+        code == 0 and props["cases"]["maximum"] == 100 and props["sandbox"]["privilege"] == "unsafe_sandbox"
+    )
     code, _, err = run(capsys, "schema", "--task", "mymod:factory")
     assert code != 0 and "free-form" in err
 
@@ -80,7 +82,9 @@ def test_tgc_console_script_is_installed():
 
 
 def test_token_create_prints_the_secret_once_and_stores_only_its_hash(capsys, tmp_path):
-    code, out, err = run(capsys, "token", "create", "--tenant", "acme", "--data-dir", str(tmp_path), "--max-concurrent", "3")
+    code, out, err = run(
+        capsys, "token", "create", "--tenant", "acme", "--data-dir", str(tmp_path), "--max-concurrent", "3"
+    )
     secret = out.strip()
     assert code == 0 and secret.startswith("tgc_") and secret not in err
     engine = make_engine(f"sqlite:///{tmp_path / 'tgc.db'}")
@@ -147,7 +151,9 @@ def test_unreachable_server_exits_3(capsys, monkeypatch, spec_file):
     monkeypatch.setenv("TGC_TOKEN", "tgc_x")
     from services.sdk import client as sdk_client
 
-    monkeypatch.setattr(sdk_client.Client, "_sleep_before_retry", lambda *a, **k: None)  # no waiting between tries
+    monkeypatch.setattr(
+        sdk_client.Client, "_sleep_before_retry", lambda *a, **k: None
+    )  # no waiting between tries
     assert run(capsys, "jobs")[0] == 3
 
 

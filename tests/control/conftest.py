@@ -26,7 +26,11 @@ class ApiServer:
 def api_server(tmp_path_factory) -> ApiServer:
     """A control plane without Ray (scheduler off): jobs stay queued, everything else is real."""
     cp = LocalControlPlane(tmp_path_factory.mktemp("cp"), ray_address="none")
-    acme, globex, admin = cp.create_token("acme"), cp.create_token("globex"), cp.create_token("ops", admin=True)
+    acme, globex, admin = (
+        cp.create_token("acme"),
+        cp.create_token("globex"),
+        cp.create_token("ops", admin=True),
+    )
     with cp:
         yield ApiServer(cp, acme, globex, admin)
 

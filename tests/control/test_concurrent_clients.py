@@ -44,6 +44,8 @@ def test_concurrent_submissions_and_reads_lose_nothing_and_never_duplicate_a_key
     assert len(by_key) == KEYS and all(len(ids) == 1 for ids in by_key.values())
     assert sum(1 for *_, status, _ in results if status == 201) == KEYS  # one creation per key, one replay
 
-    listed = httpx.get(f"{api_server.url}/v1/jobs", params={"limit": 500}, headers=headers, timeout=60).json()["jobs"]
+    listed = httpx.get(
+        f"{api_server.url}/v1/jobs", params={"limit": 500}, headers=headers, timeout=60
+    ).json()["jobs"]
     assert sorted(j["name"] for j in listed) == sorted(by_key)
     assert {j["id"] for j in listed} == {next(iter(ids)) for ids in by_key.values()}

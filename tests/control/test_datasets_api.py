@@ -65,7 +65,9 @@ def test_an_upload_over_the_size_limit_is_413(api_server):
     conn.close()
     with Client(api_server.url, api_server.acme) as acme:
         with pytest.raises(TooLarge):
-            acme.request("POST", "/v1/jobs", json={"name": "x" * (2 * 2**20)})  # jobs keep their own 1 MiB limit
+            acme.request(
+                "POST", "/v1/jobs", json={"name": "x" * (2 * 2**20)}
+            )  # jobs keep their own 1 MiB limit
 
 
 def test_a_job_may_name_only_its_own_tenants_datasets(api_server, gsm_file):
@@ -75,17 +77,23 @@ def test_a_job_may_name_only_its_own_tenants_datasets(api_server, gsm_file):
         with pytest.raises(Invalid, match=rf"task.params.dataset_id: no dataset '{d.id}' of yours"):
             globex.submit(_spec({"dataset_id": d.id}))
         with pytest.raises(Invalid, match=r"eval.dataset.dataset_id: no dataset"):
-            globex.submit(_spec({"dataset_id": globex.upload_dataset(gsm_file).id},
-                                eval={"dataset": {"dataset_id": d.id}}))
+            globex.submit(
+                _spec(
+                    {"dataset_id": globex.upload_dataset(gsm_file).id}, eval={"dataset": {"dataset_id": d.id}}
+                )
+            )
         with Client(api_server.url, api_server.admin) as admin:
             assert admin.validate(_spec({"dataset_id": d.id}))
 
 
-@pytest.mark.parametrize("spec", [
-    _spec({"path": "/etc/passwd", "prompt_column": "root"}),
-    _spec({"dataset_id": "ds_" + "0" * 32, "holdout": 2}, eval={"dataset": {"path": "/etc/shadow"}}),
-    _spec({"path": "relative/../../etc/passwd"}),
-])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        _spec({"path": "/etc/passwd", "prompt_column": "root"}),
+        _spec({"dataset_id": "ds_" + "0" * 32, "holdout": 2}, eval={"dataset": {"path": "/etc/shadow"}}),
+        _spec({"path": "relative/../../etc/passwd"}),
+    ],
+)
 def test_a_tenants_spec_can_never_name_a_host_path(api_server, spec):
     with Client(api_server.url, api_server.acme) as acme:
         with pytest.raises(Invalid) as e:

@@ -21,7 +21,9 @@ SPEC = {"name": "a", "steps": 3}
 def test_new_job_is_queued_with_its_first_transition(store):
     job, created = store.create("acme", SPEC)
     assert created and job.state == JobState.QUEUED
-    assert [(t.from_state, t.to_state, t.reason) for t in job.transitions] == [(None, JobState.QUEUED, "accepted")]
+    assert [(t.from_state, t.to_state, t.reason) for t in job.transitions] == [
+        (None, JobState.QUEUED, "accepted")
+    ]
 
 
 def test_same_idempotency_key_returns_the_same_job(store):
@@ -62,7 +64,11 @@ def test_transition_records_time_reason_and_previous_state(store):
     job = store.start_attempt(job, "tgc-x-1", "/tmp/run")
     job = store.transition(job.id, JobState.RUNNING, "trainer started")
     last = job.transitions[-1]
-    assert (last.from_state, last.to_state, last.reason) == (JobState.STARTING, JobState.RUNNING, "trainer started")
+    assert (last.from_state, last.to_state, last.reason) == (
+        JobState.STARTING,
+        JobState.RUNNING,
+        "trainer started",
+    )
     assert last.time >= job.transitions[0].time
 
 
@@ -89,7 +95,11 @@ def test_cancel_of_a_running_job_only_flags_it(store):
     job, _ = store.create("acme", SPEC)
     job = store.start_attempt(job, "tgc-x-1", "/tmp/run")
     job = store.request_cancel(job.id, "enough")
-    assert job.state == JobState.STARTING and job.cancel_requested_at is not None and job.cancel_reason == "enough"
+    assert (
+        job.state == JobState.STARTING
+        and job.cancel_requested_at is not None
+        and job.cancel_reason == "enough"
+    )
 
 
 def test_resume_starts_a_new_attempt_from_the_checkpoint(store):

@@ -29,13 +29,18 @@ def test_old_database_upgrades_and_keeps_its_rows(tmp_path):
     engine = db.make_engine(f"sqlite:///{tmp_path}/a.db")
     migrate(engine, MIGRATIONS[:1])
     with engine.begin() as conn:
-        conn.execute(sa.text("INSERT INTO tenants (name, max_concurrent_jobs, created_at) VALUES ('acme', 3, 1.0)"))
+        conn.execute(
+            sa.text("INSERT INTO tenants (name, max_concurrent_jobs, created_at) VALUES ('acme', 3, 1.0)")
+        )
     assert "reported_at" not in _columns(engine)["jobs"]
     assert migrate(engine) == [m.version for m in MIGRATIONS[1:]]
     assert "reported_at" in _columns(engine)["jobs"] and "driver_logs" in _columns(engine)
     assert "grants" in _columns(engine)["jobs"]
     with engine.connect() as conn:
-        assert conn.execute(sa.text("SELECT max_concurrent_jobs FROM tenants WHERE name='acme'")).scalar_one() == 3
+        assert (
+            conn.execute(sa.text("SELECT max_concurrent_jobs FROM tenants WHERE name='acme'")).scalar_one()
+            == 3
+        )
 
 
 def test_concurrent_migrations_apply_each_step_once(tmp_path):

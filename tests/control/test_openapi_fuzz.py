@@ -19,7 +19,9 @@ def _operations(api_server):
 
 def _fuzz(operation, check, max_examples: int) -> None:
     @given(case=operation.as_strategy())
-    @settings(max_examples=max_examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=max_examples, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+    )
     def run(case) -> None:
         check(case)
 
@@ -28,7 +30,9 @@ def _fuzz(operation, check, max_examples: int) -> None:
 
 def test_no_generated_request_makes_the_server_fail(api_server):
     def check(case) -> None:
-        r = case.call(base_url=api_server.url, headers={"Authorization": f"Bearer {api_server.acme}"}, timeout=30)
+        r = case.call(
+            base_url=api_server.url, headers={"Authorization": f"Bearer {api_server.acme}"}, timeout=30
+        )
         assert r.status_code < 500, f"{case.method} {case.formatted_path}: {r.status_code} {r.text[:500]}"
 
     for op in _operations(api_server):
@@ -40,7 +44,9 @@ def test_no_generated_request_without_a_token_gets_past_auth(api_server):
         r = case.call(base_url=api_server.url, timeout=30)
         assert r.status_code < 500, f"{case.method} {case.formatted_path}: {r.status_code} {r.text[:500]}"
         if case.path.startswith("/v1/") and case.path != "/v1/schema":
-            assert r.status_code in (401, 404, 405, 413, 422), f"{case.method} {case.formatted_path}: {r.status_code}"
+            assert r.status_code in (401, 404, 405, 413, 422), (
+                f"{case.method} {case.formatted_path}: {r.status_code}"
+            )
 
     for op in _operations(api_server):
         _fuzz(op, check, max_examples=8)

@@ -28,9 +28,13 @@ from services.control.store import JobStore
 
 BIN = sorted(glob.glob("/usr/lib/postgresql/*/bin"))
 pytestmark = [
-    pytest.mark.skipif(not BIN, reason="PostgreSQL server binaries not installed (apt-get install postgresql)"),
-    pytest.mark.skipif(importlib.util.find_spec("psycopg") is None,
-                       reason="psycopg 3 not installed (pip install 'psycopg[binary]')"),  # fmt: skip
+    pytest.mark.skipif(
+        not BIN, reason="PostgreSQL server binaries not installed (apt-get install postgresql)"
+    ),
+    pytest.mark.skipif(
+        importlib.util.find_spec("psycopg") is None,
+        reason="psycopg 3 not installed (pip install 'psycopg[binary]')",
+    ),  # fmt: skip
 ]
 
 
@@ -133,7 +137,10 @@ def test_control_plane_serves_jobs_from_postgresql(fresh_db, tmp_path):
     token = cp.create_token("acme", db_url=fresh_db)
     with cp, httpx.Client(base_url=cp.url, headers={"Authorization": f"Bearer {token}"}) as http:
         job = http.post("/v1/jobs", json={"name": "pg"}, headers={"Idempotency-Key": "x"}).json()
-        assert http.post("/v1/jobs", json={"name": "pg"}, headers={"Idempotency-Key": "x"}).json()["id"] == job["id"]
+        assert (
+            http.post("/v1/jobs", json={"name": "pg"}, headers={"Idempotency-Key": "x"}).json()["id"]
+            == job["id"]
+        )
         assert http.post(f"/v1/jobs/{job['id']}/cancel").json()["state"] == "cancelled"
         assert [j["id"] for j in http.get("/v1/jobs").json()["jobs"]] == [job["id"]]
     assert not (tmp_path / "tgc.db").exists()  # nothing went to SQLite

@@ -50,7 +50,9 @@ def test_a_resent_batch_is_stored_once(store, running):
 
 
 def test_non_finite_metrics_are_stored_as_null(store, running):
-    progress.ingest(store, running.id, 1, [ev("step", step=1, metrics={"loss": float("nan"), "r": float("inf")})])
+    progress.ingest(
+        store, running.id, 1, [ev("step", step=1, metrics={"loss": float("nan"), "r": float("inf")})]
+    )
     assert progress.metric_rows(store, running.id)[0].metrics == {"loss": None, "r": None}
 
 
@@ -62,7 +64,9 @@ def test_cancelled_report_keeps_the_users_reason_and_last_step(store, running):
         ev("state", state="cancelled", reason="cancel requested", step=2),
     ])  # fmt: skip
     job = store.get(running.id)
-    assert job.state == JobState.CANCELLED and "budget exhausted" in job.reason and "last step 2" in job.reason
+    assert (
+        job.state == JobState.CANCELLED and "budget exhausted" in job.reason and "last step 2" in job.reason
+    )
     assert [c.step for c in progress.checkpoint_rows(store, running.id)] == [2]
 
 
@@ -101,7 +105,10 @@ def test_run_dir_events_are_read_and_a_torn_last_line_is_skipped(tmp_path):
 
 
 def test_reading_the_run_dir_after_reports_adds_nothing_twice(store, running, tmp_path):
-    raw = [{"type": "step", "time": 1.5, "step": 1, "metrics": {"a": 1.0}}, {"type": "log", "time": 1.6, "message": "m"}]
+    raw = [
+        {"type": "step", "time": 1.5, "step": 1, "metrics": {"a": 1.0}},
+        {"type": "log", "time": 1.6, "message": "m"},
+    ]
     progress.ingest(store, running.id, 1, [progress.normalize_event(e) for e in raw])
     (tmp_path / "events.jsonl").write_text("\n".join(json.dumps(e) for e in raw))
     again = progress.ingest(store, running.id, 1, progress.read_run_dir_events(str(tmp_path)))

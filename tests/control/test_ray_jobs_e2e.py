@@ -46,7 +46,9 @@ def data_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def plane(data_dir):
-    cp = LocalControlPlane(data_dir, ray_address="local", args=("--poll-interval", "0.5", "--cancel-grace", "120"))
+    cp = LocalControlPlane(
+        data_dir, ray_address="local", args=("--poll-interval", "0.5", "--cancel-grace", "120")
+    )
     cp.start()
     try:
         cp.wait_ready()
@@ -98,7 +100,9 @@ def test_job_runs_to_success_and_serves_its_events_metrics_and_checkpoints(clien
     assert ckpts and ckpts[-1].step == 2 and all(c.exists for c in ckpts if c.step == 2)
     # the driver's stdout is kept; it prints its final state as it exits, which may be a moment after it
     # reported `succeeded` (it still writes curves.png and copies its actors' logs)
-    assert wait_until(lambda: "succeeded" in job.driver_log(), timeout=120, interval=1.0), job.driver_log()[-2000:]
+    assert wait_until(lambda: "succeeded" in job.driver_log(), timeout=120, interval=1.0), job.driver_log()[
+        -2000:
+    ]
     sub_id = job.record.ray_submission_id
     wait_for(lambda: ray.info(sub_id).finished, 120, what="driver exit")
     assert ray.info(sub_id).status == "SUCCEEDED"
@@ -205,8 +209,12 @@ def test_job_whose_ray_job_vanished_is_failed_on_start(tmp_path, ray):
             ":t, :t, 1, 0, 'tgc-job-gone-1', 0, :run)"), {"spec": json.dumps({"steps": 3}), "t": now,
                                                           "run": str(tmp_path / "nowhere")})  # fmt: skip
     engine.dispose()
-    with LocalControlPlane(tmp_path, ray_address=ray.address, args=("--poll-interval", "0.5"),
-                           env={"TGC_RAY_AUTH_TOKEN": ray.headers["Authorization"][7:]}) as cp:
+    with LocalControlPlane(
+        tmp_path,
+        ray_address=ray.address,
+        args=("--poll-interval", "0.5"),
+        env={"TGC_RAY_AUTH_TOKEN": ray.headers["Authorization"][7:]},
+    ) as cp:
         with Client(cp.url, cp.create_token("acme")) as c:
             job = c.job("job-gone").wait(60)
     assert job.state.value == "failed" and "Ray has no job tgc-job-gone-1" in job.reason
@@ -214,8 +222,12 @@ def test_job_whose_ray_job_vanished_is_failed_on_start(tmp_path, ray):
 
 def test_trainer_that_misses_the_grace_period_is_stopped_hard(tmp_path, ray):
     args = ("--poll-interval", "0.5", "--cancel-grace", "3")
-    with LocalControlPlane(tmp_path, ray_address=ray.address, args=args,
-                           env={"TGC_RAY_AUTH_TOKEN": ray.headers["Authorization"][7:]}) as cp:
+    with LocalControlPlane(
+        tmp_path,
+        ray_address=ray.address,
+        args=args,
+        env={"TGC_RAY_AUTH_TOKEN": ray.headers["Authorization"][7:]},
+    ) as cp:
         with Client(cp.url, cp.create_token("acme")) as c:
             job = c.submit(tiny_spec("hung", steps=500, every=0))
             for event in job.stream():
@@ -240,7 +252,9 @@ def test_a_managed_ray_head_that_dies_is_started_again(tmp_path):
             head = LocalRayCluster(tmp_path)
             first = head.dashboard_url
             head.stop()  # as if the node lost it: every head process gone
-            wait_for(lambda: LocalRayCluster(tmp_path).dashboard_url not in (None, first), 300, what="a new head")
+            wait_for(
+                lambda: LocalRayCluster(tmp_path).dashboard_url not in (None, first), 300, what="a new head"
+            )
             cp.wait_ready()
         finally:
             cp.stop()

@@ -66,7 +66,10 @@ def test_tenant_lists_only_its_own_jobs(http, api_server):
 def test_admin_sees_every_tenants_jobs(http, api_server):
     a = submit(http, api_server.acme).json()["id"]
     g = submit(http, api_server.globex).json()["id"]
-    listed = {j["id"] for j in http.get("/v1/jobs", params={"limit": 500}, headers=auth(api_server.admin)).json()["jobs"]}
+    listed = {
+        j["id"]
+        for j in http.get("/v1/jobs", params={"limit": 500}, headers=auth(api_server.admin)).json()["jobs"]
+    }
     assert {a, g} <= listed
     assert http.get(f"/v1/jobs/{g}", headers=auth(api_server.admin)).status_code == 200
 
@@ -123,7 +126,9 @@ def test_chunked_body_over_the_size_limit_is_413(http, api_server):
             yield b"x" * 65536
         yield b'"}}}'
 
-    r = http.post("/v1/jobs", content=chunks(), headers={**auth(api_server.acme), "Content-Type": "application/json"})
+    r = http.post(
+        "/v1/jobs", content=chunks(), headers={**auth(api_server.acme), "Content-Type": "application/json"}
+    )
     assert r.status_code == 413
 
 
@@ -175,8 +180,12 @@ def test_state_filter(http, api_server):
 # -- control --------------------------------------------------------------------------------------
 def test_cancel_of_a_queued_job_ends_it_and_a_second_cancel_is_409(http, api_server):
     job_id = submit(http, api_server.acme).json()["id"]
-    r = http.post(f"/v1/jobs/{job_id}/cancel", json={"reason": "changed my mind"}, headers=auth(api_server.acme))
-    assert r.status_code == 202 and r.json()["state"] == "cancelled" and "changed my mind" in r.json()["reason"]
+    r = http.post(
+        f"/v1/jobs/{job_id}/cancel", json={"reason": "changed my mind"}, headers=auth(api_server.acme)
+    )
+    assert (
+        r.status_code == 202 and r.json()["state"] == "cancelled" and "changed my mind" in r.json()["reason"]
+    )
     assert http.post(f"/v1/jobs/{job_id}/cancel", headers=auth(api_server.acme)).status_code == 409
 
 
@@ -229,7 +238,9 @@ def test_reported_progress_is_served_as_metrics_logs_checkpoints_and_record(http
     assert record["latest_metrics"] == {"reward_mean": 0.5, "loss": 0.5}
     points = http.get(f"/v1/jobs/{job_id}/metrics", params={"since_step": 2}, headers=h).json()["points"]
     assert [(p["step"], p["metrics"]["reward_mean"]) for p in points] == [(2, 0.5)]
-    assert [ln["message"] for ln in http.get(f"/v1/jobs/{job_id}/logs", headers=h).json()["lines"]] == ["halfway"]
+    assert [ln["message"] for ln in http.get(f"/v1/jobs/{job_id}/logs", headers=h).json()["lines"]] == [
+        "halfway"
+    ]
     ckpts = http.get(f"/v1/jobs/{job_id}/checkpoints", headers=h).json()["checkpoints"]
     assert [(c["step"], c["exists"]) for c in ckpts] == [(2, True)]
 
@@ -290,7 +301,9 @@ def test_event_stream_resumes_after_last_event_id(http, api_server):
     r = http.get(f"/v1/jobs/{job_id}/events", params={"follow": "false"}, headers=auth(api_server.acme))
     ids = [int(line[4:]) for line in r.text.splitlines() if line.startswith("id: ")]
     assert len(ids) >= 2 and ids == sorted(ids)
-    r2 = http.get(f"/v1/jobs/{job_id}/events", headers={**auth(api_server.acme), "Last-Event-ID": str(ids[0])})
+    r2 = http.get(
+        f"/v1/jobs/{job_id}/events", headers={**auth(api_server.acme), "Last-Event-ID": str(ids[0])}
+    )
     assert [int(line[4:]) for line in r2.text.splitlines() if line.startswith("id: ")] == ids[1:]
 
 

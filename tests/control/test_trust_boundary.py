@@ -37,15 +37,22 @@ def store(api_server):
 
 
 def post_raw(http, token: str, body: str, dry_run: bool = False) -> httpx.Response:
-    return http.post("/v1/jobs" + ("?dry_run=true" if dry_run else ""), content=body,
-                     headers={**auth(token), "Content-Type": "application/json"})
+    return http.post(
+        "/v1/jobs" + ("?dry_run=true" if dry_run else ""),
+        content=body,
+        headers={**auth(token), "Content-Type": "application/json"},
+    )
 
 
 # -- 1. privileges: decided by the operator, re-checked by the worker ---------------------------------
 UNSAFE_SPECS = [
     {"task": {"name": "code", "params": {"sandbox": "unsafe_local"}}},
-    {"task": {"name": "humaneval", "params": {"sandbox": "unsafe_local",
-                                              "instruction": "Answer.\n{prompt}"}}},
+    {
+        "task": {
+            "name": "humaneval",
+            "params": {"sandbox": "unsafe_local", "instruction": "Answer.\n{prompt}"},
+        }
+    },
 ]
 
 
@@ -102,14 +109,19 @@ def test_the_scheduler_hands_the_job_its_grants(api_server, http, store):
 
     job = http.post("/v1/jobs", json=UNSAFE_SPECS[0], headers=auth(api_server.admin)).json()
     row = store.get(job["id"])
-    store.update(row.id, run_dir=str(api_server.cp.data_dir / "runs" / row.id), ray_submission_id=f"sub-{row.id}")
+    store.update(
+        row.id, run_dir=str(api_server.cp.data_dir / "runs" / row.id), ray_submission_id=f"sub-{row.id}"
+    )
 
     class RecordingRay:  # stands in for Ray's Jobs API: only what the scheduler hands over is checked
         def submit(self, sub_id, entrypoint, env_vars, metadata):
             self.env = env_vars
 
-    settings = ControlSettings(data_dir=api_server.cp.data_dir, ray_address="none",
-                               trainer_env={"TGC_GRANTS": "custom_code,host_paths,unsafe_sandbox"})
+    settings = ControlSettings(
+        data_dir=api_server.cp.data_dir,
+        ray_address="none",
+        trainer_env={"TGC_GRANTS": "custom_code,host_paths,unsafe_sandbox"},
+    )
     scheduler = Scheduler(store, TokenStore(store.engine), settings, telemetry=None)
     scheduler.ray = RecordingRay()
     scheduler._submit(store.get(row.id))
@@ -171,7 +183,9 @@ def test_job_query_numbers_are_parsed_and_bounded(http, api_server, path, field,
 @pytest.mark.parametrize("value", [HUGE.encode(), "²".encode(), b"-1", b"abc"])
 def test_last_event_id_is_parsed_and_bounded(http, api_server, value):
     job = http.post("/v1/jobs", json={"steps": 1}, headers=auth(api_server.acme)).json()["id"]
-    r = http.get(f"/v1/jobs/{job}/events?follow=false", headers={**auth(api_server.acme), "Last-Event-ID": value})
+    r = http.get(
+        f"/v1/jobs/{job}/events?follow=false", headers={**auth(api_server.acme), "Last-Event-ID": value}
+    )
     assert r.status_code == 422 and r.json()["detail"][0]["field"] == "Last-Event-ID", r.text
 
 
@@ -203,7 +217,7 @@ BAD_BODIES = {
     "model": '{"model": {"source": "random", "config_overrides": {"hidden_size": 100000000}}}',
     "model ": '{"model": {"source": "random", "config_overrides": {"num_hidden_layers": 2, "hidden_size": 48}}}',
     "task.params     ": '{"task": {"name": "reasoning_gym:basic_arithmetic", "params": {"min_terms": 9, '
-                        '"max_terms": 2}}}',
+    '"max_terms": 2}}}',
 }
 
 
@@ -312,12 +326,20 @@ def test_entry_points_with_a_trailing_newline_are_not_names(value):
 
 
 def test_custom_resources_that_choose_nodes_are_the_operators_to_give(monkeypatch):
-    spec = JobSpec.parse({"resources": {"learner_custom_resources": {"team_b_gpu": 1},
-                                        "rollout_custom_resources": {"spot": 0.5}}})
+    spec = JobSpec.parse(
+        {
+            "resources": {
+                "learner_custom_resources": {"team_b_gpu": 1},
+                "rollout_custom_resources": {"spot": 0.5},
+            }
+        }
+    )
     with pytest.raises(PolicyError) as e:
         check_spec(spec, ControlSettings(), is_admin=False)
-    assert {v.field for v in e.value.violations} == {"resources.learner_custom_resources",
-                                                     "resources.rollout_custom_resources"}
+    assert {v.field for v in e.value.violations} == {
+        "resources.learner_custom_resources",
+        "resources.rollout_custom_resources",
+    }
     with pytest.raises(PolicyError) as e:
         check_spec(spec, ControlSettings(allowed_custom_resources=["spot"]), is_admin=False)
     assert [v.field for v in e.value.violations] == ["resources.learner_custom_resources"]

@@ -17,7 +17,12 @@ def test_ci_study_writes_results_for_testbeds_one_and_two(ci_study):
 
 def test_ci_study_renders_figures(ci_study):
     pngs = sorted(p.name for p in ci_study.glob("*.png"))
-    assert {"tabular_ci_main.png", "tabular_ci_curves.png", "tinylm_ci_main.png", "tinylm_ci_curves.png"} <= set(pngs)
+    assert {
+        "tabular_ci_main.png",
+        "tabular_ci_curves.png",
+        "tinylm_ci_main.png",
+        "tinylm_ci_curves.png",
+    } <= set(pngs)
     assert all((ci_study / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
 
 

@@ -11,13 +11,17 @@ def _view(ci_study):
 
 def test_grpo_drifts_the_reward_irrelevant_style_choice(ci_study):
     p_verbose = summarize(_view(ci_study).values("grpo", "p_verbose"))
-    assert p_verbose.mean < 0.1  # init 0.5: 1/|o_i| favours the short (concise) style although it earns nothing
+    assert (
+        p_verbose.mean < 0.1
+    )  # init 0.5: 1/|o_i| favours the short (concise) style although it earns nothing
 
 
 def test_cp_grpo_leaves_the_reward_irrelevant_style_choice_undrifted(ci_study):
     values = _view(ci_study).values("cp_grpo", "p_verbose")
     assert 0.25 < summarize(values).mean < 0.75
-    drift = compare([abs(v - 0.5) for v in _view(ci_study).values("grpo", "p_verbose")], [abs(v - 0.5) for v in values])
+    drift = compare(
+        [abs(v - 0.5) for v in _view(ci_study).values("grpo", "p_verbose")], [abs(v - 0.5) for v in values]
+    )
     assert drift.diff > 0.2 and drift.p_value < 0.05
 
 

@@ -32,7 +32,9 @@ def _plain_loop(name: str, cfg: ToyConfig) -> dict[str, float]:
         adv = objective.advantages(batch.rewards, batch.group_ids, batch.mask)
         for stage in objective.stages(old, batch.mask):
             for _ in range(cfg.epochs):
-                out = objective.loss(logprobs(policy, batch), old, adv, batch.mask, batch.group_ids, stage_mask=stage)
+                out = objective.loss(
+                    logprobs(policy, batch), old, adv, batch.mask, batch.group_ids, stage_mask=stage
+                )
                 opt.zero_grad(set_to_none=True)
                 out.loss.backward()
                 opt.step()

@@ -17,8 +17,10 @@ SEEDS = tuple(range(8))
 @pytest.fixture(scope="module")
 def results() -> dict[str, list[dict[str, float]]]:
     cfg = dict(steps=400, epochs=1, diag_every=8)
-    return {name: [run(TabularRun(name, toy=ToyConfig(seed=s, **cfg), trace_every=400))["final"] for s in SEEDS]
-            for name in ("grpo", "dr_grpo", "cp_grpo")}
+    return {
+        name: [run(TabularRun(name, toy=ToyConfig(seed=s, **cfg), trace_every=400))["final"] for s in SEEDS]
+        for name in ("grpo", "dr_grpo", "cp_grpo")
+    }
 
 
 def mean(xs) -> float:
@@ -40,7 +42,10 @@ def test_d1_is_the_length_ratio_for_grpo_and_zero_for_exchangeable_objectives(re
 
 
 def test_cancellation_costs_no_learning_speed(results):
-    assert mean([r["success"] for r in results["cp_grpo"]]) >= mean([r["success"] for r in results["grpo"]]) - 0.02
+    assert (
+        mean([r["success"] for r in results["cp_grpo"]])
+        >= mean([r["success"] for r in results["grpo"]]) - 0.02
+    )
     assert all(r["success"] > 0.3 for rs in results.values() for r in rs)  # init mean P(correct) is ~0.19
 
 

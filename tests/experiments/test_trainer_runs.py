@@ -27,7 +27,9 @@ def test_local_study_runs_every_job_through_the_trainer(tmp_path):
     out = run_local("tiny", tmp_path / "results", cache=tmp_path / "cache")
     _check_results(out)
     assert sorted(p.name for p in (tmp_path / "results" / "trainer_tiny_runs").iterdir()) == [
-        "tgc-exp-cp-grpo-arithmetic-s0.json", "tgc-exp-grpo-arithmetic-s0.json"]
+        "tgc-exp-cp-grpo-arithmetic-s0.json",
+        "tgc-exp-grpo-arithmetic-s0.json",
+    ]
     # resumable on another machine: the per-run summaries travel with the results, so a second invocation
     # with an empty cache reuses the finished runs instead of training again
     lines = []

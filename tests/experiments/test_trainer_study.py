@@ -32,8 +32,18 @@ def test_every_planned_run_is_a_valid_job_spec(size):
 
 def test_full_plan_compares_the_issue_objectives_on_two_tasks_with_three_seeds():
     plan = study_plan("full")
-    assert set(plan["objectives"]) >= {"grpo", "dr_grpo", "dapo", "gspo", "cispo", "dfpo_min", "dfpo_orth", "cp_grpo",
-                                       "grpo_ar", "grpo_lopti"}
+    assert set(plan["objectives"]) >= {
+        "grpo",
+        "dr_grpo",
+        "dapo",
+        "gspo",
+        "cispo",
+        "dfpo_min",
+        "dfpo_orth",
+        "cp_grpo",
+        "grpo_ar",
+        "grpo_lopti",
+    }
     assert len(plan["seeds"]) == 3 and len(plan["tasks"]) == 2
 
 
@@ -46,8 +56,10 @@ def test_study_tasks_load_and_score_their_own_answer(task):
 
 
 def test_metrics_reduce_to_curves_final_tail_means_and_threshold_step():
-    points = [{"step": s, "reward/accuracy": a, "diag/d1_gcpr": 0.1 * s}
-              for s, a in zip(range(1, 9), [0.1, 0.2, 0.5, 0.8, 0.7, 0.9, 0.9, 1.0], strict=True)]
+    points = [
+        {"step": s, "reward/accuracy": a, "diag/d1_gcpr": 0.1 * s}
+        for s, a in zip(range(1, 9), [0.1, 0.2, 0.5, 0.8, 0.7, 0.9, 0.9, 1.0], strict=True)
+    ]
     out = summarise_metrics(reversed(points))
     assert out["steps"] == list(range(1, 9))
     assert out["curves"]["reward/accuracy"][3] == 0.8
@@ -63,7 +75,10 @@ def test_metrics_of_a_run_without_steps_are_refused():
 
 def test_a_part_of_the_study_can_be_selected_and_unknown_names_are_refused():
     runs = select_runs("full", objectives=["grpo", "cp_grpo"], tasks=["arithmetic"], seeds=[1])
-    assert sorted(spec["name"] for _, _, spec in runs) == ["tgc-exp-cp-grpo-arithmetic-s1", "tgc-exp-grpo-arithmetic-s1"]
+    assert sorted(spec["name"] for _, _, spec in runs) == [
+        "tgc-exp-cp-grpo-arithmetic-s1",
+        "tgc-exp-grpo-arithmetic-s1",
+    ]
     assert len(select_runs("full")) == len(plan_runs("full"))
     with pytest.raises(ValueError, match="--objectives: nope not in the full plan"):
         select_runs("full", objectives=["nope"])

@@ -11,8 +11,13 @@ import torch
 TINY_MODEL = {
     "source": "random",
     "dtype": "float32",
-    "config_overrides": {"num_hidden_layers": 2, "hidden_size": 128, "intermediate_size": 256,
-                         "num_attention_heads": 2, "num_key_value_heads": 1},
+    "config_overrides": {
+        "num_hidden_layers": 2,
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+    },
 }
 
 
@@ -40,8 +45,16 @@ def build_spec(**changes):
     return JobSpec.parse(data)
 
 
-def build_batch(n_groups: int = 4, group_size: int = 4, seed: int = 0, vocab: int = 2000, common_prefix: int = 3,
-               objective: str = "cp_grpo", max_prompt: int = 9, max_response: int = 12):
+def build_batch(
+    n_groups: int = 4,
+    group_size: int = 4,
+    seed: int = 0,
+    vocab: int = 2000,
+    common_prefix: int = 3,
+    objective: str = "cp_grpo",
+    max_prompt: int = 9,
+    max_response: int = 12,
+):
     """Groups of `group_size` responses to random prompts of different lengths (left padding); the responses
     of a group share their first `common_prefix` tokens (a group-common node) and differ in length;
     binary rewards with at least one success and one failure per group; advantages from rlcore."""
@@ -64,7 +77,9 @@ def build_batch(n_groups: int = 4, group_size: int = 4, seed: int = 0, vocab: in
             rewards.append(float(i % 2 if i < 2 else torch.randint(0, 2, (1,), generator=gen)))
     reward_t = torch.tensor(rewards)
     batch = collate(prompts, comps, gids, torch.zeros(len(rewards)), reward_t, pad_id=2)
-    batch.advantages = rlcore.get_objective(objective).advantages(reward_t, batch.group_ids, batch.response_mask)
+    batch.advantages = rlcore.get_objective(objective).advantages(
+        reward_t, batch.group_ids, batch.response_mask
+    )
     return batch
 
 

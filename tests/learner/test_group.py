@@ -25,9 +25,18 @@ def ray_cluster():
 
 def _pair(spec_fn, model_path, objective, job):
     """A 2-rank group (1 group per micro-batch) and a 1-rank learner (one micro-batch) fed the same calls."""
-    group = LearnerGroup(spec_fn(**{"objective.name": objective, "resources.learner_ranks": 2,
-                                    "resources.cpus_per_learner": 0.5, "optim.micro_batch_size": 4}),
-                         model_path, job)
+    group = LearnerGroup(
+        spec_fn(
+            **{
+                "objective.name": objective,
+                "resources.learner_ranks": 2,
+                "resources.cpus_per_learner": 0.5,
+                "optim.micro_batch_size": 4,
+            }
+        ),
+        model_path,
+        job,
+    )
     single = Learner(spec_fn(**{"objective.name": objective, "optim.micro_batch_size": 64}), model_path)
     return group, single
 
@@ -63,13 +72,22 @@ def test_two_ranks_reproduce_the_per_sequence_gradient(grpo_pair, make_batch):
     _assert_same_gradients(*grpo_pair, make_batch(n_groups=5, objective="grpo"))
 
 
-def test_two_ranks_with_shared_prompts_reproduce_the_full_forward_gradient(cp_pair, tiny_spec, tiny_model_path,
-                                                                         make_batch):
+def test_two_ranks_with_shared_prompts_reproduce_the_full_forward_gradient(
+    cp_pair, tiny_spec, tiny_model_path, make_batch
+):
     """The group computes each prompt once per micro-batch (the default): 3 + 2 micro-batches and a padding
     pass over 2 ranks give the gradient of one full forward per row in one process."""
     group, _ = cp_pair
-    full = Learner(tiny_spec(**{"objective.name": "cp_grpo", "optim.micro_batch_size": 64,
-                                "optim.shared_prompt_forward": False}), tiny_model_path)
+    full = Learner(
+        tiny_spec(
+            **{
+                "objective.name": "cp_grpo",
+                "optim.micro_batch_size": 64,
+                "optim.shared_prompt_forward": False,
+            }
+        ),
+        tiny_model_path,
+    )
     assert not full.policy.prefix_tree
     _assert_same_gradients(group, full, make_batch(n_groups=5, seed=3, objective="cp_grpo"))
 
@@ -79,7 +97,8 @@ def test_two_ranks_take_the_same_optimizer_step(cp_pair, make_batch):
     batch = make_batch(n_groups=5, seed=7)
     m2, m1 = group.train_step(batch), single.train_step(batch)
     assert (m2["loss"], m2["grad_norm"], m2["entropy"]) == pytest.approx(
-        (m1["loss"], m1["grad_norm"], m1["entropy"]), rel=1e-5)
+        (m1["loss"], m1["grad_norm"], m1["entropy"]), rel=1e-5
+    )
     assert m2["tokens"] == m1["tokens"] and m2["optimizer_steps"] == m1["optimizer_steps"]
     torch.testing.assert_close(group.logprobs(batch), single.logprobs(batch), rtol=1e-5, atol=1e-5)
 
@@ -95,8 +114,9 @@ def test_published_weights_are_the_full_state_dict(cp_pair, ray_cluster):
         torch.testing.assert_close(published[name], local[name], rtol=0, atol=2e-4)
 
 
-def test_checkpoint_restores_the_group_and_loads_in_one_rank(cp_pair, tiny_spec, tiny_model_path, make_batch,
-                                                             tmp_path):
+def test_checkpoint_restores_the_group_and_loads_in_one_rank(
+    cp_pair, tiny_spec, tiny_model_path, make_batch, tmp_path
+):
     group, single = cp_pair
     batch = make_batch(n_groups=5, seed=11)
     group.save(tmp_path / "ck")
@@ -105,7 +125,9 @@ def test_checkpoint_restores_the_group_and_loads_in_one_rank(cp_pair, tiny_spec,
     group.load(tmp_path / "ck")
     torch.testing.assert_close(group.logprobs(batch), saved, rtol=0, atol=0)
     # The sharded training state of 2 ranks reshards into a single rank that continues identically.
-    resumed = Learner(tiny_spec(**{"objective.name": "cp_grpo", "optim.micro_batch_size": 64}), tiny_model_path)
+    resumed = Learner(
+        tiny_spec(**{"objective.name": "cp_grpo", "optim.micro_batch_size": 64}), tiny_model_path
+    )
     resumed.load(tmp_path / "ck")
     torch.testing.assert_close(resumed.logprobs(batch), saved, rtol=1e-6, atol=1e-5)
     assert resumed.train_step(batch)["loss"] == pytest.approx(group.train_step(batch)["loss"], rel=1e-5)
@@ -113,8 +135,11 @@ def test_checkpoint_restores_the_group_and_loads_in_one_rank(cp_pair, tiny_spec,
 
 
 def test_a_dead_rank_stops_the_group_cleanly(ray_cluster, tiny_spec, tiny_model_path, make_batch):
-    group = LearnerGroup(tiny_spec(**{"resources.learner_ranks": 2, "resources.cpus_per_learner": 0.5}),
-                         tiny_model_path, "test-fault")
+    group = LearnerGroup(
+        tiny_spec(**{"resources.learner_ranks": 2, "resources.cpus_per_learner": 0.5}),
+        tiny_model_path,
+        "test-fault",
+    )
     ray_cluster.kill(group.actors[1])
     with pytest.raises(LearnerGroupError, match="learner rank failed"):
         group.train_step(make_batch())
@@ -124,10 +149,15 @@ def test_a_dead_rank_stops_the_group_cleanly(ray_cluster, tiny_spec, tiny_model_
 
 
 def test_shutdown_leaves_no_actor_or_process_behind(ray_cluster, tiny_spec, tiny_model_path):
-    group = LearnerGroup(tiny_spec(**{"resources.learner_ranks": 2, "resources.cpus_per_learner": 0.5}),
-                         tiny_model_path, "test-shutdown")
+    group = LearnerGroup(
+        tiny_spec(**{"resources.learner_ranks": 2, "resources.cpus_per_learner": 0.5}),
+        tiny_model_path,
+        "test-shutdown",
+    )
     names = [f"test-shutdown-learner-{r}" for r in range(2)]
-    pids = [ray_cluster.get(ray_cluster.get_actor(n).__ray_call__.remote(lambda self: os.getpid())) for n in names]
+    pids = [
+        ray_cluster.get(ray_cluster.get_actor(n).__ray_call__.remote(lambda self: os.getpid())) for n in names
+    ]
     group.shutdown()
     deadline = time.time() + 30
     while time.time() < deadline and any(_alive(p) for p in pids):

@@ -23,16 +23,20 @@ def _unsharded_logprobs(model_dir, batch, chunk=1_000_000):
 
     lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     with torch.no_grad():
-        lp, _ = PolicyLogprobs(lm, chunk).eval()(batch.input_ids, batch.attention_mask, batch.prompt_len,
-                                                 batch.response_mask)
+        lp, _ = PolicyLogprobs(lm, chunk).eval()(
+            batch.input_ids, batch.attention_mask, batch.prompt_len, batch.response_mask
+        )
     return lp
 
 
 def test_logprobs_equal_whole_logits_of_the_unsharded_model(tiny_spec, tiny_model_path, make_batch):
     batch = make_batch(n_groups=3)
-    learner = Learner(tiny_spec(**{"optim.logprob_chunk_tokens": 16, "optim.micro_batch_size": 4}), tiny_model_path)
-    torch.testing.assert_close(learner.logprobs(batch), _unsharded_logprobs(tiny_model_path, batch),
-                               rtol=1e-5, atol=1e-5)
+    learner = Learner(
+        tiny_spec(**{"optim.logprob_chunk_tokens": 16, "optim.micro_batch_size": 4}), tiny_model_path
+    )
+    torch.testing.assert_close(
+        learner.logprobs(batch), _unsharded_logprobs(tiny_model_path, batch), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_train_steps_lower_the_loss_on_a_fixed_batch(tiny_spec, tiny_model_path, make_batch):
@@ -56,10 +60,28 @@ def test_update_moves_logprobs_in_the_direction_of_the_advantage(tiny_spec, tiny
 def test_step_reports_its_metrics(tiny_spec, tiny_model_path, make_batch):
     batch = make_batch()
     m = Learner(tiny_spec(), tiny_model_path).train_step(batch)
-    for key in ("loss", "grad_norm", "lr", "entropy", "tokens", "tokens_per_s", "timing/fwd_bwd_s",
-                "timing/optim_s", "mismatch/logprob_abs_diff", "mismatch/k3_kl", "objective/clip/frac",
-                "diag/d1_gcpr", "diag/d2_residual", "diag/d2_nodes", "diag/d3_kappa_cv", "diag/d4_groups_complete_frac", "diag/d7_entropy_common",
-                "diag/d9_absw_share_p00_10", "diag/d10_clipfrac_pos", "diag/d11_corr_len_adv"):
+    for key in (
+        "loss",
+        "grad_norm",
+        "lr",
+        "entropy",
+        "tokens",
+        "tokens_per_s",
+        "timing/fwd_bwd_s",
+        "timing/optim_s",
+        "mismatch/logprob_abs_diff",
+        "mismatch/k3_kl",
+        "objective/clip/frac",
+        "diag/d1_gcpr",
+        "diag/d2_residual",
+        "diag/d2_nodes",
+        "diag/d3_kappa_cv",
+        "diag/d4_groups_complete_frac",
+        "diag/d7_entropy_common",
+        "diag/d9_absw_share_p00_10",
+        "diag/d10_clipfrac_pos",
+        "diag/d11_corr_len_adv",
+    ):
         assert key in m, key
     assert m["tokens"] == float(batch.response_mask.sum())
     assert 0 < m["timing/diagnostics_s"] < m["timing/learner_step_s"]  # their cost, reported every step
@@ -82,20 +104,31 @@ def test_micro_batches_sum_to_the_full_batch_gradient(tiny_spec, tiny_model_path
         torch.testing.assert_close(g_split[name], g_whole[name], rtol=1e-4, atol=1e-7)
 
 
-def test_prefix_entropies_pool_over_micro_batches_by_the_positions_they_average(tiny_spec, tiny_model_path, make_batch):
+def test_prefix_entropies_pool_over_micro_batches_by_the_positions_they_average(
+    tiny_spec, tiny_model_path, make_batch
+):
     """D7's common-prefix and divergent entropies of a step split into micro-batches equal the whole batch's."""
     batch = make_batch(n_groups=4)
     batch.response_ids[0, 0] += 1  # group 0 no longer shares a prefix: its micro-batch has no common position
-    got = {mb: Learner(tiny_spec(**{"optim.micro_batch_size": mb}), tiny_model_path).train_step(batch)
-           for mb in (64, 4)}
+    got = {
+        mb: Learner(tiny_spec(**{"optim.micro_batch_size": mb}), tiny_model_path).train_step(batch)
+        for mb in (64, 4)
+    }
     assert got[64]["diag/d7_common_tokens"] > 0
     for key in ("diag/d7_entropy_common", "diag/d7_entropy_divergent", "diag/d7_common_tokens"):
         assert got[4][key] == pytest.approx(got[64][key], rel=1e-5), key
 
 
 def test_save_then_load_continues_identically(tiny_spec, tiny_model_path, make_batch, tmp_path):
-    spec = tiny_spec(**{"optim.ppo_epochs": 2, "optim.mini_batches": 2, "optim.schedule": "cosine",
-                        "optim.warmup_steps": 2, "steps": 4})
+    spec = tiny_spec(
+        **{
+            "optim.ppo_epochs": 2,
+            "optim.mini_batches": 2,
+            "optim.schedule": "cosine",
+            "optim.warmup_steps": 2,
+            "steps": 4,
+        }
+    )
     batches = [make_batch(seed=s) for s in range(3)]
     first = Learner(spec, tiny_model_path)
     first.train_step(batches[0])
@@ -106,12 +139,14 @@ def test_save_then_load_continues_identically(tiny_spec, tiny_model_path, make_b
     got = [resumed.train_step(b) for b in batches[1:]]
     for e, g in zip(expected, got, strict=True):
         assert (g["loss"], g["grad_norm"], g["lr"], g["optimizer_steps"]) == pytest.approx(
-            (e["loss"], e["grad_norm"], e["lr"], e["optimizer_steps"]), rel=1e-6, abs=1e-9)
+            (e["loss"], e["grad_norm"], e["lr"], e["optimizer_steps"]), rel=1e-6, abs=1e-9
+        )
     torch.testing.assert_close(resumed.logprobs(batches[0]), first.logprobs(batches[0]), rtol=0, atol=1e-6)
 
 
 def test_checkpoint_without_optimizer_is_smaller_and_resumes_weights_with_fresh_moments(
-        tiny_spec, tiny_model_path, make_batch, tmp_path):
+    tiny_spec, tiny_model_path, make_batch, tmp_path
+):
     batch = make_batch()
     sizes = {}
     for keep in (True, False):
@@ -127,16 +162,18 @@ def test_checkpoint_without_optimizer_is_smaller_and_resumes_weights_with_fresh_
     assert resumed.optimizer_steps == learner.optimizer_steps
 
 
-def test_saved_model_directory_loads_in_transformers_with_the_same_logprobs(tiny_spec, tiny_model_path,
-                                                                          make_batch, tmp_path):
+def test_saved_model_directory_loads_in_transformers_with_the_same_logprobs(
+    tiny_spec, tiny_model_path, make_batch, tmp_path
+):
     from transformers import AutoTokenizer
 
     batch = make_batch()
     learner = Learner(tiny_spec(), tiny_model_path)
     learner.train_step(batch)
     learner.save(tmp_path / "ck")
-    torch.testing.assert_close(_unsharded_logprobs(tmp_path / "ck" / "model", batch), learner.logprobs(batch),
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        _unsharded_logprobs(tmp_path / "ck" / "model", batch), learner.logprobs(batch), rtol=1e-5, atol=1e-5
+    )
     assert AutoTokenizer.from_pretrained(tmp_path / "ck" / "model").vocab_size == 49152
 
 
@@ -156,7 +193,9 @@ def test_bf16_compute_keeps_float32_master_weights(tiny_spec, tiny_model_path, m
 def test_activation_checkpointing_gives_the_same_gradients(tiny_spec, tiny_model_path, make_batch):
     batch = make_batch()
     plain = Learner(tiny_spec(), tiny_model_path).gradients(batch)
-    recomputed = Learner(tiny_spec(**{"optim.activation_checkpointing": True}), tiny_model_path).gradients(batch)
+    recomputed = Learner(tiny_spec(**{"optim.activation_checkpointing": True}), tiny_model_path).gradients(
+        batch
+    )
     for name in plain:
         torch.testing.assert_close(recomputed[name], plain[name], rtol=1e-5, atol=1e-7)
 

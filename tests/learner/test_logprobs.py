@@ -92,7 +92,7 @@ def test_left_padded_batch_matches_unpadded_forward_of_each_row(tiny_model_path,
             ids = batch.input_ids[i][batch.attention_mask[i].bool()]
             n = int(batch.response_mask[i].sum())
             logits = lm(input_ids=ids[None]).logits[0].float()
-            logp = F.log_softmax(logits[-n - 1:-1], -1)
+            logp = F.log_softmax(logits[-n - 1 : -1], -1)
             want = logp.gather(-1, ids[-n:, None]).squeeze(-1)
             torch.testing.assert_close(lp[i, :n], want, rtol=1e-4, atol=1e-4)
             torch.testing.assert_close(ent[i, :n], -(logp.exp() * logp).sum(-1), rtol=1e-4, atol=1e-4)

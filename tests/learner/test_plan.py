@@ -73,5 +73,7 @@ def test_trim_padding_drops_only_padding(make_batch):
     trimmed = trim_padding(sub)
     assert trimmed.input_ids.shape[1] < sub.input_ids.shape[1]
     assert trimmed.attention_mask.sum() == sub.attention_mask.sum()
-    assert torch.equal(trimmed.response_ids * trimmed.response_mask.long(),
-                       (sub.response_ids * sub.response_mask.long())[:, :trimmed.response_ids.shape[1]])
+    assert torch.equal(
+        trimmed.response_ids * trimmed.response_mask.long(),
+        (sub.response_ids * sub.response_mask.long())[:, : trimmed.response_ids.shape[1]],
+    )

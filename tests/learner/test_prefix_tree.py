@@ -67,7 +67,9 @@ def test_no_tree_where_no_two_adjacent_rows_share_a_prompt(make_batch):
 
 def test_models_without_plain_causal_attention_use_the_full_forward():
     def lm(model_type, attn="sdpa", **extra):
-        return SimpleNamespace(config=SimpleNamespace(model_type=model_type, _attn_implementation=attn, **extra))
+        return SimpleNamespace(
+            config=SimpleNamespace(model_type=model_type, _attn_implementation=attn, **extra)
+        )
 
     assert supports_prefix_tree(lm("llama"))
     assert supports_prefix_tree(lm("qwen2", sliding_window=4096, use_sliding_window=False))
@@ -79,7 +81,10 @@ def test_models_without_plain_causal_attention_use_the_full_forward():
 def test_tree_forward_gives_the_full_forward_logprobs_and_gradients(tiny_model_path, make_batch):
     """Left-padded prompts of different lengths, ragged responses with a shared 3-token prefix, chunked head."""
     batch = make_batch(n_groups=3, seed=1, max_prompt=12)
-    coef = torch.randn(batch.response_mask.shape, generator=torch.Generator().manual_seed(0)) * batch.response_mask
+    coef = (
+        torch.randn(batch.response_mask.shape, generator=torch.Generator().manual_seed(0))
+        * batch.response_mask
+    )
     lm = _tiny_lm(tiny_model_path)
     full = _logprobs_and_grads(PolicyLogprobs(lm, chunk_tokens=5), batch, coef)
     tree_policy = PolicyLogprobs(lm, chunk_tokens=5, prefix_tree=True)
@@ -95,7 +100,8 @@ def test_tokens_the_copies_share_get_bit_identical_logprobs(tiny_model_path, mak
     batch = make_batch(n_groups=3, seed=2, common_prefix=3)
     with torch.no_grad():
         lp, ent = PolicyLogprobs(_tiny_lm(tiny_model_path), chunk_tokens=7, prefix_tree=True)(
-            batch.input_ids, batch.attention_mask, batch.prompt_len, batch.response_mask)
+            batch.input_ids, batch.attention_mask, batch.prompt_len, batch.response_mask
+        )
     pairs = 0
     for g in batch.group_ids.unique():
         rows = (batch.group_ids == g).nonzero().flatten().tolist()

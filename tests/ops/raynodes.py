@@ -22,36 +22,67 @@ RAY = str(Path(sys.executable).with_name("ray"))
 def ray_env(token_file: Path, **extra: str) -> dict[str, str]:
     """Environment of a Ray node or driver of these clusters: token auth with this token, no TGC_ settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TGC_", "RAY_"))}
-    env.update(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_file),
-               RAY_metrics_report_interval_ms="1000", **extra)
+    env.update(
+        RAY_USAGE_STATS_ENABLED="0",
+        RAY_AUTH_MODE="token",
+        RAY_AUTH_TOKEN_PATH=str(token_file),
+        RAY_metrics_report_interval_ms="1000",
+        **extra,
+    )
     return env
 
 
 class RayNode:
     """One `ray start` node; `kill()` is a node lost at once (SIGKILL to all its processes)."""
 
-    def __init__(self, root: Path, name: str, token_file: Path, *, head_address: str | None = None,
-                 num_cpus: float = 2, resources: dict[str, float] | None = None):
+    def __init__(
+        self,
+        root: Path,
+        name: str,
+        token_file: Path,
+        *,
+        head_address: str | None = None,
+        num_cpus: float = 2,
+        resources: dict[str, float] | None = None,
+    ):
         self.name, self.token_file = name, token_file
         self.temp_dir = Path("/tmp") / f"tgc-ops-{secrets.token_hex(4)}"  # Ray's socket paths must stay short
         ports = _free_ports(9)
         self.gcs_port, self.dashboard_port, self.metrics_port = ports[0], ports[1], ports[2]
-        cmd = [RAY, "start", "--node-ip-address=127.0.0.1", f"--num-cpus={num_cpus}", "--num-gpus=0",
-               f"--metrics-export-port={self.metrics_port}", f"--node-manager-port={ports[3]}",
-               f"--object-manager-port={ports[4]}", f"--dashboard-agent-listen-port={ports[5]}",
-               f"--dashboard-agent-grpc-port={ports[6]}", f"--runtime-env-agent-port={ports[7]}",
-               "--object-store-memory=200000000", f"--temp-dir={self.temp_dir}", "--disable-usage-stats"]
+        cmd = [
+            RAY,
+            "start",
+            "--node-ip-address=127.0.0.1",
+            f"--num-cpus={num_cpus}",
+            "--num-gpus=0",
+            f"--metrics-export-port={self.metrics_port}",
+            f"--node-manager-port={ports[3]}",
+            f"--object-manager-port={ports[4]}",
+            f"--dashboard-agent-listen-port={ports[5]}",
+            f"--dashboard-agent-grpc-port={ports[6]}",
+            f"--runtime-env-agent-port={ports[7]}",
+            "--object-store-memory=200000000",
+            f"--temp-dir={self.temp_dir}",
+            "--disable-usage-stats",
+        ]
         if resources:
             cmd.append(f"--resources={json.dumps(resources)}")
         if head_address is None:
-            cmd += ["--head", f"--port={self.gcs_port}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-                    f"--dashboard-port={self.dashboard_port}", f"--ray-client-server-port={ports[8]}"]
+            cmd += [
+                "--head",
+                f"--port={self.gcs_port}",
+                "--include-dashboard=true",
+                "--dashboard-host=127.0.0.1",
+                f"--dashboard-port={self.dashboard_port}",
+                f"--ray-client-server-port={ports[8]}",
+            ]
         else:
             cmd.append(f"--address={head_address}")
         self.log = root / f"ray-{name}.log"
         with open(self.log, "w") as log:
-            proc = subprocess.Popen(cmd, env=ray_env(token_file), stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                cmd, env=ray_env(token_file), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         self.session = proc.pid
         try:
             rc = proc.wait(timeout=240)
@@ -107,8 +138,12 @@ def state_api(dashboard_url: str, token_file: Path, resource: str, **filters: st
     params = [("detail", "1"), ("limit", "1000")]
     params += [("filter_keys", k) for k in filters] + [("filter_predicates", "=") for _ in filters]
     params += [("filter_values", v) for v in filters.values()]
-    r = httpx.get(f"{dashboard_url}/api/v0/{resource}", params=params, timeout=30,
-                  headers={"Authorization": f"Bearer {token_file.read_text().strip()}"})
+    r = httpx.get(
+        f"{dashboard_url}/api/v0/{resource}",
+        params=params,
+        timeout=30,
+        headers={"Authorization": f"Bearer {token_file.read_text().strip()}"},
+    )
     r.raise_for_status()
     return r.json()["data"]["result"]["result"]
 

@@ -60,12 +60,16 @@ def test_metric_names_are_ones_the_code_exports():
         for metric in re.findall(r'metric=~"([^"]+)"', expr):
             for key in metric.split("|"):
                 # pool stats are prefixed on the way (`rollout/` + "sync_s")
-                assert f'"{key}"' in sources or f'"{key.split("/")[-1]}"' in sources, f"{key} is reported nowhere"
+                assert f'"{key}"' in sources or f'"{key.split("/")[-1]}"' in sources, (
+                    f"{key} is reported nowhere"
+                )
 
 
 def test_chart_ships_the_dashboard_as_a_configmap():
     docs = render({})
-    found = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("grafana-dashboard")]
+    found = [
+        d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("grafana-dashboard")
+    ]
     assert len(found) == 1
     cm = found[0]
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"  # what Grafana's sidecar looks for
@@ -78,8 +82,11 @@ def test_compose_stack_runs_prometheus_and_grafana_with_the_dashboard():
     compose = yaml.safe_load(COMPOSE.read_text())
     services = compose["services"]
     grafana, prom = services["grafana"], services["prometheus"]
-    mounts = {m.split(":")[1]: (COMPOSE.parent / m.split(":")[0]).resolve() for m in grafana["volumes"]
-              if m.startswith(".")}
+    mounts = {
+        m.split(":")[1]: (COMPOSE.parent / m.split(":")[0]).resolve()
+        for m in grafana["volumes"]
+        if m.startswith(".")
+    }
     assert mounts["/etc/grafana/dashboards"] == DASHBOARD.parent
     provisioning = mounts["/etc/grafana/provisioning"]
     provider = yaml.safe_load((provisioning / "dashboards" / "tgc-rl.yaml").read_text())
@@ -92,7 +99,9 @@ def test_compose_stack_runs_prometheus_and_grafana_with_the_dashboard():
     assert compose["secrets"]["metrics_token"] == {"environment": "TGC_METRICS_TOKEN"}
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool comes with Debian's prometheus package")
+@pytest.mark.skipif(
+    shutil.which("promtool") is None, reason="promtool comes with Debian's prometheus package"
+)
 def test_compose_prometheus_config_is_valid(tmp_path):
     config = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
     jobs = {j["job_name"]: j for j in config["scrape_configs"]}
@@ -100,12 +109,19 @@ def test_compose_prometheus_config_is_valid(tmp_path):
     assert jobs["ray"]["http_sd_configs"][0]["url"].endswith("/api/prometheus/sd")
     # promtool opens the credential files: point them at stand-ins here
     for job in jobs.values():
-        for auth in [job.get("authorization"), *[sd.get("authorization") for sd in job.get("http_sd_configs", [])]]:
+        for auth in [
+            job.get("authorization"),
+            *[sd.get("authorization") for sd in job.get("http_sd_configs", [])],
+        ]:
             if auth:
                 stand_in = tmp_path / Path(auth["credentials_file"]).name
                 stand_in.write_text("x" * 32)
                 auth["credentials_file"] = str(stand_in)
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-    out = subprocess.run(["promtool", "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run(
+        ["promtool", "check", "config", str(tmp_path / "prometheus.yml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stdout + out.stderr

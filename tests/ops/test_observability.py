@@ -86,19 +86,37 @@ class Stack:
         self.procs: list[subprocess.Popen] = []
         self.metrics_token = secrets.token_hex(24)
         (root / "metrics-token").write_text(self.metrics_token)
-        self.plane = LocalControlPlane(root / "data", ray_address="local", env={
-            "TGC_METRICS_TOKEN": self.metrics_token, "RAY_metrics_report_interval_ms": "1000"})
+        self.plane = LocalControlPlane(
+            root / "data",
+            ray_address="local",
+            env={"TGC_METRICS_TOKEN": self.metrics_token, "RAY_metrics_report_interval_ms": "1000"},
+        )
         self.head = LocalRayCluster(root / "data")
 
     def start(self) -> None:
         self.plane.start()
         self.plane.wait_ready()
         self.sandbox_port = free_port()
-        self._spawn("sandbox", [sys.executable, "-m", "services.sandbox.http", "--host", "127.0.0.1",
-                                "--port", str(self.sandbox_port)])
-        wait_for(lambda: self._answers(f"http://127.0.0.1:{self.sandbox_port}/metrics/"), 120, "sandbox service")
-        ran = httpx.post(f"http://127.0.0.1:{self.sandbox_port}/run_code", timeout=60,
-                         json={"code": "print(6 * 7)", "language": "python"}).json()
+        self._spawn(
+            "sandbox",
+            [
+                sys.executable,
+                "-m",
+                "services.sandbox.http",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.sandbox_port),
+            ],
+        )
+        wait_for(
+            lambda: self._answers(f"http://127.0.0.1:{self.sandbox_port}/metrics/"), 120, "sandbox service"
+        )
+        ran = httpx.post(
+            f"http://127.0.0.1:{self.sandbox_port}/run_code",
+            timeout=60,
+            json={"code": "print(6 * 7)", "language": "python"},
+        ).json()
         assert ran["run_result"]["stdout"].strip() == "42", ran
         self.start_prometheus()
         self.client = Client(self.plane.url, self.plane.create_token("ops"))
@@ -110,29 +128,58 @@ class Stack:
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "5s"},
             "scrape_configs": [
-                {"job_name": "tgc-control-plane", "static_configs": [{"targets": [f"127.0.0.1:{self.plane.port}"]}],
-                 "authorization": {"type": "Bearer", "credentials_file": str(self.root / "metrics-token")}},
-                {"job_name": "ray", "http_sd_configs": [{
-                    "url": f"http://127.0.0.1:{port}/api/prometheus/sd", "refresh_interval": "5s",
-                    "authorization": {"type": "Bearer", "credentials_file": str(self.head.token_file)}}],
-                 # Ray names its nodes by their interface address; everything here is on this host's loopback
-                 "relabel_configs": [{"source_labels": ["__address__"], "regex": ".*:(\\d+)",
-                                      "target_label": "__address__", "replacement": "127.0.0.1:$1"}]},
-                {"job_name": "sandbox", "metrics_path": "/metrics/",
-                 "static_configs": [{"targets": [f"127.0.0.1:{self.sandbox_port}"]}]},
+                {
+                    "job_name": "tgc-control-plane",
+                    "static_configs": [{"targets": [f"127.0.0.1:{self.plane.port}"]}],
+                    "authorization": {"type": "Bearer", "credentials_file": str(self.root / "metrics-token")},
+                },
+                {
+                    "job_name": "ray",
+                    "http_sd_configs": [
+                        {
+                            "url": f"http://127.0.0.1:{port}/api/prometheus/sd",
+                            "refresh_interval": "5s",
+                            "authorization": {
+                                "type": "Bearer",
+                                "credentials_file": str(self.head.token_file),
+                            },
+                        }
+                    ],
+                    # Ray names its nodes by their interface address; everything here is on this host's loopback
+                    "relabel_configs": [
+                        {
+                            "source_labels": ["__address__"],
+                            "regex": ".*:(\\d+)",
+                            "target_label": "__address__",
+                            "replacement": "127.0.0.1:$1",
+                        }
+                    ],
+                },
+                {
+                    "job_name": "sandbox",
+                    "metrics_path": "/metrics/",
+                    "static_configs": [{"targets": [f"127.0.0.1:{self.sandbox_port}"]}],
+                },
             ],
         }
         (self.root / "prometheus.yml").write_text(yaml.safe_dump(config))
         self.prom = f"http://127.0.0.1:{free_port()}"
-        self._spawn("prometheus", [PROMETHEUS, f"--config.file={self.root / 'prometheus.yml'}",
-                                   f"--storage.tsdb.path={self.root / 'tsdb'}",
-                                   f"--web.listen-address={self.prom.removeprefix('http://')}"])
+        self._spawn(
+            "prometheus",
+            [
+                PROMETHEUS,
+                f"--config.file={self.root / 'prometheus.yml'}",
+                f"--storage.tsdb.path={self.root / 'tsdb'}",
+                f"--web.listen-address={self.prom.removeprefix('http://')}",
+            ],
+        )
         wait_for(lambda: self._answers(f"{self.prom}/-/ready"), 60, "Prometheus ready")
 
     def _spawn(self, name: str, cmd: list[str]) -> None:
         with open(self.root / f"{name}.log", "ab") as log:
-            self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                               start_new_session=True))
+            self.procs.append(
+                subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+            )
 
     @staticmethod
     def _answers(url: str) -> bool:
@@ -145,8 +192,11 @@ class Stack:
         return self.job.refresh().step or 0
 
     def query_range(self, expr: str) -> list[dict]:
-        r = httpx.get(f"{self.prom}/api/v1/query_range", timeout=30, params={
-            "query": expr, "start": self.started - 5, "end": time.time(), "step": "2"})
+        r = httpx.get(
+            f"{self.prom}/api/v1/query_range",
+            timeout=30,
+            params={"query": expr, "start": self.started - 5, "end": time.time(), "step": "2"},
+        )
         r.raise_for_status()
         return r.json()["data"]["result"]
 
@@ -181,8 +231,11 @@ def stack(tmp_path_factory):
 
 
 def _alive_actors(stack: Stack) -> dict[str, dict]:
-    return {a["name"]: a for a in state_api(stack.head.dashboard_url, stack.head.token_file, "actors")
-            if a.get("name") and a["state"] == "ALIVE"}
+    return {
+        a["name"]: a
+        for a in state_api(stack.head.dashboard_url, stack.head.token_file, "actors")
+        if a.get("name") and a["state"] == "ALIVE"
+    }
 
 
 def test_each_actor_of_a_running_job_is_named_for_its_job_and_role(stack):
@@ -194,27 +247,51 @@ def test_each_actor_of_a_running_job_is_named_for_its_job_and_role(stack):
     assert mine[f"{JOB}-rollout-0"]["class_name"] == "RolloutActor"
     # every actor of this job (one Ray job) carries the job's name and a role
     ray_job = mine[f"{JOB}-learner-0"]["job_id"]
-    same_job = [a for a in state_api(stack.head.dashboard_url, stack.head.token_file, "actors")
-                if a["job_id"] == ray_job and a["state"] == "ALIVE"]
-    assert same_job and all(a["name"] in mine for a in same_job), [(a["class_name"], a["name"]) for a in same_job]
+    same_job = [
+        a
+        for a in state_api(stack.head.dashboard_url, stack.head.token_file, "actors")
+        if a["job_id"] == ray_job and a["state"] == "ALIVE"
+    ]
+    assert same_job and all(a["name"] in mine for a in same_job), [
+        (a["class_name"], a["name"]) for a in same_job
+    ]
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (scripts/setup.sh installs it)")
+@pytest.mark.skipif(
+    CHROMIUM is None, reason="Debian's chromium is not installed (scripts/setup.sh installs it)"
+)
 def test_ray_dashboard_actors_page_shows_the_job_s_actors(stack, tmp_path):
     from websockets.sync.client import connect
 
     profile = tmp_path / "chromium-profile"
     proc = subprocess.Popen(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
-         "--remote-debugging-port=0", "--window-size=1600,1000", "about:blank"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            f"--user-data-dir={profile}",
+            "--remote-debugging-port=0",
+            "--window-size=1600,1000",
+            "about:blank",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         active = profile / "DevToolsActivePort"
         wait_for(lambda: active.exists() and active.read_text().strip(), 60, "Chromium's DevTools port")
         port = active.read_text().split()[0]
-        page = next(t for t in httpx.get(f"http://127.0.0.1:{port}/json/list", timeout=10).json()
-                    if t["type"] == "page")
+        page = next(
+            t
+            for t in httpx.get(f"http://127.0.0.1:{port}/json/list", timeout=10).json()
+            if t["type"] == "page"
+        )
         with connect(page["webSocketDebuggerUrl"], max_size=None, open_timeout=30) as ws:
             calls = iter(range(1, 10**6))
 
@@ -229,18 +306,29 @@ def test_ray_dashboard_actors_page_shows_the_job_s_actors(stack, tmp_path):
 
             # what a person does once: paste the head's Ray token, which the dashboard keeps as this cookie
             cdp("Network.enable")
-            cdp("Network.setCookie", name="ray-authentication-token", value=stack.head.token,
-                url=stack.head.dashboard_url, httpOnly=True)
+            cdp(
+                "Network.setCookie",
+                name="ray-authentication-token",
+                value=stack.head.token,
+                url=stack.head.dashboard_url,
+                httpOnly=True,
+            )
             cdp("Page.navigate", url=f"{stack.head.dashboard_url}/#/actors")
 
             def page_text() -> str:
-                return cdp("Runtime.evaluate", expression="document.body ? document.body.innerText : ''",
-                           returnByValue=True)["result"].get("value", "")
+                return cdp(
+                    "Runtime.evaluate",
+                    expression="document.body ? document.body.innerText : ''",
+                    returnByValue=True,
+                )["result"].get("value", "")
 
             text = ""
             try:
-                text = wait_for(lambda: (t := page_text()) and all(r in t for r in ROLES) and t, 120,
-                                "the job's actors on the dashboard's actors page")
+                text = wait_for(
+                    lambda: (t := page_text()) and all(r in t for r in ROLES) and t,
+                    120,
+                    "the job's actors on the dashboard's actors page",
+                )
             finally:
                 shot = base64.b64decode(cdp("Page.captureScreenshot", format="png")["data"])
                 (stack.root / "ray-dashboard-actors.png").write_bytes(shot)  # kept: what a person sees
@@ -263,6 +351,8 @@ def test_every_grafana_dashboard_query_returns_data(stack):
     except TimeoutError:
         names = httpx.get(f"{stack.prom}/api/v1/label/__name__/values", timeout=30).json()["data"]
         targets = httpx.get(f"{stack.prom}/api/v1/targets", timeout=30).json()["data"]["activeTargets"]
-        pytest.fail(f"no data for {missing()}\nmetrics: {[n for n in names if 'tgc' in n]}\n"
-                    f"targets: {[(t['scrapeUrl'], t['health'], t['lastError']) for t in targets]}")
+        pytest.fail(
+            f"no data for {missing()}\nmetrics: {[n for n in names if 'tgc' in n]}\n"
+            f"targets: {[(t['scrapeUrl'], t['health'], t['lastError']) for t in targets]}"
+        )
     assert stack.job.refresh().state.value == "running"

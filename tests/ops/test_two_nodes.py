@@ -54,8 +54,14 @@ class Cluster:
         self.workers: list[RayNode] = []
 
     def add_worker(self) -> RayNode:
-        node = RayNode(self.root, f"worker{len(self.workers)}", self.token, head_address=self.head.address,
-                       num_cpus=2, resources={ACCEL: 2})
+        node = RayNode(
+            self.root,
+            f"worker{len(self.workers)}",
+            self.token,
+            head_address=self.head.address,
+            num_cpus=2,
+            resources={ACCEL: 2},
+        )
         self.workers.append(node)
         return node
 
@@ -66,8 +72,11 @@ class Cluster:
             total = n.get("resources_total") or {}
             if "node:__internal_head__" in total:
                 names[n["node_id"]] = "head"
-        alive_workers = [n["node_id"] for n in state_api(self.head.dashboard_url, self.token, "nodes")
-                         if n["node_id"] not in names]
+        alive_workers = [
+            n["node_id"]
+            for n in state_api(self.head.dashboard_url, self.token, "nodes")
+            if n["node_id"] not in names
+        ]
         for node_id in alive_workers:
             names[node_id] = "worker"
         return names
@@ -78,10 +87,22 @@ class Cluster:
         (run_dir.parent / f"{run_dir.name}.yaml").write_text(yaml.safe_dump(spec))
         log = open(run_dir.parent / f"{run_dir.name}.log", "ab")
         return subprocess.Popen(
-            [sys.executable, "-m", "services.trainer", "--spec", str(run_dir.parent / f"{run_dir.name}.yaml"),
-             "--run-dir", str(run_dir), *extra],
-            cwd=ROOT, env=ray_env(self.token, RAY_ADDRESS=self.head.address, PYTHONPATH=str(ROOT)),
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "services.trainer",
+                "--spec",
+                str(run_dir.parent / f"{run_dir.name}.yaml"),
+                "--run-dir",
+                str(run_dir),
+                *extra,
+            ],
+            cwd=ROOT,
+            env=ray_env(self.token, RAY_ADDRESS=self.head.address, PYTHONPATH=str(ROOT)),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def stop(self) -> None:
         for node in [*self.workers, self.head]:
@@ -118,8 +139,11 @@ def test_learner_packed_on_the_accelerator_node_and_replicas_spread(cluster, tmp
     assert [r["step"] for r in _lines(run_dir / "metrics.jsonl")] == [1, 2]
 
     where = cluster.node_of()
-    actors = {a["name"]: a for a in state_api(cluster.head.dashboard_url, cluster.token, "actors")
-              if a.get("name", "").startswith("two-nodes-")}
+    actors = {
+        a["name"]: a
+        for a in state_api(cluster.head.dashboard_url, cluster.token, "actors")
+        if a.get("name", "").startswith("two-nodes-")
+    }
     placed = {name: where[a["node_id"]] for name, a in actors.items()}
     (cluster.root / "placement.json").write_text(json.dumps(placed, indent=1))  # where each actor ran (kept)
     roles = {name.removeprefix("two-nodes-").rstrip("-0123456789") for name in placed}
@@ -151,8 +175,11 @@ def test_losing_the_worker_node_fails_cleanly_and_resume_loses_nothing(cluster, 
     spec = job_spec("node-loss", steps=4)
     proc = cluster.trainer(spec, run_dir)
     try:
-        wait_for(lambda: (run_dir / "checkpoints" / "step_1").exists() or proc.poll() is not None, 420,
-                 "checkpoint of step 1")
+        wait_for(
+            lambda: (run_dir / "checkpoints" / "step_1").exists() or proc.poll() is not None,
+            420,
+            "checkpoint of step 1",
+        )
         assert proc.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
         cluster.workers[-1].kill()  # the node is lost at once: its raylet, object store and actors
         rc = _finish(proc, 300)

@@ -64,8 +64,10 @@ def test_hung_verification_is_killed_marked_timeout_and_its_worker_replaced(arit
     killed = before_pids - set(arith_pool.worker_pids)
     assert len(killed) == 1 and not alive(killed.pop())
     assert counter("arithmetic", "timeout") == before + 1
-    assert wait_until(lambda: len(arith_pool.worker_pids) == 2
-                      and arith_pool.stats()["reward/workers_alive"] == 2, timeout=60)
+    assert wait_until(
+        lambda: len(arith_pool.worker_pids) == 2 and arith_pool.stats()["reward/workers_alive"] == 2,
+        timeout=60,
+    )
     assert arith_pool.score([math_item("3")], ["3"])[0].reward == 1.0
 
 
@@ -111,10 +113,15 @@ def test_custom_reward_function_scores_in_the_pool(judge_pool):
     assert scores[2].detail == "half credit"
 
 
-@pytest.mark.parametrize("response,needle", [
-    ("raise", "cannot judge this"), ("wrong-type", "returned str"), ("nan", "non-finite"),
-    ("exit", "SystemExit"),
-])
+@pytest.mark.parametrize(
+    "response,needle",
+    [
+        ("raise", "cannot judge this"),
+        ("wrong-type", "returned str"),
+        ("nan", "non-finite"),
+        ("exit", "SystemExit"),
+    ],
+)
 def test_failing_custom_reward_is_an_error_and_the_worker_keeps_serving(judge_pool, response, needle):
     pids = set(judge_pool.worker_pids)
     score = judge_pool.score([math_item("4")], [response])[0]

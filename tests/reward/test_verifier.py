@@ -26,12 +26,15 @@ def test_a_custom_reward_replaces_the_builtin():
     assert verifier(item, "graded") == Score(0.5, detail="half credit")
 
 
-@pytest.mark.parametrize("spec,needle", [
-    ("no_colon", "module:function"),
-    (f"{FIXTURES}:missing", "cannot import missing"),
-    ("not_a_module_anywhere:fn", "cannot import fn"),
-    (f"{FIXTURES}:not_callable", "not callable"),
-])
+@pytest.mark.parametrize(
+    "spec,needle",
+    [
+        ("no_colon", "module:function"),
+        (f"{FIXTURES}:missing", "cannot import missing"),
+        ("not_a_module_anywhere:fn", "cannot import fn"),
+        (f"{FIXTURES}:not_callable", "not callable"),
+    ],
+)
 def test_bad_custom_reward_specs_are_refused_naming_task_reward(spec, needle):
     with pytest.raises(ValueError, match="task.reward") as e:
         import_reward(spec)
@@ -43,8 +46,15 @@ def test_numbers_become_scores(value, reward):
     assert as_score(value, "fn") == Score(reward)
 
 
-@pytest.mark.parametrize("value,needle", [("1.0", "returned str"), (None, "returned NoneType"),
-                                          (float("inf"), "non-finite"), (Score(float("nan")), "non-finite")])
+@pytest.mark.parametrize(
+    "value,needle",
+    [
+        ("1.0", "returned str"),
+        (None, "returned NoneType"),
+        (float("inf"), "non-finite"),
+        (Score(float("nan")), "non-finite"),
+    ],
+)
 def test_anything_else_is_an_error_not_a_silent_zero(value, needle):
     with pytest.raises((TypeError, ValueError), match=needle):
         as_score(value, "fn")

@@ -19,5 +19,5 @@ def test_the_buffer_yields_only_whole_frames_however_bytes_arrive():
     buf = wire.FrameBuffer()
     frames = []
     for i in range(len(data)):  # one byte at a time
-        frames += buf.feed(data[i:i + 1])
+        frames += buf.feed(data[i : i + 1])
     assert frames == [("result", (1, Score(1.0), 0.1)), ("ready", {"pid": 3})]

@@ -20,8 +20,17 @@ class Batch:
     group_size: int
 
 
-def make_batch(seed: int, n_groups: int = 3, group_size: int = 4, width: int = 8, *, off_policy: float = 0.3,
-               binary: bool = True, shared_prefix: bool = True, dtype: torch.dtype = torch.float64) -> Batch:
+def make_batch(
+    seed: int,
+    n_groups: int = 3,
+    group_size: int = 4,
+    width: int = 8,
+    *,
+    off_policy: float = 0.3,
+    binary: bool = True,
+    shared_prefix: bool = True,
+    dtype: torch.dtype = torch.float64,
+) -> Batch:
     """Groups whose responses share an identical prefix (same tokens => same log-probs there, as a real
     model gives identical contexts), random continuations, lengths and rewards (never all equal)."""
     g = torch.Generator().manual_seed(seed)

@@ -57,8 +57,9 @@ def test_batch_whiten_shifts_group_sums_off_zero():
     mask = torch.arange(5)[None, :] < torch.tensor([1, 2, 3, 4, 5, 1, 2, 1])[:, None]
     a = adv("grpo", mask=mask, adv_scale="batch_whiten")
     assert abs(float(a[:4].sum())) > 1e-3
-    assert not rlcore.get_objective("grpo", adv_scale="batch_whiten", gate="none",
-                                    aggregation="token_mean").preserves_cancellation
+    assert not rlcore.get_objective(
+        "grpo", adv_scale="batch_whiten", gate="none", aggregation="token_mean"
+    ).preserves_cancellation
 
 
 def test_bonus_is_added_before_centring():
@@ -79,18 +80,21 @@ def test_integer_rewards_are_accepted():
     torch.testing.assert_close(adv(rewards=torch.tensor([1, 0, 0, 1, 3, 1, 2, 2])), adv())
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [
-    (dict(rewards=torch.tensor([1.0, float("nan"), 0, 1, 3, 1, 2, 2])), "rewards: contains 1 NaN"),
-    (dict(rewards=torch.ones(8, 1)), "rewards: expected a 1-D"),
-    (dict(rewards=torch.ones(7)), "group_ids: expected shape"),
-    (dict(group_ids=GIDS.float()), "group_ids: expected an integer"),
-    (dict(group_ids=torch.tensor([4, 4, 4, 4, 9, 9, 9, 1])), "single response"),
-    (dict(group_ids=torch.tensor([4, 4, 4, 4, 4, 9, 9, 9])), "same size"),
-    (dict(mask=torch.ones(8, 5).index_fill_(0, torch.tensor([2]), 0)), "no active tokens"),
-    (dict(mask=torch.ones(7, 5)), "mask: expected 8 rows"),
-    (dict(bonus=torch.ones(3)), "bonus: expected shape"),
-    (dict(shaping=lambda r, g: r[:3]), "shaping"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(rewards=torch.tensor([1.0, float("nan"), 0, 1, 3, 1, 2, 2])), "rewards: contains 1 NaN"),
+        (dict(rewards=torch.ones(8, 1)), "rewards: expected a 1-D"),
+        (dict(rewards=torch.ones(7)), "group_ids: expected shape"),
+        (dict(group_ids=GIDS.float()), "group_ids: expected an integer"),
+        (dict(group_ids=torch.tensor([4, 4, 4, 4, 9, 9, 9, 1])), "single response"),
+        (dict(group_ids=torch.tensor([4, 4, 4, 4, 4, 9, 9, 9])), "same size"),
+        (dict(mask=torch.ones(8, 5).index_fill_(0, torch.tensor([2]), 0)), "no active tokens"),
+        (dict(mask=torch.ones(7, 5)), "mask: expected 8 rows"),
+        (dict(bonus=torch.ones(3)), "bonus: expected shape"),
+        (dict(shaping=lambda r, g: r[:3]), "shaping"),
+    ],
+)
 def test_bad_advantage_inputs_name_the_argument(kwargs, match):
     args = dict(rewards=REWARDS, group_ids=GIDS, mask=MASK) | kwargs
     obj = rlcore.get_objective("grpo")

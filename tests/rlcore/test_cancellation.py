@@ -23,14 +23,26 @@ def d1(obj, b, stage_mask=None) -> dict[str, float]:
 
 
 def test_the_cancellation_preserving_set_is_the_expected_one():
-    assert set(PRESERVING) == {"cispo", "rloo", "dfpo_min", "dfpo_orth", "cp_grpo", "cp_grpo_ar", "cp_grpo_lopti",
-                               "ibpo_cp"}
+    assert set(PRESERVING) == {
+        "cispo",
+        "rloo",
+        "dfpo_min",
+        "dfpo_orth",
+        "cp_grpo",
+        "cp_grpo_ar",
+        "cp_grpo_lopti",
+        "ibpo_cp",
+    }
 
 
 @pytest.mark.parametrize("name", PRESERVING)
 @settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 10_000), group_size=st.integers(2, 6), off_policy=st.sampled_from([0.0, 0.1, 0.5, 2.0]),
-       binary=st.booleans())
+@given(
+    seed=st.integers(0, 10_000),
+    group_size=st.integers(2, 6),
+    off_policy=st.sampled_from([0.0, 0.1, 0.5, 2.0]),
+    binary=st.booleans(),
+)
 def test_preserving_presets_cancel_on_common_prefixes(name, seed, group_size, off_policy, binary):
     b = make_batch(seed, 3, group_size, 8, off_policy=off_policy, binary=binary)
     obj = rlcore.get_objective(name)

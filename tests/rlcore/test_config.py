@@ -14,8 +14,21 @@ import rlcore
 from rlcore.config import KNOB_NAMES, ObjectiveConfig
 
 REPO = Path(__file__).resolve().parents[2]
-REQUIRED = {"grpo", "dr_grpo", "dapo", "gspo", "gmpo", "cispo", "rloo", "reinforce_pp_baseline", "dfpo_min",
-            "dfpo_orth", "grpo_ar", "grpo_lopti", "cp_grpo"}
+REQUIRED = {
+    "grpo",
+    "dr_grpo",
+    "dapo",
+    "gspo",
+    "gmpo",
+    "cispo",
+    "rloo",
+    "reinforce_pp_baseline",
+    "dfpo_min",
+    "dfpo_orth",
+    "grpo_ar",
+    "grpo_lopti",
+    "cp_grpo",
+}
 
 
 def test_list_objectives_holds_every_required_preset():
@@ -23,10 +36,14 @@ def test_list_objectives_holds_every_required_preset():
 
 
 def test_listing_and_validating_objectives_does_not_import_torch():
-    code = ("import sys, rlcore; names = rlcore.list_objectives(); rlcore.resolve('cp_grpo', {'clip_high': 0.3}); "
-            "assert 'torch' not in sys.modules, 'torch imported'; print(len(names))")
+    code = (
+        "import sys, rlcore; names = rlcore.list_objectives(); rlcore.resolve('cp_grpo', {'clip_high': 0.3}); "
+        "assert 'torch' not in sys.modules, 'torch imported'; print(len(names))"
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
     assert int(proc.stdout) == len(rlcore.list_objectives())
 
@@ -41,17 +58,20 @@ def test_unknown_knob_error_lists_the_knobs():
         rlcore.get_objective("grpo", clip_hi=0.3)
 
 
-@pytest.mark.parametrize(("knob", "value", "match"), [
-    ("gate", "sometimes", "not one of ppo, dual, symmetric, none"),
-    ("clip_low", 1.5, "must be <= 1.0"),
-    ("clip_high", -0.1, "must be >= 0.0"),
-    ("kl_coef", "0.1", "expected a number"),
-    ("kl_coef", float("nan"), "must be finite"),
-    ("dual_clip_c", 1.0, "must be > 1.0"),
-    ("const_length", 10.5, "integer token count"),
-    ("ar_alpha", True, "expected a number"),
-    ("is_max", None, "must not be None"),
-])
+@pytest.mark.parametrize(
+    ("knob", "value", "match"),
+    [
+        ("gate", "sometimes", "not one of ppo, dual, symmetric, none"),
+        ("clip_low", 1.5, "must be <= 1.0"),
+        ("clip_high", -0.1, "must be >= 0.0"),
+        ("kl_coef", "0.1", "expected a number"),
+        ("kl_coef", float("nan"), "must be finite"),
+        ("dual_clip_c", 1.0, "must be > 1.0"),
+        ("const_length", 10.5, "integer token count"),
+        ("ar_alpha", True, "expected a number"),
+        ("is_max", None, "must not be None"),
+    ],
+)
 def test_bad_knob_values_name_the_knob(knob, value, match):
     with pytest.raises(ValueError, match=f"knob '{knob}'.*{match}"):
         rlcore.get_objective("grpo", **{knob: value})
@@ -84,14 +104,17 @@ def test_describe_states_the_verdict_and_every_knob():
     assert "preserves cancellation" in rlcore.get_objective("cp_grpo").describe()
 
 
-@pytest.mark.parametrize(("overrides", "preserves"), [
-    ({}, True),
-    ({"gate": "ppo"}, False),
-    ({"aggregation": "seq_mean_token_mean"}, False),
-    ({"ratio": "sequence", "gate": "none"}, False),
-    ({"ratio": "sequence", "gate": "none", "seq_transform": "min_replace"}, True),
-    ({"kl_coef": 0.1, "ar_alpha": 0.3, "lopti_eta": 0.5}, True),
-])
+@pytest.mark.parametrize(
+    ("overrides", "preserves"),
+    [
+        ({}, True),
+        ({"gate": "ppo"}, False),
+        ({"aggregation": "seq_mean_token_mean"}, False),
+        ({"ratio": "sequence", "gate": "none"}, False),
+        ({"ratio": "sequence", "gate": "none", "seq_transform": "min_replace"}, True),
+        ({"kl_coef": 0.1, "ar_alpha": 0.3, "lopti_eta": 0.5}, True),
+    ],
+)
 def test_cancellation_verdict_follows_the_knobs(overrides, preserves):
     assert rlcore.preserves_cancellation("cp_grpo", overrides) is preserves
     assert rlcore.get_objective("cp_grpo", **overrides).preserves_cancellation is preserves

@@ -29,7 +29,11 @@ def test_d1_is_net_over_gross_weight_on_the_common_prefix():
 
 
 def test_d1_prefix_stops_at_padding_even_when_padding_ids_agree():
-    d = diag([[1.0, 2.0, 0.0], [-1.0, 0.0, 0.0]], [[7, 0, 0], [7, 0, 0]], mask=[[True, True, False], [True, False, False]])
+    d = diag(
+        [[1.0, 2.0, 0.0], [-1.0, 0.0, 0.0]],
+        [[7, 0, 0], [7, 0, 0]],
+        mask=[[True, True, False], [True, False, False]],
+    )
     assert d["diag/d1_prefix_len_mean"] == 1 and d["diag/d1_gcpr"] == 0
 
 
@@ -39,7 +43,9 @@ def test_d1_common_prefix_longer_than_one_chunk_is_found():
     ids[1, 250:] = 1
     w = torch.ones(2, width, dtype=torch.float64)
     w[1] = -1
-    d = cancellation_diagnostics(w, ids, torch.ones(2, width, dtype=torch.bool), TWO, torch.tensor([1.0, -1.0]))
+    d = cancellation_diagnostics(
+        w, ids, torch.ones(2, width, dtype=torch.bool), TWO, torch.tensor([1.0, -1.0])
+    )
     assert d["diag/d1_prefix_len_mean"] == 250 and d["diag/d1_gcpr"] == 0
 
 
@@ -115,10 +121,27 @@ def test_optional_families_appear_only_with_their_inputs():
     adv = obj.advantages(b.rewards, b.group_ids, b.mask)
     w, out = ascent_weights(obj, b.logprobs, b.old_logprobs, adv, b.mask, b.group_ids)
     base = cancellation_diagnostics(w, b.token_ids, b.mask, b.group_ids, adv)
-    full = cancellation_diagnostics(w, b.token_ids, b.mask, b.group_ids, adv, old_logprobs=b.old_logprobs,
-                                    entropies=-b.old_logprobs, clipped=out.clipped)
+    full = cancellation_diagnostics(
+        w,
+        b.token_ids,
+        b.mask,
+        b.group_ids,
+        adv,
+        old_logprobs=b.old_logprobs,
+        entropies=-b.old_logprobs,
+        clipped=out.clipped,
+    )
     families = {k.split("_")[0] for k in full}
-    assert families == {"diag/d1", "diag/d2", "diag/d3", "diag/d4", "diag/d7", "diag/d9", "diag/d10", "diag/d11"}
+    assert families == {
+        "diag/d1",
+        "diag/d2",
+        "diag/d3",
+        "diag/d4",
+        "diag/d7",
+        "diag/d9",
+        "diag/d10",
+        "diag/d11",
+    }
     assert not any(k.startswith(("diag/d7", "diag/d9", "diag/d10")) for k in base)
     assert all(isinstance(v, float) and math.isfinite(v) for v in full.values())
 
@@ -128,15 +151,27 @@ def test_float32_strided_inputs_and_ragged_groups_give_the_float64_values():
     b = make_batch(3, n_groups=4, group_size=5, width=12)
     keep = torch.tensor([i for i in range(20) if i not in (3, 11, 12)])  # ragged groups: 4, 5, 3, 5
     obj = rlcore.get_objective("grpo")
-    mask, gids, old, lp, tokens = (x[keep] for x in (b.mask, b.group_ids, b.old_logprobs, b.logprobs, b.token_ids))
-    adv = obj.advantages(b.rewards, b.group_ids, b.mask)[keep]  # rows dropped after the advantages (D4's case)
+    mask, gids, old, lp, tokens = (
+        x[keep] for x in (b.mask, b.group_ids, b.old_logprobs, b.logprobs, b.token_ids)
+    )
+    adv = obj.advantages(b.rewards, b.group_ids, b.mask)[
+        keep
+    ]  # rows dropped after the advantages (D4's case)
     w, out = ascent_weights(obj, lp, old, adv, mask, gids)
     kw = dict(old_logprobs=old, entropies=-old, clipped=out.clipped)
     want = cancellation_diagnostics(w, tokens, mask, gids, adv, **kw)
     wide = torch.zeros(len(keep), 24)  # float32, every other column: a strided view
     wide[:, ::2] = w.float()
-    got = cancellation_diagnostics(wide[:, ::2], tokens.t().contiguous().t(), mask.float(), gids, adv.float(),
-                                   old_logprobs=old.float(), entropies=-old.float(), clipped=out.clipped)
+    got = cancellation_diagnostics(
+        wide[:, ::2],
+        tokens.t().contiguous().t(),
+        mask.float(),
+        gids,
+        adv.float(),
+        old_logprobs=old.float(),
+        entropies=-old.float(),
+        clipped=out.clipped,
+    )
     assert want["diag/d2_nodes"] > 0 and want["diag/d1_groups_measured"] > 0
     assert got == pytest.approx(want, rel=1e-4, abs=1e-6)
 
@@ -149,7 +184,9 @@ def test_the_torch_token_pass_of_other_devices_matches_the_compiled_cpu_pass(dty
     adv = obj.advantages(b.rewards, b.group_ids, b.mask)
     w, out = ascent_weights(obj, b.logprobs, b.old_logprobs, adv, b.mask, b.group_ids)
     old = b.old_logprobs.clone()
-    old[0, :3] = torch.tensor([math.log(0.1), math.log(0.5), math.log(0.9)], dtype=dtype)  # on the bucket edges
+    old[0, :3] = torch.tensor(
+        [math.log(0.1), math.log(0.5), math.log(0.9)], dtype=dtype
+    )  # on the bucket edges
     adv2d = adv[:, None] * b.mask
     for args in [(None, None, None, None), (adv2d, -old, out.clipped, old)]:
         cpu_rows, cpu_d9 = _token_sums_cpu(w, b.mask, *args)
@@ -165,9 +202,14 @@ def test_ascent_weights_are_minus_the_loss_gradient():
     adv = obj.advantages(b.rewards, b.group_ids, b.mask)
     lp = b.logprobs.clone().requires_grad_(True)
     out = obj.loss(lp, b.old_logprobs, adv, b.mask, b.group_ids, b.ref_logprobs)
-    g_pg, g_all = torch.autograd.grad(out.pg_loss, lp, retain_graph=True)[0], torch.autograd.grad(out.loss, lp)[0]
+    g_pg, g_all = (
+        torch.autograd.grad(out.pg_loss, lp, retain_graph=True)[0],
+        torch.autograd.grad(out.loss, lp)[0],
+    )
     w_pg, _ = ascent_weights(obj, b.logprobs, b.old_logprobs, adv, b.mask, b.group_ids, b.ref_logprobs)
-    w_all, _ = ascent_weights(obj, b.logprobs, b.old_logprobs, adv, b.mask, b.group_ids, b.ref_logprobs, of="loss")
+    w_all, _ = ascent_weights(
+        obj, b.logprobs, b.old_logprobs, adv, b.mask, b.group_ids, b.ref_logprobs, of="loss"
+    )
     torch.testing.assert_close(w_pg, -g_pg)
     torch.testing.assert_close(w_all, -g_all)
     assert not torch.allclose(w_pg, w_all)
@@ -202,6 +244,8 @@ def test_bad_diagnostic_inputs_name_the_argument():
     with pytest.raises(ValueError, match="token_ids: expected an integer"):
         cancellation_diagnostics(w, torch.zeros(2, 3), torch.ones(2, 3), TWO, torch.zeros(2))
     with pytest.raises(ValueError, match="token_ids: expected shape"):
-        cancellation_diagnostics(w, torch.zeros(2, 4, dtype=torch.long), torch.ones(2, 3), TWO, torch.zeros(2))
+        cancellation_diagnostics(
+            w, torch.zeros(2, 4, dtype=torch.long), torch.ones(2, 3), TWO, torch.zeros(2)
+        )
     with pytest.raises(ValueError, match="of: must be"):
         ascent_weights(rlcore.get_objective("grpo"), w, w, torch.zeros(2), torch.ones(2, 3), TWO, of="all")

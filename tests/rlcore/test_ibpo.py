@@ -23,8 +23,11 @@ def test_phi_is_rho_only_for_repaired_incorrect_responses():
 
 def test_phi_refuses_misshaped_inputs():
     with pytest.raises(ValueError, match="revised_correct"):
-        ibpo.comparison_signal(torch.zeros(3, dtype=torch.bool), torch.zeros(2, dtype=torch.bool),
-                               torch.zeros(3, dtype=torch.bool))
+        ibpo.comparison_signal(
+            torch.zeros(3, dtype=torch.bool),
+            torch.zeros(2, dtype=torch.bool),
+            torch.zeros(3, dtype=torch.bool),
+        )
 
 
 @pytest.mark.parametrize("name", ["cp_grpo", "grpo", "dr_grpo", "rloo", "ibpo_cp"])
@@ -45,8 +48,9 @@ def test_shaping_before_centring_keeps_group_sums_zero(name, seed):
 def test_repaired_responses_rank_between_correct_and_irreparable():
     rewards = torch.tensor([1.0, 0.0, 0.0, 0.0])
     phi = torch.tensor([0.0, 0.5, 0.0, 0.0])
-    adv = ibpo.shaped_advantages(rlcore.resolve("cp_grpo"), rewards, torch.zeros(4, dtype=torch.long),
-                                 torch.ones(4, 3), phi, lam=0.6)
+    adv = ibpo.shaped_advantages(
+        rlcore.resolve("cp_grpo"), rewards, torch.zeros(4, dtype=torch.long), torch.ones(4, 3), phi, lam=0.6
+    )
     assert adv[0] > adv[1] > adv[2] == adv[3]
 
 
@@ -54,8 +58,9 @@ def test_ibpo_cp_preset_preserves_cancellation_and_carries_lambda():
     obj = rlcore.get_objective("ibpo_cp")
     assert obj.preserves_cancellation and obj.config.bonus_coef == pytest.approx(0.6)
     cp = rlcore.resolve("cp_grpo")
-    assert {k: v for k, v in obj.config.as_dict().items() if k != "bonus_coef"} == \
-        {k: v for k, v in cp.as_dict().items() if k != "bonus_coef"}
+    assert {k: v for k, v in obj.config.as_dict().items() if k != "bonus_coef"} == {
+        k: v for k, v in cp.as_dict().items() if k != "bonus_coef"
+    }
 
 
 def test_verdict_tells_the_masks_apart():
@@ -87,18 +92,25 @@ def test_verdict_with_the_symmetric_mask_matches_d1_d2_on_policy(name):
 # -- alignment ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("a, b, edited", [
-    ([1, 2, 3, 4], [1, 2, 3, 4], []),  # identical: nothing edited
-    ([1, 2, 3, 4], [1, 9, 3, 4], [1]),  # substitution
-    ([1, 2, 3, 4], [1, 3, 4], [1]),  # deletion of a token of y
-    ([1, 2, 3, 4], [1, 2, 7, 3, 4], [2]),  # insertion: charged to the token after the insertion point
-    ([1, 2, 3, 4], [1, 2, 3, 4, 5, 6], [3]),  # appended: charged to the last token
-    ([1, 2, 3, 4], [0, 1, 2, 3, 4], [0]),  # prepended: the first token
-    ([1, 2, 3, 4, 5, 6], [1, 8, 3, 4, 9, 6, 7], [1, 4, 5]),  # mixed; the insertion at the end marks the last
-    ([5, 5, 5], [], [0, 1, 2]),  # everything deleted
-    ([], [1, 2], []),
-    ([1, 2, 3], [4, 5, 6], [0, 1, 2]),
-])
+@pytest.mark.parametrize(
+    "a, b, edited",
+    [
+        ([1, 2, 3, 4], [1, 2, 3, 4], []),  # identical: nothing edited
+        ([1, 2, 3, 4], [1, 9, 3, 4], [1]),  # substitution
+        ([1, 2, 3, 4], [1, 3, 4], [1]),  # deletion of a token of y
+        ([1, 2, 3, 4], [1, 2, 7, 3, 4], [2]),  # insertion: charged to the token after the insertion point
+        ([1, 2, 3, 4], [1, 2, 3, 4, 5, 6], [3]),  # appended: charged to the last token
+        ([1, 2, 3, 4], [0, 1, 2, 3, 4], [0]),  # prepended: the first token
+        (
+            [1, 2, 3, 4, 5, 6],
+            [1, 8, 3, 4, 9, 6, 7],
+            [1, 4, 5],
+        ),  # mixed; the insertion at the end marks the last
+        ([5, 5, 5], [], [0, 1, 2]),  # everything deleted
+        ([], [1, 2], []),
+        ([1, 2, 3], [4, 5, 6], [0, 1, 2]),
+    ],
+)
 def test_edit_mask_hand_built_cases(a, b, edited):
     got = ibpo.edit_mask(a, b)
     assert got.dtype == bool and got.shape == (len(a),)
@@ -141,7 +153,10 @@ def _ibpo_batch(seed: int, group_size: int = 6):
     phi = ibpo.comparison_signal(correct, revised, ~correct, rho=0.5)
     lengths = b.mask.sum(1)
     rng = np.random.default_rng(seed)
-    edits = [rng.random(int(n)) < 0.4 if p > 0 else None for p, n in zip(phi.tolist(), lengths.tolist(), strict=True)]
+    edits = [
+        rng.random(int(n)) < 0.4 if p > 0 else None
+        for p, n in zip(phi.tolist(), lengths.tolist(), strict=True)
+    ]
     return b, phi, edits
 
 
@@ -153,7 +168,9 @@ def test_naive_mask_breaks_cancellation_symmetric_keeps_it(seed):
     results = {}
     for variant in ("none", "naive", "symmetric"):
         credit = ibpo.credit_mask(variant, edits, b.token_ids, b.mask, b.group_ids)
-        results[variant] = ibpo.mask_diagnostics(obj, adv, credit, b.old_logprobs, b.token_ids, b.mask, b.group_ids)
+        results[variant] = ibpo.mask_diagnostics(
+            obj, adv, credit, b.old_logprobs, b.token_ids, b.mask, b.group_ids
+        )
     for variant in ("none", "symmetric"):
         assert results[variant]["d1_gcpr"] < 1e-9 and results[variant]["d2_residual"] < 1e-9, variant
     assert results["naive"]["d2_residual"] > 1e-3
@@ -170,7 +187,9 @@ def test_symmetric_mask_keeps_cancellation_off_policy(seed):
     out = {}
     for variant in ("naive", "symmetric"):
         credit = ibpo.credit_mask(variant, edits, b.token_ids, b.mask, b.group_ids)
-        w, _ = rlcore.ascent_weights(obj, b.logprobs, b.old_logprobs, adv[:, None] * credit, b.mask, b.group_ids)
+        w, _ = rlcore.ascent_weights(
+            obj, b.logprobs, b.old_logprobs, adv[:, None] * credit, b.mask, b.group_ids
+        )
         out[variant] = rlcore.cancellation_diagnostics(w, b.token_ids, b.mask, b.group_ids, adv)
     assert out["symmetric"]["diag/d2_residual"] < 1e-9 and out["symmetric"]["diag/d1_gcpr"] < 1e-9
     assert out["naive"]["diag/d2_residual"] > 1e-3

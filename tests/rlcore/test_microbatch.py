@@ -24,16 +24,26 @@ def full_and_split(obj, b, parts: list[torch.Tensor], *, precompute: bool = Fals
     (g_full,) = torch.autograd.grad(full, lp)
 
     step = StepNorm.from_mask(b.mask, group_size=b.group_size)
-    weights = (obj.sequence_weights(b.logprobs, b.old_logprobs, adv, b.mask, b.group_ids, step=step)
-               if precompute else None)
+    weights = (
+        obj.sequence_weights(b.logprobs, b.old_logprobs, adv, b.mask, b.group_ids, step=step)
+        if precompute
+        else None
+    )
     lp = b.logprobs.clone().requires_grad_(True)
     total = 0.0
     for rows in parts:
         width = int(b.mask[rows].sum(1).max()) if crop else b.mask.shape[1]
         cut = (slice(None), slice(0, width))
-        out = obj.loss(lp[rows][cut], b.old_logprobs[rows][cut], adv[rows], b.mask[rows][cut], b.group_ids[rows],
-                       b.ref_logprobs[rows][cut], step=step,
-                       seq_weights=None if weights is None else weights[rows])
+        out = obj.loss(
+            lp[rows][cut],
+            b.old_logprobs[rows][cut],
+            adv[rows],
+            b.mask[rows][cut],
+            b.group_ids[rows],
+            b.ref_logprobs[rows][cut],
+            step=step,
+            seq_weights=None if weights is None else weights[rows],
+        )
         total = total + out.loss
     (g_split,) = torch.autograd.grad(total, lp)
     return full, total, g_full, g_split
@@ -93,8 +103,14 @@ def test_dfpo_refuses_partial_groups_without_sequence_weights(name):
     adv = obj.advantages(b.rewards, b.group_ids, b.mask)
     rows = torch.tensor([0, 1, 4, 5, 6, 7])  # half of group 0, all of group 1
     with pytest.raises(ValueError, match="whole groups"):
-        obj.loss(b.logprobs[rows], b.old_logprobs[rows], adv[rows], b.mask[rows], b.group_ids[rows],
-                 step=StepNorm.from_mask(b.mask, group_size=4))
+        obj.loss(
+            b.logprobs[rows],
+            b.old_logprobs[rows],
+            adv[rows],
+            b.mask[rows],
+            b.group_ids[rows],
+            step=StepNorm.from_mask(b.mask, group_size=4),
+        )
 
 
 def test_per_micro_batch_normalisers_would_break_the_sum():
@@ -104,7 +120,9 @@ def test_per_micro_batch_normalisers_would_break_the_sum():
     adv = obj.advantages(b.rewards, b.group_ids, b.mask)
     full = obj.loss(b.logprobs, b.old_logprobs, adv, b.mask, b.group_ids).loss
     parts = group_parts(b, 2, 0)
-    split = sum(obj.loss(b.logprobs[r], b.old_logprobs[r], adv[r], b.mask[r], b.group_ids[r]).loss for r in parts)
+    split = sum(
+        obj.loss(b.logprobs[r], b.old_logprobs[r], adv[r], b.mask[r], b.group_ids[r]).loss for r in parts
+    )
     assert not torch.isclose(split, full)
 
 
@@ -113,18 +131,33 @@ def test_step_norm_smaller_than_the_call_is_refused():
     obj = rlcore.get_objective("cp_grpo")
     adv = obj.advantages(b.rewards, b.group_ids, b.mask)
     with pytest.raises(ValueError, match="whole optimizer step"):
-        obj.loss(b.logprobs, b.old_logprobs, adv, b.mask, b.group_ids, step=StepNorm(tokens=2, sequences=6, length=6))
+        obj.loss(
+            b.logprobs,
+            b.old_logprobs,
+            adv,
+            b.mask,
+            b.group_ids,
+            step=StepNorm(tokens=2, sequences=6, length=6),
+        )
 
 
 def test_step_norm_combine_sums_parts():
-    parts = [StepNorm(tokens=10, sequences=2, length=5, group_size=2), StepNorm(tokens=7, sequences=2, length=8,
-                                                                             group_size=2)]
+    parts = [
+        StepNorm(tokens=10, sequences=2, length=5, group_size=2),
+        StepNorm(tokens=7, sequences=2, length=8, group_size=2),
+    ]
     assert StepNorm.combine(parts) == StepNorm(tokens=17, sequences=4, length=8, group_size=2)
 
 
-@pytest.mark.parametrize("kwargs", [dict(tokens=0, sequences=1, length=1), dict(tokens=1, sequences=0, length=1),
-                                    dict(tokens=1, sequences=1, length=0),
-                                    dict(tokens=1, sequences=1, length=1, group_size=0)])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(tokens=0, sequences=1, length=1),
+        dict(tokens=1, sequences=0, length=1),
+        dict(tokens=1, sequences=1, length=0),
+        dict(tokens=1, sequences=1, length=1, group_size=0),
+    ],
+)
 def test_step_norm_rejects_non_positive_totals(kwargs):
     with pytest.raises(ValueError, match="StepNorm"):
         StepNorm(**kwargs)

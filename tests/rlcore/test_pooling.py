@@ -30,25 +30,54 @@ def test_micro_batches_of_whole_groups_pool_to_the_whole_batch():
     w, out = ascent_weights(obj, lp, old, adv, mask, gids)
 
     def diag(rows):
-        return cancellation_diagnostics(w[rows], ids[rows], mask[rows], gids[rows], adv[rows], old_logprobs=old[rows],
-                                        entropies=-lp[rows], clipped=out.clipped[rows], group_size=4)
+        return cancellation_diagnostics(
+            w[rows],
+            ids[rows],
+            mask[rows],
+            gids[rows],
+            adv[rows],
+            old_logprobs=old[rows],
+            entropies=-lp[rows],
+            clipped=out.clipped[rows],
+            group_size=4,
+        )
 
     whole = diag(slice(None))
     parts = [(diag(slice(a, a + 8)), 2.0) for a in (0, 8)]
     pooled = pool_diagnostics(parts)
-    for key in ("diag/d1_gcpr", "diag/d1_groups_measured", "diag/d1_gcpr_max", "diag/d2_nodes", "diag/d2_depth_max",
-                "diag/d4_groups_complete_frac", "diag/d7_entropy_common", "diag/d7_common_tokens",
-                "diag/d1_groups_with_prefix_frac"):
+    for key in (
+        "diag/d1_gcpr",
+        "diag/d1_groups_measured",
+        "diag/d1_gcpr_max",
+        "diag/d2_nodes",
+        "diag/d2_depth_max",
+        "diag/d4_groups_complete_frac",
+        "diag/d7_entropy_common",
+        "diag/d7_common_tokens",
+        "diag/d1_groups_with_prefix_frac",
+    ):
         assert pooled[key] == pytest.approx(whole[key], rel=1e-9), key
     # the part without a measured group pulls neither D1's mean nor its maximum towards 0
     assert parts[0][0]["diag/d1_groups_measured"] == 1 and parts[1][0]["diag/d1_groups_measured"] == 2
 
 
 def test_a_part_that_does_not_define_a_statistic_is_left_out():
-    measured = {"diag/d1_gcpr": 0.3, "diag/d1_gcpr_max": 0.5, "diag/d1_groups_measured": 2.0,
-                "diag/d1_groups_with_prefix_frac": 1.0, "diag/d10_clipfrac_common_pos": 0.25, "diag/d3_kappa_cv": 0.2}
-    empty = {"diag/d1_gcpr": 0.0, "diag/d1_gcpr_max": 0.0, "diag/d1_groups_measured": 0.0,
-             "diag/d1_groups_with_prefix_frac": 0.0, "diag/d10_clipfrac_common_pos": 0.0, "diag/d3_kappa_cv": 0.4}
+    measured = {
+        "diag/d1_gcpr": 0.3,
+        "diag/d1_gcpr_max": 0.5,
+        "diag/d1_groups_measured": 2.0,
+        "diag/d1_groups_with_prefix_frac": 1.0,
+        "diag/d10_clipfrac_common_pos": 0.25,
+        "diag/d3_kappa_cv": 0.2,
+    }
+    empty = {
+        "diag/d1_gcpr": 0.0,
+        "diag/d1_gcpr_max": 0.0,
+        "diag/d1_groups_measured": 0.0,
+        "diag/d1_groups_with_prefix_frac": 0.0,
+        "diag/d10_clipfrac_common_pos": 0.0,
+        "diag/d3_kappa_cv": 0.4,
+    }
     pooled = pool_diagnostics([(measured, 2.0), (empty, 2.0)])
     assert pooled["diag/d1_gcpr"] == 0.3 and pooled["diag/d1_gcpr_max"] == 0.5
     assert pooled["diag/d10_clipfrac_common_pos"] == 0.25

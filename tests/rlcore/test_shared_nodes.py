@@ -48,7 +48,9 @@ def test_residual_and_credit_of_a_hand_built_tree():
     assert out["diag/d2_residual"] == pytest.approx((1.5 + 0.75) / (3.5 + 2.0))
     assert out["diag/d2_credit_frac"] == pytest.approx(0.75 / 5.5)
     assert out["diag/d2_shared_frac"] == pytest.approx(5.5 / 10.5)  # |w| on shared copies / all |w|
-    assert out["diag/d2_nodes"] == 2 and out["diag/d2_node_size_mean"] == 2.5 and out["diag/d2_depth_max"] == 2
+    assert (
+        out["diag/d2_nodes"] == 2 and out["diag/d2_node_size_mean"] == 2.5 and out["diag/d2_depth_max"] == 2
+    )
 
 
 def test_equal_coefficients_leave_credit_but_no_residual():
@@ -58,8 +60,13 @@ def test_equal_coefficients_leave_credit_but_no_residual():
 
 
 def test_shared_tokens_in_padding_and_across_groups_are_not_nodes():
-    out = d2([[1.0, 0.0], [-1.0, 0.0], [1.0, 1.0], [2.0, 2.0]], [[5, 9], [6, 9], [5, 9], [7, 9]],
-             [1.0, -1.0, 1.0, -1.0], gids=[0, 0, 1, 1], mask=[[True, False], [True, False], [True, True], [True, True]])
+    out = d2(
+        [[1.0, 0.0], [-1.0, 0.0], [1.0, 1.0], [2.0, 2.0]],
+        [[5, 9], [6, 9], [5, 9], [7, 9]],
+        [1.0, -1.0, 1.0, -1.0],
+        gids=[0, 0, 1, 1],
+        mask=[[True, False], [True, False], [True, True], [True, True]],
+    )
     assert out["diag/d2_nodes"] == 0 and out["diag/d2_residual"] == 0
 
 
@@ -67,8 +74,12 @@ def test_ragged_groups_and_lone_responses():
     gids = torch.tensor([4, 9, 4, 4, 2])
     members = HostGroups.of(gids).members
     assert members.tolist() == [[4, -1, -1], [0, 2, 3], [1, -1, -1]]
-    out = d2([[1.0, 1.0], [5.0, 5.0], [-1.0, -1.0], [0.0, 0.0], [3.0, 3.0]], [[1, 2], [1, 2], [1, 2], [1, 3], [1, 2]],
-             [1.0, 1.0, -1.0, 0.0, 1.0], gids=gids.tolist())
+    out = d2(
+        [[1.0, 1.0], [5.0, 5.0], [-1.0, -1.0], [0.0, 0.0], [3.0, 3.0]],
+        [[1, 2], [1, 2], [1, 2], [1, 3], [1, 2]],
+        [1.0, 1.0, -1.0, 0.0, 1.0],
+        gids=gids.tolist(),
+    )
     # group 4 (rows 0, 2, 3): node (t=0, rows 0,2,3) and (t=1, rows 0,2); rows 1 and 4 are alone in their groups
     assert out["diag/d2_nodes"] == 2 and out["diag/d2_node_size_mean"] == 2.5 and out["diag/d2_residual"] == 0
 
@@ -82,7 +93,9 @@ def test_pairwise_prefix_follows_identical_responses_past_one_chunk():
     assert lcp[0].tolist() == [[0, 250, 0], [250, 0, 0], [0, 0, 0]]
 
 
-EXCHANGEABLE = [n for n in rlcore.list_objectives() if rlcore.get_objective(n).preserves_cancellation and n != "dfpo_orth"]
+EXCHANGEABLE = [
+    n for n in rlcore.list_objectives() if rlcore.get_objective(n).preserves_cancellation and n != "dfpo_orth"
+]
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -112,8 +125,13 @@ def test_d2_equals_d1_when_the_only_shared_nodes_are_group_common():
     w = [[1.0, 2.0, 5.0], [-1.0, -1.0, 3.0]]
     ids = [[7, 8, 1], [7, 8, 2]]
     got = d2(w, ids, [1.0, -1.0])
-    d1 = cancellation_diagnostics(torch.tensor(w, dtype=torch.float64), torch.tensor(ids),
-                                  torch.ones(2, 3, dtype=torch.bool), torch.tensor([0, 0]), torch.tensor([1.0, -1.0]))
+    d1 = cancellation_diagnostics(
+        torch.tensor(w, dtype=torch.float64),
+        torch.tensor(ids),
+        torch.ones(2, 3, dtype=torch.bool),
+        torch.tensor([0, 0]),
+        torch.tensor([1.0, -1.0]),
+    )
     assert got["diag/d2_residual"] == pytest.approx(d1["diag/d1_gcpr"])
 
 

@@ -11,32 +11,39 @@ from tests.rlcore.batches import make_batch
 B = make_batch(0, 2, 3, 5)
 OBJ = rlcore.get_objective("grpo")
 ADV = OBJ.advantages(B.rewards, B.group_ids, B.mask)
-NAN = B.logprobs.clone().index_put_((torch.tensor([1]), torch.tensor([4])), torch.tensor(float("nan"), dtype=torch.float64))
+NAN = B.logprobs.clone().index_put_(
+    (torch.tensor([1]), torch.tensor([4])), torch.tensor(float("nan"), dtype=torch.float64)
+)
 
 
 def call(obj=OBJ, **kw):
-    args = dict(logprobs=B.logprobs, old_logprobs=B.old_logprobs, advantages=ADV, mask=B.mask, group_ids=B.group_ids)
+    args = dict(
+        logprobs=B.logprobs, old_logprobs=B.old_logprobs, advantages=ADV, mask=B.mask, group_ids=B.group_ids
+    )
     args |= kw
     return obj.loss(**args)
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [
-    (dict(logprobs=B.logprobs[0]), "logprobs: expected a 2-D"),
-    (dict(logprobs=B.logprobs.tolist()), "logprobs: expected a torch.Tensor"),
-    (dict(logprobs=torch.zeros(0, 5)), "logprobs: empty batch"),
-    (dict(logprobs=B.logprobs.long()), "logprobs: expected a floating-point"),
-    (dict(old_logprobs=B.old_logprobs[:, :4]), r"old_logprobs: expected shape \(6, 5\)"),
-    (dict(advantages=ADV[:5]), "advantages: expected shape"),
-    (dict(advantages=ADV.long()), "advantages: expected a floating-point"),
-    (dict(mask=B.mask[:, :3]), "mask: expected shape"),
-    (dict(mask=B.mask.double() * 2), "mask: values must be 0/1"),
-    (dict(mask=torch.zeros_like(B.mask)), "mask: selects no tokens"),
-    (dict(group_ids=B.group_ids.double()), "group_ids: expected an integer"),
-    (dict(group_ids=B.group_ids[:4]), "group_ids: expected shape"),
-    (dict(logprobs=NAN), r"logprobs: contains 1 NaN/inf value\(s\), first at index \(1, 4\)"),
-    (dict(old_logprobs=NAN), "old_logprobs: contains 1 NaN"),
-    (dict(advantages=torch.full_like(ADV, float("inf"))), "advantages: contains 6 NaN"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(logprobs=B.logprobs[0]), "logprobs: expected a 2-D"),
+        (dict(logprobs=B.logprobs.tolist()), "logprobs: expected a torch.Tensor"),
+        (dict(logprobs=torch.zeros(0, 5)), "logprobs: empty batch"),
+        (dict(logprobs=B.logprobs.long()), "logprobs: expected a floating-point"),
+        (dict(old_logprobs=B.old_logprobs[:, :4]), r"old_logprobs: expected shape \(6, 5\)"),
+        (dict(advantages=ADV[:5]), "advantages: expected shape"),
+        (dict(advantages=ADV.long()), "advantages: expected a floating-point"),
+        (dict(mask=B.mask[:, :3]), "mask: expected shape"),
+        (dict(mask=B.mask.double() * 2), "mask: values must be 0/1"),
+        (dict(mask=torch.zeros_like(B.mask)), "mask: selects no tokens"),
+        (dict(group_ids=B.group_ids.double()), "group_ids: expected an integer"),
+        (dict(group_ids=B.group_ids[:4]), "group_ids: expected shape"),
+        (dict(logprobs=NAN), r"logprobs: contains 1 NaN/inf value\(s\), first at index \(1, 4\)"),
+        (dict(old_logprobs=NAN), "old_logprobs: contains 1 NaN"),
+        (dict(advantages=torch.full_like(ADV, float("inf"))), "advantages: contains 6 NaN"),
+    ],
+)
 def test_bad_loss_inputs_name_the_argument(kwargs, match):
     with pytest.raises(ValueError, match=match):
         call(**kwargs)
@@ -77,6 +84,13 @@ def test_bfloat16_logprobs_are_upcast_and_keep_their_gradient_dtype():
 def test_loss_without_regularisers_is_the_policy_gradient_term():
     out = call()
     assert out.loss is out.pg_loss
-    assert set(out.metrics) >= {"loss/pg", "loss/total", "ratio/mean", "clip/frac", "clip/frac_pos",
-                                "clip/frac_neg", "tokens"}
+    assert set(out.metrics) >= {
+        "loss/pg",
+        "loss/total",
+        "ratio/mean",
+        "clip/frac",
+        "clip/frac_pos",
+        "clip/frac_neg",
+        "tokens",
+    }
     assert all(isinstance(v, float) for v in out.metrics.values())

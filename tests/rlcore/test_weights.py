@@ -83,8 +83,12 @@ def closed_form(name, cfg, lp, old, ref, adv, mask, gid) -> torch.Tensor:
     else:
         raise AssertionError(f"no closed form for {name}")
     if cfg.kl_coef > 0:  # node-local KL weight with the preset's own normaliser
-        c = {"seq_mean_token_mean": 1 / (n_seq * lengths), "token_mean": 1 / n_tok,
-             "seq_mean_token_sum": 1.0 / n_seq, "constant": 1.0 / (n_seq * big_l)}[cfg.aggregation]
+        c = {
+            "seq_mean_token_mean": 1 / (n_seq * lengths),
+            "token_mean": 1 / n_tok,
+            "seq_mean_token_sum": 1.0 / n_seq,
+            "constant": 1.0 / (n_seq * big_l),
+        }[cfg.aggregation]
         d = lp - ref
         dkl = {"k1": torch.ones_like(d), "k2": d, "k3": 1 - torch.exp(-d)}[cfg.kl_estimator]
         w = w - cfg.kl_coef * c * dkl

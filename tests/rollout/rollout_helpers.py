@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import torch
 
-TINY = {"num_hidden_layers": 2, "hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 2,
-        "num_key_value_heads": 1, "max_position_embeddings": 512}
+TINY = {
+    "num_hidden_layers": 2,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "max_position_embeddings": 512,
+}
 EOS = 2  # SmolLM2's <|im_end|>
 PROMPTS = [[1, 540, 314, 3203, 28, 216, 33], [1, 9690, 198, 2683, 359], [1, 4093, 28, 7, 30, 11, 5, 2215, 17]]
 
@@ -13,13 +19,20 @@ PROMPTS = [[1, 540, 314, 3203, 28, 216, 33], [1, 9690, 198, 2683, 359], [1, 4093
 def rollout_spec(engine: str = "hf", dtype: str = "float32", replicas: int = 1, **sampling):
     from services.config import JobSpec
 
-    return JobSpec.parse({
-        "name": "rt",
-        "model": {"source": "random", "dtype": dtype, "config_overrides": TINY},
-        "sampling": {"max_new_tokens": 12, "max_prompt_tokens": 32, **sampling},
-        "resources": {"rollout_engine": engine, "vllm_memory_fraction": 0.01, "cpus_per_rollout": 1,
-                      "rollout_replicas": replicas, "threads_per_actor": 1},
-    })
+    return JobSpec.parse(
+        {
+            "name": "rt",
+            "model": {"source": "random", "dtype": dtype, "config_overrides": TINY},
+            "sampling": {"max_new_tokens": 12, "max_prompt_tokens": 32, **sampling},
+            "resources": {
+                "rollout_engine": engine,
+                "vllm_memory_fraction": 0.01,
+                "cpus_per_rollout": 1,
+                "rollout_replicas": replicas,
+                "threads_per_actor": 1,
+            },
+        }
+    )
 
 
 def perturbed(state: dict[str, torch.Tensor], seed: int, scale: float = 0.05) -> dict[str, torch.Tensor]:

@@ -74,7 +74,9 @@ def test_generation_stops_at_eos_and_keeps_it(engine, tiny_state, fresh_weights)
         assert (c.token_ids[-1] == EOS) == (c.finish_reason == "stop")
 
 
-def test_update_weights_changes_scores_to_those_of_the_new_weights(engine, tiny_path, tiny_state, fresh_weights):
+def test_update_weights_changes_scores_to_those_of_the_new_weights(
+    engine, tiny_path, tiny_state, fresh_weights
+):
     seq = PROMPTS[0] + engine.generate([PROMPTS[0]], 1, [0])[0][0].token_ids
     before = engine.score([seq], len(PROMPTS[0]))[0]
     new = perturbed(tiny_state, seed=1)
@@ -82,14 +84,17 @@ def test_update_weights_changes_scores_to_those_of_the_new_weights(engine, tiny_
     after = engine.score([seq], len(PROMPTS[0]))[0]
     assert seconds >= 0 and engine.version == 5
     assert max(abs(a - b) for a, b in zip(before, after, strict=True)) > 1e-2
-    assert after == pytest.approx(reference_logprobs(reference_model(tiny_path, new), seq, len(PROMPTS[0])),
-                                  abs=1e-4)
+    assert after == pytest.approx(
+        reference_logprobs(reference_model(tiny_path, new), seq, len(PROMPTS[0])), abs=1e-4
+    )
     assert all(c.version == 5 for c in engine.generate([PROMPTS[0]], 2, [0])[0])
 
 
 def test_score_equals_the_sampling_logprobs_at_temperature_one(engine):
     c = engine.generate([PROMPTS[2]], 1, [3])[0][0]
-    assert engine.score([PROMPTS[2] + c.token_ids], [len(PROMPTS[2])])[0] == pytest.approx(c.logprobs, abs=1e-4)
+    assert engine.score([PROMPTS[2] + c.token_ids], [len(PROMPTS[2])])[0] == pytest.approx(
+        c.logprobs, abs=1e-4
+    )
 
 
 def test_weights_of_another_model_are_refused(engine, tiny_state):

@@ -37,14 +37,19 @@ def ray_local():
 def pool(ray_local, tiny_bf16_path):
     from services.rollout import RolloutPool
 
-    p = RolloutPool(rollout_spec("vllm", dtype="bfloat16", replicas=2, max_new_tokens=48), tiny_bf16_path, JOB)
+    p = RolloutPool(
+        rollout_spec("vllm", dtype="bfloat16", replicas=2, max_new_tokens=48), tiny_bf16_path, JOB
+    )
     yield p
     p.shutdown()
 
 
 @pytest.fixture(scope="module")
 def bf16_state(tiny_bf16_path):
-    return {k: v.detach().clone() for k, v in reference_model(tiny_bf16_path, dtype=torch.bfloat16).named_parameters()}
+    return {
+        k: v.detach().clone()
+        for k, v in reference_model(tiny_bf16_path, dtype=torch.bfloat16).named_parameters()
+    }
 
 
 def _twins(pool, seed=11):

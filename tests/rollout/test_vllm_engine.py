@@ -80,17 +80,22 @@ def test_generation_stops_at_eos_and_keeps_it(engine, tiny_state, fresh_weights)
         assert (c.token_ids[-1] == EOS) == (c.finish_reason == "stop")
 
 
-def test_update_weights_changes_scores_to_those_of_the_new_weights(engine, tiny_path, tiny_state, fresh_weights):
+def test_update_weights_changes_scores_to_those_of_the_new_weights(
+    engine, tiny_path, tiny_state, fresh_weights
+):
     seq = PROMPTS[0] + engine.generate([PROMPTS[0]], 1, [0])[0][0].token_ids
     before = engine.score([seq], len(PROMPTS[0]))[0]
-    assert before == pytest.approx(reference_logprobs(reference_model(tiny_path), seq, len(PROMPTS[0])), abs=1e-4)
+    assert before == pytest.approx(
+        reference_logprobs(reference_model(tiny_path), seq, len(PROMPTS[0])), abs=1e-4
+    )
     new = perturbed(tiny_state, seed=1)
     seconds = engine.update_weights(new, 3)
     after = engine.score([seq], len(PROMPTS[0]))[0]
     assert seconds > 0 and engine.version == 3
     assert max(abs(a - b) for a, b in zip(before, after, strict=True)) > 1e-2
-    assert after == pytest.approx(reference_logprobs(reference_model(tiny_path, new), seq, len(PROMPTS[0])),
-                                  abs=1e-4)
+    assert after == pytest.approx(
+        reference_logprobs(reference_model(tiny_path, new), seq, len(PROMPTS[0])), abs=1e-4
+    )
     assert {c.version for c in engine.generate([PROMPTS[1]], 2, [0])[0]} == {3}
 
 
@@ -101,7 +106,8 @@ def test_flat_object_store_weights_load_like_a_state_dict(engine, tiny_path, tin
     engine.update_weights(flat, 4)
     seq = PROMPTS[2] + [300, 301, 302, 303]
     assert engine.score([seq], len(PROMPTS[2]))[0] == pytest.approx(
-        reference_logprobs(reference_model(tiny_path, new), seq, len(PROMPTS[2])), abs=1e-4)
+        reference_logprobs(reference_model(tiny_path, new), seq, len(PROMPTS[2])), abs=1e-4
+    )
 
 
 def test_new_weights_are_not_served_from_the_prefix_cache(engine, tiny_path, tiny_state, fresh_weights):

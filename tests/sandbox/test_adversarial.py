@@ -26,8 +26,16 @@ from tests.proc_helpers import alive, descendants, wait_until
 
 PROJECT = Path(services.__file__).resolve().parents[1]
 MARK = f"tgcmark{uuid.uuid4().hex[:12]}"  # in every name a hostile program creates, so leftovers are findable
-LIMITS = SandboxLimits(wall_s=8.0, cpu_s=8, memory_mb=256, processes=24, file_size_mb=4, open_files=48,
-                       tmpfs_mb=16, max_output_bytes=64 << 10)
+LIMITS = SandboxLimits(
+    wall_s=8.0,
+    cpu_s=8,
+    memory_mb=256,
+    processes=24,
+    file_size_mb=4,
+    open_files=48,
+    tmpfs_mb=16,
+    max_output_bytes=64 << 10,
+)
 PRELUDE = '''
 import ctypes, json, os, socket, sys, time
 libc = ctypes.CDLL(None, use_errno=True)
@@ -139,13 +147,18 @@ def assert_blocked(result, *names: str) -> None:
 
 # -- processes ---------------------------------------------------------------------------------------------
 def test_fork_bomb_is_contained(box):
-    r = run(box, "while True:\n    try:\n        os.fork()\n    except OSError:\n        time.sleep(0.01)\n",
-            wall_s=2.0)
+    r = run(
+        box,
+        "while True:\n    try:\n        os.fork()\n    except OSError:\n        time.sleep(0.01)\n",
+        wall_s=2.0,
+    )
     assert r.status == "timeout"
 
 
 def test_process_count_stops_at_the_limit(box):
-    r = run(box, """
+    r = run(
+        box,
+        """
 n = 0
 try:
     while True:
@@ -155,13 +168,16 @@ try:
         n += 1
 except OSError as e:
     print("forked", n, e.errno)
-""")
+""",
+    )
     forked = int(r.stdout.split()[1])
     assert 0 < forked < LIMITS.processes
 
 
 def test_thread_bomb_stops_at_the_limit(box):
-    r = run(box, """
+    r = run(
+        box,
+        """
 import threading
 threads = []
 try:
@@ -172,12 +188,15 @@ try:
 except RuntimeError:
     print("threads", len(threads), flush=True)
     os._exit(0)
-""")
+""",
+    )
     assert 0 < int(r.stdout.split()[1]) < LIMITS.processes
 
 
 def test_daemon_cannot_outlive_the_run(box):
-    r = run(box, f"""
+    r = run(
+        box,
+        f"""
 if os.fork() == 0:
     os.setsid()
     if os.fork() == 0:
@@ -185,17 +204,21 @@ if os.fork() == 0:
     os._exit(0)
 time.sleep(0.3)
 print("parent exits")
-""")
+""",
+    )
     assert r.ok and "parent exits" in r.stdout  # the host_unchanged check finds no daemon afterwards
 
 
 def test_killing_the_parent_and_init_does_not_reach_the_host(box, host):
-    r = run(box, """
+    r = run(
+        box,
+        """
 attempt("kill-parent", lambda: os.kill(os.getppid(), 9) or os.kill(os.getppid(), 0) or "parent survives")
 attempt("kill-init", lambda: os.kill(1, 9) or "init survives")
 time.sleep(0.2)
 print("still here")
-""")
+""",
+    )
     assert r.status == "finished" and "still here" in r.stdout  # the sandbox's init shrugs off the signal
     assert alive(host["sleeper"].pid)
     assert box.run("print('next run')").stdout == "next run\n"
@@ -203,10 +226,13 @@ print("still here")
 
 def test_signals_cannot_reach_host_processes(box, host):
     pid = host["sleeper"].pid
-    r = run(box, f"""
+    r = run(
+        box,
+        f"""
 attempt("kill-host-pid", lambda: os.kill({pid}, 9) or ("sent", open("/proc/{pid}/cmdline").read()))
 attempt("kill-everything", lambda: os.kill(-1, 9))
-""")
+""",
+    )
     assert_blocked(r, "kill-host-pid")  # that pid does not exist in the sandbox's pid namespace
     assert alive(pid)
 
@@ -219,14 +245,17 @@ def test_memory_bomb_hits_the_address_space_limit(box):
 
 
 def test_growing_memory_stops_below_the_limit(box):
-    r = run(box, """
+    r = run(
+        box,
+        """
 chunks = []
 try:
     while True:
         chunks.append(bytearray(8 << 20))
 except MemoryError:
     print("MiB", 8 * len(chunks))
-""")
+""",
+    )
     assert 0 < int(r.stdout.split()[1]) < LIMITS.memory_mb
 
 
@@ -258,52 +287,82 @@ def test_huge_stderr_is_capped_and_the_run_killed(box):
 
 # -- files ---------------------------------------------------------------------------------------------------
 def test_writes_outside_the_work_dir_fail(box, host):
-    targets = ["/usr", "/etc", "", "/proc", "/dev", "/dev/shm", "/var/tmp", "/root", "/home", str(PROJECT),
-               str(host["dir"])]
-    body = "".join(f'attempt("write {t or "/"}", lambda: open("{t}/{MARK}", "w").write("x"))\n'
-                   for t in targets)
+    targets = [
+        "/usr",
+        "/etc",
+        "",
+        "/proc",
+        "/dev",
+        "/dev/shm",
+        "/var/tmp",
+        "/root",
+        "/home",
+        str(PROJECT),
+        str(host["dir"]),
+    ]
+    body = "".join(
+        f'attempt("write {t or "/"}", lambda: open("{t}/{MARK}", "w").write("x"))\n' for t in targets
+    )
     body += f'attempt("overwrite canary", lambda: open("{host["canary"]}", "w").write("pwned"))\n'
     r = run(box, body)
     assert_blocked(r, *[f"write {t or '/'}" for t in targets], "overwrite canary")
 
 
 def test_project_files_are_invisible(box):
-    r = run(box, f"""
+    r = run(
+        box,
+        f"""
 attempt("read pyproject", lambda: open("{PROJECT}/pyproject.toml").read())
 attempt("read config", lambda: open("{PROJECT}/services/config.py").read())
 attempt("list project", lambda: os.listdir("{PROJECT}"))
 attempt("list parent", lambda: os.listdir("{PROJECT.parent}"))
-""")
+""",
+    )
     assert_blocked(r, "read pyproject", "read config", "list project", "list parent")
 
 
 def test_host_secrets_are_unreadable(box):
-    r = run(box, """
+    r = run(
+        box,
+        """
 for path in ["/etc/shadow", "/etc/passwd", "/etc/hostname", "/root/.bashrc", "/root/.ssh/id_rsa",
              "/root/.gitconfig", "/proc/1/root/etc/shadow"]:
     attempt("read " + path, lambda path=path: open(path).read())
-""")
-    assert_blocked(r, "read /etc/shadow", "read /etc/passwd", "read /etc/hostname", "read /root/.bashrc",
-                   "read /root/.gitconfig", "read /proc/1/root/etc/shadow")
+""",
+    )
+    assert_blocked(
+        r,
+        "read /etc/shadow",
+        "read /etc/passwd",
+        "read /etc/hostname",
+        "read /root/.bashrc",
+        "read /root/.gitconfig",
+        "read /proc/1/root/etc/shadow",
+    )
 
 
 def test_environment_secrets_do_not_leak(box, monkeypatch):
     secret = f"{MARK}-secret-value"
     monkeypatch.setenv("TGC_FAKE_API_KEY", secret)
-    r = run(box, """
+    r = run(
+        box,
+        """
 print(dict(os.environ))
 for pid in ("self", "1", "2"):
     try:
         print(open(f"/proc/{pid}/environ", "rb").read())
     except OSError as e:
         print(pid, e)
-""")
+""",
+    )
     assert "PATH" in r.stdout  # the dump ran
     assert secret not in r.stdout and "TGC_FAKE_API_KEY" not in r.stdout
 
 
 def test_filling_the_work_dir_stops_at_its_size(box):
-    r = run(box, f"""
+    r = run(
+        box,
+        f"""
 i = 0
 try:
     while True:
@@ -312,13 +371,16 @@ try:
         i += 1
 except OSError as e:
     print("MiB", i, e.errno)
-""")
+""",
+    )
     mib, errno = map(int, r.stdout.split()[1:3])
     assert mib <= LIMITS.tmpfs_mb and errno == 28  # ENOSPC inside the sandbox's own tmpfs
 
 
 def test_one_huge_file_stops_at_the_file_size_limit(box):
-    r = run(box, """
+    r = run(
+        box,
+        """
 written = 0
 try:
     with open("/tmp/big", "wb") as f:
@@ -327,52 +389,65 @@ try:
             written += 256 << 10
 except OSError as e:
     print("bytes", written, e.errno)
-""")
+""",
+    )
     written, errno = map(int, r.stdout.split()[1:3])
     assert written <= LIMITS.file_size_mb << 20 and errno == 27  # EFBIG
 
 
 def test_symlinks_do_not_lead_outside(box):
-    r = run(box, f"""
+    r = run(
+        box,
+        f"""
 for i, target in enumerate(["/etc/shadow", "{PROJECT}/pyproject.toml", "/proc/1/root/etc/shadow",
                             "/proc/self/root/../../etc/shadow", "/proc/self/cwd/../../root/.bashrc"]):
     os.symlink(target, f"/tmp/link{{i}}")
     attempt(f"follow link{{i}}", lambda i=i: open(f"/tmp/link{{i}}").read())
-""")
+""",
+    )
     assert_blocked(r, *[f"follow link{i}" for i in range(5)])
 
 
 def test_proc_shows_only_the_sandbox(box):
-    r = run(box, """
+    r = run(
+        box,
+        """
 print("pids", sorted(int(p) for p in os.listdir("/proc") if p.isdigit()))
 attempt("write /proc/sys", lambda: open("/proc/sys/kernel/hostname", "w").write("owned"))
 attempt("write sysrq", lambda: open("/proc/sysrq-trigger", "w").write("b"))
 attempt("host mounts writable", lambda: open("/proc/self/mounts").read().count(" rw,") > 2 and 1 / 0)
-""")
+""",
+    )
     assert_blocked(r, "write /proc/sys", "write sysrq", "host mounts writable")
     pids = eval(r.stdout.split("pids ", 1)[1].split("\n", 1)[0])
     assert len(pids) <= 3 and os.getpid() not in pids[2:]
 
 
 def test_file_descriptors_stop_at_the_limit(box):
-    r = run(box, """
+    r = run(
+        box,
+        """
 fds = []
 try:
     while True:
         fds.append(os.open("/dev/null", os.O_RDONLY))
 except OSError as e:
     print("fds", len(fds), e.errno)
-""")
+""",
+    )
     n, errno = map(int, r.stdout.split()[1:3])
     assert n < LIMITS.open_files and errno == 24  # EMFILE
 
 
 def test_sys_and_dev_shm_are_out_of_reach(box):
-    r = run(box, """
+    r = run(
+        box,
+        """
 attempt("list /sys", lambda: os.listdir("/sys"))
 attempt("write /dev/shm", lambda: open("/dev/shm/x", "w").write("x"))
 attempt("read disk", lambda: open("/dev/vda", "rb").read(16))
-""")
+""",
+    )
     assert_blocked(r, "list /sys", "write /dev/shm", "read disk")
 
 
@@ -393,8 +468,10 @@ def test_tcp_to_a_host_server_is_impossible(box):
     server.settimeout(0.5)
     port = server.getsockname()[1]
     addresses = ["127.0.0.1"] + ([_host_ip()] if _host_ip() else [])
-    body = "".join(f'attempt("tcp {a}", lambda: socket.create_connection(("{a}", {port}), timeout=2))\n'
-                   for a in addresses)
+    body = "".join(
+        f'attempt("tcp {a}", lambda: socket.create_connection(("{a}", {port}), timeout=2))\n'
+        for a in addresses
+    )
     r = run(box, body)
     assert_blocked(r, *[f"tcp {a}" for a in addresses])
     with pytest.raises(TimeoutError):
@@ -408,8 +485,11 @@ def test_udp_to_a_host_socket_never_arrives(box):
     receiver.settimeout(0.5)
     port = receiver.getsockname()[1]
     addresses = ["127.0.0.1"] + ([_host_ip()] if _host_ip() else [])
-    body = "".join(f'attempt("udp {a}", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM)'
-                   f'.sendto(b"{MARK}", ("{a}", {port})) and 1 / 0)\n' for a in addresses)
+    body = "".join(
+        f'attempt("udp {a}", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM)'
+        f'.sendto(b"{MARK}", ("{a}", {port})) and 1 / 0)\n'
+        for a in addresses
+    )
     r = run(box, body)  # a send may "succeed" into the sandbox's own loopback; nothing may reach the host
     assert "ESCAPED" not in r.stdout
     with pytest.raises(TimeoutError):
@@ -418,11 +498,14 @@ def test_udp_to_a_host_socket_never_arrives(box):
 
 
 def test_external_network_is_unreachable(box):
-    r = run(box, """
+    r = run(
+        box,
+        """
 attempt("tcp out", lambda: socket.create_connection(("1.1.1.1", 53), timeout=2))
 attempt("udp out", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"x", ("8.8.8.8", 53)))
 attempt("ipv6 out", lambda: socket.create_connection(("2606:4700:4700::1111", 53), timeout=2))
-""")
+""",
+    )
     assert_blocked(r, "tcp out", "udp out", "ipv6 out")
 
 
@@ -436,12 +519,15 @@ def test_host_abstract_unix_socket_is_unreachable(box):
     server.bind(f"\0{MARK}")
     server.listen()
     server.settimeout(0.5)
-    r = run(box, f"""
+    r = run(
+        box,
+        f"""
 def connect():
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.connect("\\0{MARK}")
 attempt("abstract unix", connect)
-""")
+""",
+    )
     assert_blocked(r, "abstract unix")
     with pytest.raises(TimeoutError):
         server.accept()
@@ -450,7 +536,9 @@ attempt("abstract unix", connect)
 
 # -- privilege and escapes ------------------------------------------------------------------------------
 def test_ctypes_cannot_regain_privileges(box, host):
-    r = run(box, f"""
+    r = run(
+        box,
+        f"""
 CLONE_NEWUSER, CLONE_NEWNS = 0x10000000, 0x00020000
 attempt("setuid 0", lambda: c_call(libc.setuid(0)))
 attempt("unshare user", lambda: c_call(libc.unshare(CLONE_NEWUSER)))
@@ -459,61 +547,79 @@ attempt("mount", lambda: c_call(libc.mount(b"none", b"/tmp", b"tmpfs", 0, None))
 attempt("chroot", lambda: c_call(libc.chroot(b"/tmp")))
 attempt("ptrace host pid", lambda: c_call(libc.ptrace(16, {host["sleeper"].pid}, 0, 0)))
 attempt("os.setuid", lambda: os.setuid(0))
-""")
-    assert_blocked(r, "setuid 0", "unshare user", "unshare mount", "mount", "chroot", "ptrace host pid",
-                   "os.setuid")
+""",
+    )
+    assert_blocked(
+        r, "setuid 0", "unshare user", "unshare mount", "mount", "chroot", "ptrace host pid", "os.setuid"
+    )
 
 
 def test_the_kernel_keyring_is_closed_to_runs(box):
     # Every run has the same host uid and the keyring is per uid: a key one run added would be listed in
     # another run's /proc/keys. The seccomp filter refuses the keyring syscalls outright.
-    r = run(box, f"""
+    r = run(
+        box,
+        f"""
 SYS_add_key, SYS_request_key, SYS_keyctl = 248, 249, 250
 KEY_SPEC_USER_KEYRING = -4
 attempt("add_key", lambda: c_call(libc.syscall(SYS_add_key, b"user", b"{MARK}", b"secret", 6, KEY_SPEC_USER_KEYRING)))
 attempt("request_key", lambda: c_call(libc.syscall(SYS_request_key, b"user", b"{MARK}", None, 0)))
 attempt("keyctl", lambda: c_call(libc.syscall(SYS_keyctl, 0, KEY_SPEC_USER_KEYRING, 0)))
 print("KEYS", open("/proc/keys").read().count("{MARK}"))
-""")
+""",
+    )
     assert_blocked(r, "add_key", "request_key", "keyctl")
     assert "Operation not permitted" in r.stdout and "KEYS 0" in r.stdout
 
 
 def test_shell_escapes_run_unprivileged_and_confined(box):
-    r = run(box, f"""
+    r = run(
+        box,
+        f"""
 os.system("id -u; cat /etc/shadow; ls {PROJECT}; cat /root/.bashrc; echo done")
 print(os.popen("id -u").read().strip() == "65534" and "unprivileged")
-""")
+""",
+    )
     assert "\ndone\n" in r.stdout and "unprivileged" in r.stdout
     assert "tgc-rl" not in r.stdout and "root:" not in r.stdout
 
 
 def test_nested_sandbox_cannot_be_created(box):
-    r = run(box, """
+    r = run(
+        box,
+        """
 import subprocess
 attempt("nested bwrap", lambda: subprocess.run(["bwrap", "--ro-bind", "/", "/", "true"], check=True,
                                                capture_output=True))
-""")
+""",
+    )
     assert_blocked(r, "nested bwrap")
 
 
 def test_raising_rlimits_is_refused(box):
-    r = run(box, """
+    r = run(
+        box,
+        """
 import resource
 attempt("raise nproc", lambda: resource.setrlimit(resource.RLIMIT_NPROC, (10**6, 10**6)))
 attempt("raise as", lambda: resource.setrlimit(resource.RLIMIT_AS, (-1, -1)))
-""")
+""",
+    )
     assert_blocked(r, "raise nproc", "raise as")
 
 
 def test_project_modules_cannot_be_imported(box):
-    r = run(box, """
+    r = run(
+        box,
+        """
 import importlib
 for name in ["services", "services.reward", "rlcore", "torch", "ray"]:
     attempt("import " + name, lambda name=name: importlib.import_module(name))
-""")
-    assert_blocked(r, "import services", "import services.reward", "import rlcore", "import torch",
-                   "import ray")
+""",
+    )
+    assert_blocked(
+        r, "import services", "import services.reward", "import rlcore", "import torch", "import ray"
+    )
 
 
 def test_faking_a_sandbox_failure_is_just_a_failed_program(box):
@@ -535,12 +641,16 @@ HOSTILE_RESPONSES = [
 
 
 def test_the_reward_pool_scores_hostile_code_and_keeps_serving(no_new_children):
-    spec = TaskSpec(name="code", params={"families": ["sum_line"], "timeout_s": 2.0}, reward_workers=2,
-                    reward_timeout_s=30.0)
+    spec = TaskSpec(
+        name="code",
+        params={"families": ["sum_line"], "timeout_s": 2.0},
+        reward_workers=2,
+        reward_timeout_s=30.0,
+    )
     task = load_task("code", spec.params, 0)
     items = [task.item(i) for i in range(len(HOSTILE_RESPONSES) + 2)]
     with RewardPool(spec) as pool:
-        scores = pool.score(items[:len(HOSTILE_RESPONSES)], HOSTILE_RESPONSES)
+        scores = pool.score(items[: len(HOSTILE_RESPONSES)], HOSTILE_RESPONSES)
         assert [(s.status, s.reward) for s in scores] == [("ok", 0.0)] * len(HOSTILE_RESPONSES)
         good = pool.score(items[-2:], [f"```python\n{it.meta['reference']}```" for it in items[-2:]])
         assert [(s.status, s.reward) for s in good] == [("ok", 1.0), ("ok", 1.0)]

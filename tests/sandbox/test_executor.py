@@ -44,16 +44,20 @@ def test_traceback_shows_the_program_not_the_launcher(box):
 
 
 def test_program_runs_unprivileged_with_a_clean_environment(box):
-    r = box.run("import os, json\n"
-                "print(json.dumps([os.getuid(), os.getgid(), os.getcwd(), dict(os.environ)]))")
+    r = box.run(
+        "import os, json\nprint(json.dumps([os.getuid(), os.getgid(), os.getcwd(), dict(os.environ)]))"
+    )
     uid, gid, cwd, env = __import__("json").loads(r.stdout)
     assert (uid, gid, cwd) == (65534, 65534, "/tmp")
     assert {k: v for k, v in env.items() if k != "PWD"} == SANDBOX_ENV
 
 
 def test_files_are_put_in_the_work_dir_and_fetched_back(box):
-    r = box.run("data = open('in/data.txt').read()\nopen('out.txt', 'w').write(data.upper())",
-                files={"in/data.txt": b"hello"}, fetch=["out.txt", "never-written.txt"])
+    r = box.run(
+        "data = open('in/data.txt').read()\nopen('out.txt', 'w').write(data.upper())",
+        files={"in/data.txt": b"hello"},
+        fetch=["out.txt", "never-written.txt"],
+    )
     assert r.ok
     assert r.files == {"out.txt": base64.b64encode(b"HELLO").decode()}
 
@@ -64,7 +68,7 @@ def test_each_run_gets_a_fresh_work_dir(box):
 
 
 def test_bash_programs_run(box):
-    r = box.run("read x; echo \"got $x\"; exit 4", language="bash", stdin="7\n")
+    r = box.run('read x; echo "got $x"; exit 4', language="bash", stdin="7\n")
     assert (r.stdout, r.exit_code) == ("got 7\n", 4)
 
 
@@ -133,12 +137,36 @@ def test_missing_user_namespaces_are_refused_with_how_to_enable_them():
     """Inside a real bwrap with nested user namespaces disabled, the sandbox refuses to run unconfined."""
     probe = "from services.sandbox import Sandbox\nSandbox()\n"
     # The fresh /tmp hides a checkout (or an interpreter) that lives under /tmp: bind those back on top.
-    under_tmp = {p for p in (PROJECT, Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve())
-                 if Path("/tmp") in p.parents}
-    cmd = ["bwrap", "--unshare-user", "--uid", "1000", "--gid", "1000", "--disable-userns",
-           "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-           *[arg for p in sorted(under_tmp) for arg in ("--ro-bind", str(p), str(p))],
-           "--chdir", str(PROJECT), "--", sys.executable, "-c", probe]
+    under_tmp = {
+        p
+        for p in (PROJECT, Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve())
+        if Path("/tmp") in p.parents
+    }
+    cmd = [
+        "bwrap",
+        "--unshare-user",
+        "--uid",
+        "1000",
+        "--gid",
+        "1000",
+        "--disable-userns",
+        "--ro-bind",
+        "/",
+        "/",
+        "--dev",
+        "/dev",
+        "--proc",
+        "/proc",
+        "--tmpfs",
+        "/tmp",
+        *[arg for p in sorted(under_tmp) for arg in ("--ro-bind", str(p), str(p))],
+        "--chdir",
+        str(PROJECT),
+        "--",
+        sys.executable,
+        "-c",
+        probe,
+    ]
     env = {**os.environ, "PYTHONPATH": str(PROJECT)}
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode != 0

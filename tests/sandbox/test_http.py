@@ -65,8 +65,12 @@ def test_memory_limit_is_applied(client):
 
 
 def test_files_go_in_and_fetch_files_come_back_base64(client):
-    body = run_code(client, code="open('b.txt', 'w').write(open('a.txt').read()[::-1])",
-                    files={"a.txt": base64.b64encode(b"abc").decode()}, fetch_files=["b.txt"]).json()
+    body = run_code(
+        client,
+        code="open('b.txt', 'w').write(open('a.txt').read()[::-1])",
+        files={"a.txt": base64.b64encode(b"abc").decode()},
+        fetch_files=["b.txt"],
+    ).json()
     assert body["status"] == "Success"
     assert base64.b64decode(body["files"]["b.txt"]) == b"cba"
 
@@ -76,29 +80,38 @@ def test_bash_runs(client):
     assert body["run_result"]["stdout"] == "42\n"
 
 
-@pytest.mark.parametrize("body,field", [
-    ({"code": "x", "language": "cobol"}, "language"),
-    ({"code": "x", "files": {"a": "%%%not base64"}}, "files"),
-    ({"code": "x", "files": {"../a": "eA=="}}, "files"),
-    ({"code": "x", "fetch_files": ["/etc/shadow"]}, "fetch_files"),
-    ({"code": "x", "run_timeout": -1}, "run_timeout"),
-    ({"code": "x", "args": ["-k", "test"]}, "args"),
-    ({"code": "x", "unexpected": 1}, "unexpected"),
-])
+@pytest.mark.parametrize(
+    "body,field",
+    [
+        ({"code": "x", "language": "cobol"}, "language"),
+        ({"code": "x", "files": {"a": "%%%not base64"}}, "files"),
+        ({"code": "x", "files": {"../a": "eA=="}}, "files"),
+        ({"code": "x", "fetch_files": ["/etc/shadow"]}, "fetch_files"),
+        ({"code": "x", "run_timeout": -1}, "run_timeout"),
+        ({"code": "x", "args": ["-k", "test"]}, "args"),
+        ({"code": "x", "unexpected": 1}, "unexpected"),
+    ],
+)
 def test_bad_requests_are_422_naming_the_field(client, body, field):
     r = client.post("/run_code", json=body)
     assert r.status_code == 422
     assert field in r.text
 
 
-@pytest.mark.parametrize("body,field", [
-    ('{"code": "x", "run_timeout": NaN}', "run_timeout"),
-    ('{"code": "x", "run_timeout": Infinity}', "run_timeout"),
-    ('{"code": "x", "compile_timeout": 1e308}', "compile_timeout"),
-    ('{"code": "x", "memory_limit_MB": 100000000000000000000}', "memory_limit_MB"),
-    ('{"code": "x", "files": {' + ", ".join(f'"f{i}": "eA=="' for i in range(20_000)) + "}}", "files"),
-    ('{"code": "x", "fetch_files": [' + ", ".join(f'"f{i}"' for i in range(20_000)) + "]}", "fetch_files"),
-])
+@pytest.mark.parametrize(
+    "body,field",
+    [
+        ('{"code": "x", "run_timeout": NaN}', "run_timeout"),
+        ('{"code": "x", "run_timeout": Infinity}', "run_timeout"),
+        ('{"code": "x", "compile_timeout": 1e308}', "compile_timeout"),
+        ('{"code": "x", "memory_limit_MB": 100000000000000000000}', "memory_limit_MB"),
+        ('{"code": "x", "files": {' + ", ".join(f'"f{i}": "eA=="' for i in range(20_000)) + "}}", "files"),
+        (
+            '{"code": "x", "fetch_files": [' + ", ".join(f'"f{i}"' for i in range(20_000)) + "]}",
+            "fetch_files",
+        ),
+    ],
+)
 def test_out_of_range_requests_are_422_not_500(client, body, field):
     r = client.post("/run_code", content=body, headers={"Content-Type": "application/json"})
     assert r.status_code == 422 and field in r.text, r.text[:300]

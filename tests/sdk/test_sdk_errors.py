@@ -14,8 +14,11 @@ def test_each_status_maps_to_its_error_type(status, cls):
 
 
 def test_invalid_error_exposes_fields_and_messages():
-    body = {"error": "invalid", "message": "invalid request",
-            "detail": [{"field": "steps", "msg": "must be >= 1"}, {"field": "model.source", "msg": "unknown"}]}
+    body = {
+        "error": "invalid",
+        "message": "invalid request",
+        "detail": [{"field": "steps", "msg": "must be >= 1"}, {"field": "model.source", "msg": "unknown"}],
+    }
     assert errors.error_for(422, body).fields == {"steps": "must be >= 1", "model.source": "unknown"}
 
 

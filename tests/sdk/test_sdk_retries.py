@@ -36,7 +36,9 @@ class Flaky:
                     body, code = b'{"error": "unavailable", "message": "busy"}', flaky.status
                 else:
                     page = {"jobs": [RECORD], "next_cursor": None}
-                    body = json.dumps(RECORD if self.path.startswith("/v1/jobs/") or self.command == "POST" else page)
+                    body = json.dumps(
+                        RECORD if self.path.startswith("/v1/jobs/") or self.command == "POST" else page
+                    )
                     body, code = body.encode(), 201 if self.command == "POST" else 200
                 self.send_response(code)
                 if flaky.retry_after and code == flaky.status:

@@ -3,18 +3,21 @@ import pytest
 from services.tasks.answers import last_number
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("The answer is 42.", "42"),
-    ("3 + 4 = 7", "7"),
-    ("first \\boxed{12} then 13", "12"),
-    ("\\boxed{x = -5}", "-5"),
-    ("It costs 1,234 dollars", "1234"),
-    ("2.50", "2.5"),
-    ("3.000", "3"),
-    ("-0", "0"),
-    ("no digits at all", None),
-    ("", None),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("The answer is 42.", "42"),
+        ("3 + 4 = 7", "7"),
+        ("first \\boxed{12} then 13", "12"),
+        ("\\boxed{x = -5}", "-5"),
+        ("It costs 1,234 dollars", "1234"),
+        ("2.50", "2.5"),
+        ("3.000", "3"),
+        ("-0", "0"),
+        ("no digits at all", None),
+        ("", None),
+    ],
+)
 def test_last_number_reads_the_intended_answer(text, expected):
     assert last_number(text) == expected
 

@@ -32,8 +32,10 @@ def test_score_accepts_the_last_number_and_rejects_others():
     assert task.score(item, "I don't know").reward == 0.0
 
 
-@pytest.mark.parametrize("kwargs,needle", [({"ops": ["/"]}, "ops"), ({"ops": []}, "ops"),
-                                           ({"min_operand": 5, "max_operand": 2}, "min_operand")])
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [({"ops": ["/"]}, "ops"), ({"ops": []}, "ops"), ({"min_operand": 5, "max_operand": 2}, "min_operand")],
+)
 def test_bad_params_are_refused_naming_the_field(kwargs, needle):
     with pytest.raises(ValueError, match=needle):
         ArithmeticTask(**kwargs)

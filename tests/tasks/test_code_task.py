@@ -41,10 +41,17 @@ def test_families_can_be_chosen():
     assert {task.item(i).meta["family"] for i in range(20)} == {"clamp"}
 
 
-@pytest.mark.parametrize("params,field", [
-    ({"families": ["nope"]}, "families"), ({"families": []}, "families"), ({"cases": 0}, "cases"),
-    ({"timeout_s": 0}, "timeout_s"), ({"sandbox": "docker"}, "sandbox"), ({"bogus": 1}, "bogus"),
-])
+@pytest.mark.parametrize(
+    "params,field",
+    [
+        ({"families": ["nope"]}, "families"),
+        ({"families": []}, "families"),
+        ({"cases": 0}, "cases"),
+        ({"timeout_s": 0}, "timeout_s"),
+        ({"sandbox": "docker"}, "sandbox"),
+        ({"bogus": 1}, "bogus"),
+    ],
+)
 def test_bad_params_are_refused_naming_the_field(params, field):
     with pytest.raises(ValueError, match=field):
         load_task("code", params, 0)

@@ -3,8 +3,9 @@ import pytest
 from services.sandbox import Sandbox, SandboxLimits
 from services.tasks.code_tests import CodeTests, extract_program, function_program, score_code
 
-ADD_TESTS = CodeTests(style="function", entry_point="add",
-                      test="assert add(2, 3) == 5\nassert add(-1, 1) == 0")
+ADD_TESTS = CodeTests(
+    style="function", entry_point="add", test="assert add(2, 3) == 5\nassert add(-1, 1) == 0"
+)
 ECHO_TESTS = CodeTests(style="stdio", cases=(("3\n", "6\n"), ("10\n", "20\n"), ("0\n", "0\n")))
 
 
@@ -36,13 +37,16 @@ def test_without_a_block_the_response_is_the_program():
 
 
 # -- test specs ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("kwargs,field", [
-    ({"style": "unit"}, "style"),
-    ({"style": "stdio"}, "cases"),
-    ({"style": "function", "entry_point": "not an identifier", "test": "pass"}, "entry_point"),
-    ({"style": "function", "entry_point": "f", "test": "  "}, "test"),
-    ({"style": "stdio", "cases": (("", ""),), "timeout_s": 0}, "timeout_s"),
-])
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        ({"style": "unit"}, "style"),
+        ({"style": "stdio"}, "cases"),
+        ({"style": "function", "entry_point": "not an identifier", "test": "pass"}, "entry_point"),
+        ({"style": "function", "entry_point": "f", "test": "  "}, "test"),
+        ({"style": "stdio", "cases": (("", ""),), "timeout_s": 0}, "timeout_s"),
+    ],
+)
 def test_malformed_tests_are_refused_naming_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         CodeTests(**kwargs)
@@ -64,9 +68,14 @@ def test_a_body_completion_is_appended_to_the_prompt():
 
 
 def test_a_whole_definition_keeps_the_prompts_helpers():
-    prompt = "def helper(x):\n    return 2 * x\n\n\ndef f(x):\n    \"\"\"Double x.\"\"\"\n"
-    tests = CodeTests(style="function", entry_point="f", test="def check(c):\n    assert c(2) == 4\n",
-                      call_check=True, prompt=prompt)
+    prompt = 'def helper(x):\n    return 2 * x\n\n\ndef f(x):\n    """Double x."""\n'
+    tests = CodeTests(
+        style="function",
+        entry_point="f",
+        test="def check(c):\n    assert c(2) == 4\n",
+        call_check=True,
+        prompt=prompt,
+    )
     program = function_program(tests, "def f(x):\n    return helper(x)\n")
     assert program.index("def helper") < program.index("return helper(x)") < program.index("check(f)")
 
@@ -99,8 +108,12 @@ def test_a_wrong_stdio_program_fails_at_its_first_wrong_case(box):
 
 
 def test_partial_credit_counts_passing_cases(box):
-    score = score_code(box, ECHO_TESTS, fenced("n = int(input())\nprint(20 if n == 10 else 2 * n + 1)\n"),
-                       partial_credit=True)
+    score = score_code(
+        box,
+        ECHO_TESTS,
+        fenced("n = int(input())\nprint(20 if n == 10 else 2 * n + 1)\n"),
+        partial_credit=True,
+    )
     assert score.reward == pytest.approx(1 / 3)
 
 

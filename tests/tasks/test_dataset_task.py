@@ -58,7 +58,9 @@ def test_exported_code_rows_pass_their_tests_with_the_reference_solution_in_the_
         assert item.meta["verifier"] == "code" and item.meta["tests"]["style"] in ("stdio", "function")
         if item.prompt in references:
             source = load_task("code", {}, 0, LOCAL_GRANTS)
-            ref = next(source.item(j).meta["reference"] for j in range(8) if source.item(j).prompt == item.prompt)
+            ref = next(
+                source.item(j).meta["reference"] for j in range(8) if source.item(j).prompt == item.prompt
+            )
             assert score_row(item, f"```python\n{ref}```", lambda *a: sandbox).reward == 1.0
             assert score_row(item, "```python\nprint('wrong')\n```", lambda *a: sandbox).reward == 0.0
             checked += 1
@@ -74,34 +76,52 @@ def test_csv_and_save_to_disk_directories_load(tmp_path):
     import datasets
 
     write(tmp_path / "q.csv", "question,gold\nWhat is 2+2?,4\nCapital of France?,Paris\n")
-    task = DatasetTask(path=str(tmp_path / "q.csv"), prompt_column="question", answer_column="gold", verifier="exact")
+    task = DatasetTask(
+        path=str(tmp_path / "q.csv"), prompt_column="question", answer_column="gold", verifier="exact"
+    )
     assert [task.eval_item(i).answer for i in range(2)] == ["4", "Paris"]
     assert score_row(task.eval_item(1), "The capital is\nparis.", None).reward == 1.0
-    dd = datasets.DatasetDict({"train": datasets.Dataset.from_list([{"prompt": "1+1?", "answer": "2"}] * 3),
-                               "test": datasets.Dataset.from_list([{"prompt": "2+2?", "answer": "4"}])})
+    dd = datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_list([{"prompt": "1+1?", "answer": "2"}] * 3),
+            "test": datasets.Dataset.from_list([{"prompt": "2+2?", "answer": "4"}]),
+        }
+    )
     dd.save_to_disk(str(tmp_path / "saved"))
     test = DatasetTask(path=str(tmp_path / "saved"), split="test")
     assert len(test) == 1 and test.eval_item(0).answer == "4"
-    with pytest.raises(DataError, match=r"holds the splits \['test', 'train'\]; choose one with task.params.split"):
+    with pytest.raises(
+        DataError, match=r"holds the splits \['test', 'train'\]; choose one with task.params.split"
+    ):
         DatasetTask(path=str(tmp_path / "saved")).rows  # noqa: B018
 
 
 def test_chat_messages_and_the_system_prompt_reach_the_item(tmp_path):
-    rows = [{"messages": [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "3+4?"}],
-             "answer": "7", "source": "hand"}]
+    rows = [
+        {
+            "messages": [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "3+4?"}],
+            "answer": "7",
+            "source": "hand",
+        }
+    ]
     path = write(tmp_path / "chat.jsonl", "\n".join(json.dumps(r) for r in rows) + "\n")
     item = DatasetTask(path=str(path), metadata_columns=["source"]).eval_item(0)
     assert item.prompt == "3+4?" and item.meta["messages"][0] == {"role": "system", "content": "Be terse."}
     assert item.meta["metadata"] == {"source": "hand"}
     plain = write(tmp_path / "plain.jsonl", '{"prompt": "3+4?", "answer": 7}\n')
     item = DatasetTask(path=str(plain), system_prompt="Answer with a number.").eval_item(0)
-    assert item.meta["messages"] == [{"role": "system", "content": "Answer with a number."},
-                                     {"role": "user", "content": "3+4?"}]
+    assert item.meta["messages"] == [
+        {"role": "system", "content": "Answer with a number."},
+        {"role": "user", "content": "3+4?"},
+    ]
     assert item.answer == "7"  # a number in the answer column is its text
 
 
 def test_order_is_a_new_permutation_each_epoch_and_the_same_for_the_same_seed(files):
-    a, b = DatasetTask(seed=3, path=str(files["math.jsonl"])), DatasetTask(seed=3, path=str(files["math.jsonl"]))
+    a, b = (
+        DatasetTask(seed=3, path=str(files["math.jsonl"])),
+        DatasetTask(seed=3, path=str(files["math.jsonl"])),
+    )
     ids = [a.item(i).meta["row"] for i in range(60)]
     assert ids == [b.item(i).meta["row"] for i in range(60)]
     first, second = ids[:30], ids[30:]
@@ -109,7 +129,9 @@ def test_order_is_a_new_permutation_each_epoch_and_the_same_for_the_same_seed(fi
     assert first != second
     assert ids != [DatasetTask(seed=4, path=str(files["math.jsonl"])).item(i).meta["row"] for i in range(60)]
     # an item depends on its index only: a fresh task (a resumed job) continues mid-epoch with the same rows
-    assert [DatasetTask(seed=3, path=str(files["math.jsonl"])).item(i).meta["row"] for i in range(17, 40)] == ids[17:40]
+    assert [
+        DatasetTask(seed=3, path=str(files["math.jsonl"])).item(i).meta["row"] for i in range(17, 40)
+    ] == ids[17:40]
 
 
 def test_epochs_bound_the_stream(files):
@@ -131,17 +153,22 @@ def test_held_out_rows_are_never_trained_on_and_do_not_depend_on_the_seed(files)
 
 
 def test_long_prompts_are_dropped_and_counted_not_truncated(tmp_path):
-    path = write(tmp_path / "long.jsonl", '{"prompt": "short", "answer": "1"}\n'
-                                          f'{{"prompt": "{"word " * 500}", "answer": "2"}}\n')
+    path = write(
+        tmp_path / "long.jsonl",
+        f'{{"prompt": "short", "answer": "1"}}\n{{"prompt": "{"word " * 500}", "answer": "2"}}\n',
+    )
     task = DatasetTask(path=str(path))
     assert task.filter_prompts(lambda item: len(item.prompt) < 100) == 1
     assert len(task) == 1 and task.dropped_too_long == 1 and task.item(0).prompt == "short"
 
 
 def test_exact_and_regex_verifiers(tmp_path):
-    path = write(tmp_path / "v.jsonl", '{"prompt": "Name it", "answer": "New York", "verifier": "exact"}\n'
-                                       '{"prompt": "Give a date", "answer": "\\\\d{4}-\\\\d{2}-\\\\d{2}", '
-                                       '"verifier": "regex"}\n')
+    path = write(
+        tmp_path / "v.jsonl",
+        '{"prompt": "Name it", "answer": "New York", "verifier": "exact"}\n'
+        '{"prompt": "Give a date", "answer": "\\\\d{4}-\\\\d{2}-\\\\d{2}", '
+        '"verifier": "regex"}\n',
+    )
     task = DatasetTask(path=str(path), shuffle=False)
     exact, regex = task.item(0), task.item(1)
     assert score_row(exact, "It is <answer> new  york </answer>", None).reward == 1.0
@@ -170,13 +197,17 @@ def test_a_missing_column_is_named_with_the_columns_the_file_has(tmp_path):
 
 
 def test_a_wrong_type_is_named_with_row_and_column(tmp_path):
-    msg = _refused(tmp_path, "a.jsonl", '{"prompt": "1+1?", "answer": "2"}\n{"prompt": ["x"], "answer": "3"}\n')
+    msg = _refused(
+        tmp_path, "a.jsonl", '{"prompt": "1+1?", "answer": "2"}\n{"prompt": ["x"], "answer": "3"}\n'
+    )
     assert "row 2, column 'prompt'" in msg and "list" in msg
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     pq.write_table(pa.table({"prompt": ["a", "b"], "answer": [True, False]}), tmp_path / "b.parquet")
-    with pytest.raises(DataError, match=r"b.parquet: row 1, column 'answer': a bool, but the reference answer must be text"):
+    with pytest.raises(
+        DataError, match=r"b.parquet: row 1, column 'answer': a bool, but the reference answer must be text"
+    ):
         DatasetTask(path=str(tmp_path / "b.parquet")).rows  # noqa: B018
     msg = _refused(tmp_path, "c.jsonl", '{"prompt": "a", "answer": "1", "verifier": "maths"}\n')
     assert "row 1, column 'verifier': 'maths' is not a verifier" in msg
@@ -244,15 +275,26 @@ def test_the_spec_names_bad_dataset_params_and_privileged_paths():
     with pytest.raises(SpecError, match="give exactly one of path, file, dataset_id, hub_id"):
         JobSpec.parse({"task": {"name": "dataset", "params": {}}})
     with pytest.raises(SpecError, match=r"task.params.verifier"):
-        JobSpec.parse({"task": {"name": "dataset", "params": {"dataset_id": "ds_" + "0" * 32, "verifier": "x"}}})
-    spec = JobSpec.parse({"task": {"name": "dataset", "params": {"path": "/data/train.jsonl", "holdout": 4}},
-                          "eval": {"dataset": {"path": "/data/test.jsonl"}}})
+        JobSpec.parse(
+            {"task": {"name": "dataset", "params": {"dataset_id": "ds_" + "0" * 32, "verifier": "x"}}}
+        )
+    spec = JobSpec.parse(
+        {
+            "task": {"name": "dataset", "params": {"path": "/data/train.jsonl", "holdout": 4}},
+            "eval": {"dataset": {"path": "/data/test.jsonl"}},
+        }
+    )
     assert spec.privileges() == {"task.params.path": "host_paths", "eval.dataset.path": "host_paths"}
-    ok = JobSpec.parse({"task": {"name": "dataset", "params": {"dataset_id": "ds_" + "a" * 32, "holdout": 4}},
-                        "eval": {}})
+    ok = JobSpec.parse(
+        {"task": {"name": "dataset", "params": {"dataset_id": "ds_" + "a" * 32, "holdout": 4}}, "eval": {}}
+    )
     assert ok.privileges() == {}
     with pytest.raises(SpecError, match="eval.dataset: name the evaluation rows"):
         JobSpec.parse({"eval": {}})
     with pytest.raises(SpecError, match="samples_per_prompt > 1 needs greedy: false"):
-        JobSpec.parse({"task": {"name": "dataset", "params": {"dataset_id": "ds_" + "a" * 32, "holdout": 4}},
-                       "eval": {"samples_per_prompt": 4}})
+        JobSpec.parse(
+            {
+                "task": {"name": "dataset", "params": {"dataset_id": "ds_" + "a" * 32, "holdout": 4}},
+                "eval": {"samples_per_prompt": 4},
+            }
+        )

@@ -25,8 +25,9 @@ def test_the_gold_answer_scores_one(task):
         assert task.score(item, item.answer).reward == 1.0
 
 
-@pytest.mark.parametrize("wrap", ["The answer is {}", "<answer>{}</answer>", "\\boxed{{{}}}",
-                                  "Let me see.\n{}"])
+@pytest.mark.parametrize(
+    "wrap", ["The answer is {}", "<answer>{}</answer>", "\\boxed{{{}}}", "Let me see.\n{}"]
+)
 def test_answers_are_read_leniently(task, wrap):
     item = task.item(0)
     assert task.score(item, wrap.format(item.answer)).reward == 1.0
@@ -44,8 +45,11 @@ def test_a_wrong_answer_scores_zero(task):
 
 
 def test_dataset_config_reaches_the_generator():
-    task = load_task("reasoning_gym:basic_arithmetic", {"size": 10, "min_terms": 2, "max_terms": 2,
-                                                        "min_digits": 1, "max_digits": 1}, 0)
+    task = load_task(
+        "reasoning_gym:basic_arithmetic",
+        {"size": 10, "min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
+        0,
+    )
     item = task.item(0)
     assert len(item.meta["entry"]["metadata"]["expression"].split()) == 3
 
@@ -63,11 +67,14 @@ def test_candidate_answers_go_from_explicit_to_lenient():
     assert candidate_answers("I think it is 5 or so") == ["I think it is 5 or so", "5"]
 
 
-@pytest.mark.parametrize("name,params,needle", [
-    ("reasoning_gym:no_such_dataset", {}, "no_such_dataset"),
-    ("reasoning_gym:basic_arithmetic", {"bogus_field": 1}, "bogus_field"),
-    ("reasoning_gym:basic_arithmetic", {"size": 0}, "size"),
-])
+@pytest.mark.parametrize(
+    "name,params,needle",
+    [
+        ("reasoning_gym:no_such_dataset", {}, "no_such_dataset"),
+        ("reasoning_gym:basic_arithmetic", {"bogus_field": 1}, "bogus_field"),
+        ("reasoning_gym:basic_arithmetic", {"size": 0}, "size"),
+    ],
+)
 def test_bad_specs_are_refused_with_the_reason(name, params, needle):
     with pytest.raises(ValueError, match=needle):
         load_task(name, params, 0)

@@ -16,10 +16,12 @@ def test_all_164_problems_ship_in_the_wheel(task):
 def test_each_pass_over_the_data_is_a_seeded_permutation(task):
     first = {task.item(i).meta["task_id"] for i in range(164)}
     assert len(first) == 164
-    assert [task.item(i).meta["task_id"] for i in range(5)] == [HumanEvalTask(seed=0).item(i).meta["task_id"]
-                                                                for i in range(5)]
-    assert [task.item(i).meta["task_id"] for i in range(10)] != [task.item(164 + i).meta["task_id"]
-                                                                 for i in range(10)]
+    assert [task.item(i).meta["task_id"] for i in range(5)] == [
+        HumanEvalTask(seed=0).item(i).meta["task_id"] for i in range(5)
+    ]
+    assert [task.item(i).meta["task_id"] for i in range(10)] != [
+        task.item(164 + i).meta["task_id"] for i in range(10)
+    ]
 
 
 def test_unshuffled_order_follows_the_dataset():
@@ -66,11 +68,15 @@ def test_a_wrong_solution_fails(task):
     assert (score.reward, score.status) == (0.0, "ok")
 
 
-@pytest.mark.parametrize("params,field", [
-    ({"timeout_s": -1}, "timeout_s"), ({"sandbox": "none"}, "sandbox"),
-    ({"instruction": "no slot"}, "instruction"),
-    ({"typo": 1}, "typo"),
-])
+@pytest.mark.parametrize(
+    "params,field",
+    [
+        ({"timeout_s": -1}, "timeout_s"),
+        ({"sandbox": "none"}, "sandbox"),
+        ({"instruction": "no slot"}, "instruction"),
+        ({"typo": 1}, "typo"),
+    ],
+)
 def test_bad_params_are_refused_naming_the_field(params, field):
     with pytest.raises(ValueError, match=field):
         load_task("humaneval", params, 0)

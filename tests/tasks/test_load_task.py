@@ -7,12 +7,15 @@ from services.tasks.gym import ReasoningGymTask
 from services.tasks.humaneval import HumanEvalTask
 
 
-@pytest.mark.parametrize("name,params,cls", [
-    ("arithmetic", {"max_operand": 5}, ArithmeticTask),
-    ("code", {"cases": 2}, CodeTask),
-    ("humaneval", {}, HumanEvalTask),
-    ("reasoning_gym:chain_sum", {"size": 5}, ReasoningGymTask),
-])
+@pytest.mark.parametrize(
+    "name,params,cls",
+    [
+        ("arithmetic", {"max_operand": 5}, ArithmeticTask),
+        ("code", {"cases": 2}, CodeTask),
+        ("humaneval", {}, HumanEvalTask),
+        ("reasoning_gym:chain_sum", {"size": 5}, ReasoningGymTask),
+    ],
+)
 def test_names_dispatch_to_their_task(name, params, cls):
     task = load_task(name, params, seed=2)
     assert isinstance(task, cls) and task.seed == 2

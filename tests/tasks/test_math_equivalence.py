@@ -3,24 +3,30 @@ import pytest
 from services.tasks.math_equivalence import verify_math
 
 
-@pytest.mark.parametrize("answer,response", [
-    ("\\frac{1}{2}", "so the probability is 0.5"),
-    ("(x+1)^2", "$x^2 + 2x + 1$"),
-    ("72", "She sold 72 clips in total.\n#### 72"),
-    ("1000", "The total is 1,000."),
-    ("\\{1,2,3\\}", "$\\{3, 2, 1\\}$"),
-    ("5", "The final answer is \\boxed{5}."),
-])
+@pytest.mark.parametrize(
+    "answer,response",
+    [
+        ("\\frac{1}{2}", "so the probability is 0.5"),
+        ("(x+1)^2", "$x^2 + 2x + 1$"),
+        ("72", "She sold 72 clips in total.\n#### 72"),
+        ("1000", "The total is 1,000."),
+        ("\\{1,2,3\\}", "$\\{3, 2, 1\\}$"),
+        ("5", "The final answer is \\boxed{5}."),
+    ],
+)
 def test_equal_answers_score_one(answer, response):
     score = verify_math(answer, response)
     assert (score.reward, score.status) == (1.0, "ok")
 
 
-@pytest.mark.parametrize("answer,response", [
-    ("\\frac{1}{2}", "so the probability is 0.25"),
-    ("7", "\\boxed{8}"),
-    ("(x+1)^2", "$x^2 + 1$"),
-])
+@pytest.mark.parametrize(
+    "answer,response",
+    [
+        ("\\frac{1}{2}", "so the probability is 0.25"),
+        ("7", "\\boxed{8}"),
+        ("(x+1)^2", "$x^2 + 1$"),
+    ],
+)
 def test_different_answers_score_zero(answer, response):
     assert verify_math(answer, response).reward == 0.0
 

@@ -6,8 +6,14 @@ import pytest
 TINY_MODEL = {
     "source": "random",
     "dtype": "float32",
-    "config_overrides": {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
-                         "num_attention_heads": 1, "num_key_value_heads": 1, "max_position_embeddings": 512},
+    "config_overrides": {
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 1,
+        "num_key_value_heads": 1,
+        "max_position_embeddings": 512,
+    },
 }
 
 

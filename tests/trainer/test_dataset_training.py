@@ -16,12 +16,18 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def data_file(tmp_path_factory):
-    return write_rows(export_rows("arithmetic", {"max_operand": 9}, 20), tmp_path_factory.mktemp("d") / "a.parquet")
+    return write_rows(
+        export_rows("arithmetic", {"max_operand": 9}, 20), tmp_path_factory.mktemp("d") / "a.parquet"
+    )
 
 
 def _spec(data_file, **changes):
-    base = {"task.name": "dataset", "task.reward": "builtin", "checkpoint.every_steps": 0,
-            "task.params": {"path": str(data_file), "holdout": 4}}  # 16 training rows
+    base = {
+        "task.name": "dataset",
+        "task.reward": "builtin",
+        "checkpoint.every_steps": 0,
+        "task.params": {"path": str(data_file), "holdout": 4},
+    }  # 16 training rows
     return tiny_spec(**{**base, **changes})
 
 
@@ -29,10 +35,16 @@ def _eval_rows(run_dir, step):
     return [json.loads(ln) for ln in (run_dir / "eval" / f"step_{step}.jsonl").read_text().splitlines()]
 
 
-def test_held_out_rows_are_evaluated_at_the_start_every_n_steps_and_when_the_epochs_end(ray_cluster, tmp_path,
-                                                                                         data_file):
-    spec = _spec(data_file, steps=10, prompts_per_step=4, eval={"every_steps": 3},
-                 **{"task.params": {"path": str(data_file), "holdout": 4, "epochs": 1}})
+def test_held_out_rows_are_evaluated_at_the_start_every_n_steps_and_when_the_epochs_end(
+    ray_cluster, tmp_path, data_file
+):
+    spec = _spec(
+        data_file,
+        steps=10,
+        prompts_per_step=4,
+        eval={"every_steps": 3},
+        **{"task.params": {"path": str(data_file), "holdout": 4, "epochs": 1}},
+    )
     assert run(spec, tmp_path) == "succeeded"
     rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]  # 16 rows / 4 a step: one epoch is 4 steps
@@ -55,7 +67,9 @@ def test_resume_mid_epoch_continues_exactly(ray_cluster, tmp_path, data_file):
     full, part = tmp_path / "full", tmp_path / "part"
     assert run(_spec(data_file, steps=5, **parity), full) == "succeeded"
     assert run(_spec(data_file, steps=3, **{**parity, "checkpoint.every_steps": 1}), part) == "succeeded"
-    assert run(_spec(data_file, steps=5, **parity), part, resume="latest") == "succeeded"  # 3 of 8 steps an epoch
+    assert (
+        run(_spec(data_file, steps=5, **parity), part, resume="latest") == "succeeded"
+    )  # 3 of 8 steps an epoch
     a, b = read_metrics(full), read_metrics(part)
     assert [r["step"] for r in b] == [0, 1, 2, 3, 4, 5]
     for ra, rb in zip(a, b, strict=True):
@@ -76,5 +90,6 @@ def test_steps_zero_evaluates_a_checkpoint_without_training(ray_cluster, tmp_pat
     assert [r["step"] for r in rows] == [0] and rows[0]["eval/prompts"] == 4
     assert not (tmp_path / "eval" / "checkpoints").exists()  # no learner, nothing to save
     # the checkpoint's weights answered: greedy responses equal the training run's final evaluation
-    assert [s["response"] for s in _eval_rows(tmp_path / "eval", 0)] == \
-        [s["response"] for s in _eval_rows(trained, 1)]
+    assert [s["response"] for s in _eval_rows(tmp_path / "eval", 0)] == [
+        s["response"] for s in _eval_rows(trained, 1)
+    ]

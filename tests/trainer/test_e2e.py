@@ -20,15 +20,23 @@ pytestmark = pytest.mark.slow
 
 
 def test_tiny_job_runs_with_vllm_and_two_fsdp_ranks(ray_cluster, tmp_path):
-    spec = tiny_spec(**{"resources.rollout_engine": "vllm", "resources.learner_ranks": 2, "steps": 3,
-                        "resources.weight_sync": "broadcast"})
+    spec = tiny_spec(
+        **{
+            "resources.rollout_engine": "vllm",
+            "resources.learner_ranks": 2,
+            "steps": 3,
+            "resources.weight_sync": "broadcast",
+        }
+    )
     assert run(spec, tmp_path) == "succeeded"
     rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == [1, 2, 3]
     # the first sync goes through the object store and opens the broadcast group; later ones broadcast
     assert [r["sync/broadcast"] for r in rows] == [0.0, 1.0, 1.0]
     for r in rows:
-        assert r.get("diag/d1_gcpr", 0.0) <= 1e-5 and r.get("diag/d2_residual", 0.0) <= 1e-5  # cp_grpo cancels
+        assert (
+            r.get("diag/d1_gcpr", 0.0) <= 1e-5 and r.get("diag/d2_residual", 0.0) <= 1e-5
+        )  # cp_grpo cancels
         assert r["policy/version"] == r["step"] and r["timing/sync_s"] > 0
         assert r["policy/staleness_max"] == 0  # every sample came from the weights of the step before
     assert any(r["grad_norm"] > 0 for r in rows)  # mixed rewards reached the learner
@@ -67,8 +75,9 @@ def test_dynamic_sampling_replaces_groups_without_signal(ray_cluster, tmp_path):
 
 
 def test_one_step_off_async_trains_on_samples_one_version_old(ray_cluster, tmp_path):
-    spec = tiny_spec(steps=4, **{"async.mode": "one_step_off", "async.max_staleness": 1,
-                                 "checkpoint.every_steps": 0})
+    spec = tiny_spec(
+        steps=4, **{"async.mode": "one_step_off", "async.max_staleness": 1, "checkpoint.every_steps": 0}
+    )
     assert run(spec, tmp_path) == "succeeded"
     rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
@@ -80,9 +89,17 @@ def test_one_step_off_async_trains_on_samples_one_version_old(ray_cluster, tmp_p
 
 def test_one_step_off_async_with_broadcast_weights(ray_cluster, tmp_path):
     # the broadcast waits for the replica's in-flight generation of the next step, as an object-store load does
-    spec = tiny_spec(steps=4, name="async-bcast", **{
-        "resources.rollout_engine": "vllm", "resources.weight_sync": "broadcast", "async.mode": "one_step_off",
-        "async.max_staleness": 1, "checkpoint.every_steps": 0})
+    spec = tiny_spec(
+        steps=4,
+        name="async-bcast",
+        **{
+            "resources.rollout_engine": "vllm",
+            "resources.weight_sync": "broadcast",
+            "async.mode": "one_step_off",
+            "async.max_staleness": 1,
+            "checkpoint.every_steps": 0,
+        },
+    )
     assert run(spec, tmp_path) == "succeeded"
     rows = read_metrics(tmp_path)
     assert [r["sync/broadcast"] for r in rows] == [0.0, 1.0, 1.0, 1.0]
@@ -96,9 +113,21 @@ def test_a_trainer_killed_mid_step_resumes_with_no_lost_or_duplicated_step(ray_c
     (tmp_path / "job.yaml").write_text(spec.to_yaml())
     run_dir = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own local Ray, as `tgc train`
-    proc = subprocess.Popen([sys.executable, "-m", "services.trainer", "--spec", str(tmp_path / "job.yaml"),
-                             "--run-dir", str(run_dir)], env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "services.trainer",
+            "--spec",
+            str(tmp_path / "job.yaml"),
+            "--run-dir",
+            str(run_dir),
+        ],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 300
         while not (run_dir / "checkpoints" / "step_2").exists():  # step 3 is under way once step 2 is saved
@@ -210,8 +239,14 @@ def test_broadcast_sync_matches_the_learner_and_a_replaced_replica_rejoins(ray_c
     from services.rollout import RolloutPool
     from services.weight_sync import WeightSync
 
-    spec = tiny_spec(name="bcast", **{"resources.rollout_engine": "vllm", "resources.learner_ranks": 2,
-                                      "resources.weight_sync": "broadcast"})
+    spec = tiny_spec(
+        name="bcast",
+        **{
+            "resources.rollout_engine": "vllm",
+            "resources.learner_ranks": 2,
+            "resources.weight_sync": "broadcast",
+        },
+    )
     path = model_dir(spec.model, spec.seed)
     learner = LearnerGroup(spec, path, "bcast")
     pool = RolloutPool(spec, path, "bcast")
@@ -230,18 +265,23 @@ def test_broadcast_sync_matches_the_learner_and_a_replaced_replica_rejoins(ray_c
             after, trained = pool.score(seqs, len(prompt)), learner.logprobs(batch)
             for i, c in enumerate(outs):
                 assert max(abs(x - y) for x, y in zip(before[i], after[i], strict=True)) > 1e-3
-                assert after[i] == pytest.approx(trained[i, :len(c.token_ids)].tolist(), abs=2e-2)
+                assert after[i] == pytest.approx(trained[i, : len(c.token_ids)].tolist(), abs=2e-2)
             return out
 
-        assert step_and_sync(1)["broadcast"] == 0.0  # the first sync goes through the object store, then the group opens
+        assert (
+            step_and_sync(1)["broadcast"] == 0.0
+        )  # the first sync goes through the object store, then the group opens
         assert step_and_sync(2)["broadcast"] == 1.0
         assert pool.generate([prompt], 2, [1])[0][0].version == 2  # the replica carries the broadcast version
         ray_cluster.kill(pool.actors[0])
         # the replacement loads the current (broadcast-only) weights through the object store before it scores
-        assert pool.score(seqs, len(prompt))[0] == pytest.approx(learner.logprobs(batch)[0, :len(outs[0].token_ids)]
-                                                                 .tolist(), abs=2e-2)
+        assert pool.score(seqs, len(prompt))[0] == pytest.approx(
+            learner.logprobs(batch)[0, : len(outs[0].token_ids)].tolist(), abs=2e-2
+        )
         assert pool.restarts == 1
-        assert step_and_sync(3)["broadcast"] == 0.0  # the new replica is not in the group: object store, reopen
+        assert (
+            step_and_sync(3)["broadcast"] == 0.0
+        )  # the new replica is not in the group: object store, reopen
         assert step_and_sync(4)["broadcast"] == 1.0
         # a replica that dies between generation and sync: the broadcast fails, the learner stays up, the
         # object store path replaces the replica and the group reopens

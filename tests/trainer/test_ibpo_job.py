@@ -11,8 +11,14 @@ pytestmark = pytest.mark.slow
 
 
 def test_tiny_job_with_ibpo_revises_scores_and_keeps_cancellation(ray_cluster, tmp_path):
-    spec = tiny_spec(**{"steps": 2, "checkpoint.every_steps": 0, "sampling.max_prompt_tokens": 256,
-                        "ibpo": {"mask": "symmetric", "lambda_": 0.6}})
+    spec = tiny_spec(
+        **{
+            "steps": 2,
+            "checkpoint.every_steps": 0,
+            "sampling.max_prompt_tokens": 256,
+            "ibpo": {"mask": "symmetric", "lambda_": 0.6},
+        }
+    )
     assert run(spec, tmp_path) == "succeeded"
     rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == [1, 2]

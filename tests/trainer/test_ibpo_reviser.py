@@ -45,31 +45,48 @@ def _group(tok, index, responses, rewards):
 
 def test_only_incorrect_responses_with_a_correct_sibling_are_revised():
     spec, tok, rev = _setup()
-    groups = [_group(tok, 0, ["1", "2", "3", "4"], [1.0, 0.0, 0.0, 1.0]),
-              _group(tok, 1, ["5", "6", "7", "8"], [0.0, 0.0, 0.0, 0.0]),  # no correct sibling
-              _group(tok, 2, ["9", "10", "11", "12"], [1.0, 1.0, 1.0, 1.0])]  # nothing to repair
+    groups = [
+        _group(tok, 0, ["1", "2", "3", "4"], [1.0, 0.0, 0.0, 1.0]),
+        _group(tok, 1, ["5", "6", "7", "8"], [0.0, 0.0, 0.0, 0.0]),  # no correct sibling
+        _group(tok, 2, ["9", "10", "11", "12"], [1.0, 1.0, 1.0, 1.0]),
+    ]  # nothing to repair
     # every revision answers "7 and 80": even length for the verifier -> repaired
     rollout = ScriptedRollout(tok, lambda text: tok.encode("7 and 80"))
     metrics = {"timing/generate_s": 1.0, "timing/reward_s": 0.5}
     rev.revise(groups, rollout, ParityRewards(), metrics)
-    (prompts, n, seeds, sampling), = rollout.calls  # one batched pass
+    ((prompts, n, seeds, sampling),) = rollout.calls  # one batched pass
     assert len(prompts) == 2 and n == 1 and len(set(seeds)) == 2
-    assert sampling.temperature == spec.sampling.temperature and sampling.max_new_tokens == spec.sampling.max_new_tokens
+    assert (
+        sampling.temperature == spec.sampling.temperature
+        and sampling.max_new_tokens == spec.sampling.max_new_tokens
+    )
     texts = [tok.decode(p) for p in prompts]
     # the rotation: response 1 sees sibling 3, response 2 sees sibling 0
-    assert "What is 0 + 1?" in texts[0] and "attempt at this task:\n2" in texts[0] and "solution:\n4" in texts[0]
+    assert (
+        "What is 0 + 1?" in texts[0] and "attempt at this task:\n2" in texts[0] and "solution:\n4" in texts[0]
+    )
     assert "attempt at this task:\n3" in texts[1] and "solution:\n1" in texts[1]
     assert groups[0].ibpo.phi == [0.0, 0.5, 0.5, 0.0] and groups[1].ibpo.phi == [0.0] * 4
     assert groups[0].ibpo.attempted == [False, True, True, False]
-    assert metrics["ibpo/revisions"] == 2 and metrics["ibpo/repaired"] == 2 and metrics["ibpo/success_rate"] == 1.0
+    assert (
+        metrics["ibpo/revisions"] == 2
+        and metrics["ibpo/repaired"] == 2
+        and metrics["ibpo/success_rate"] == 1.0
+    )
     assert metrics["ibpo/eligible_groups"] == 1 and metrics["timing/generate_s"] >= 1.0
     assert metrics["ibpo/tokens"] == 2 * len(tok.encode("7 and 80"))
 
     batch = _batch(tok, groups)
     adv, m = rev.advantages(groups, batch)
     assert adv.shape == batch.response_mask.shape  # a mask makes per-token advantages
-    seq = rlcore.ibpo.shaped_advantages(rev.objective.config, batch.rewards, batch.group_ids, batch.response_mask,
-                                        torch.tensor([p for g in groups for p in g.ibpo.phi]), 0.6)
+    seq = rlcore.ibpo.shaped_advantages(
+        rev.objective.config,
+        batch.rewards,
+        batch.group_ids,
+        batch.response_mask,
+        torch.tensor([p for g in groups for p in g.ibpo.phi]),
+        0.6,
+    )
     assert torch.allclose(adv[0], seq[0] * batch.response_mask[0])  # a correct response keeps every token
     assert m["ibpo/preserves_cancellation"] == 1.0 and m["ibpo/d2_residual"] < 1e-9
 

@@ -8,7 +8,9 @@ from services.config import JobSpec, SpecError
 def test_ibpo_is_off_unless_asked_for():
     assert JobSpec.parse({}).ibpo is None
     spec = JobSpec.parse({"ibpo": {}})
-    assert spec.ibpo.enabled and spec.ibpo.rho == 0.5 and spec.ibpo.lambda_ is None and spec.ibpo.mask == "none"
+    assert (
+        spec.ibpo.enabled and spec.ibpo.rho == 0.5 and spec.ibpo.lambda_ is None and spec.ibpo.mask == "none"
+    )
 
 
 def test_objective_ibpo_cp_turns_ibpo_on_with_the_symmetric_mask():
@@ -19,16 +21,19 @@ def test_objective_ibpo_cp_turns_ibpo_on_with_the_symmetric_mask():
     assert spec.ibpo.mask == "naive" and JobSpec.parse(spec.to_dict()) == spec
 
 
-@pytest.mark.parametrize("section, message", [
-    ({"mask": "half"}, "ibpo.mask"),
-    ({"rho": -1}, "ibpo.rho"),
-    ({"references": 0}, "ibpo.references"),
-    ({"revision_template": "{prompt} {response}"}, "exactly the fields"),
-    ({"revision_template": "{prompt} {response} {references} {x}"}, "exactly the fields"),
-    ({"revision_template": "{prompt {response} {references}"}, "literal brace"),
-    ({"max_new_tokens": 65}, "ibpo.max_new_tokens"),
-    ({"unknown": 1}, "unknown field"),
-])
+@pytest.mark.parametrize(
+    "section, message",
+    [
+        ({"mask": "half"}, "ibpo.mask"),
+        ({"rho": -1}, "ibpo.rho"),
+        ({"references": 0}, "ibpo.references"),
+        ({"revision_template": "{prompt} {response}"}, "exactly the fields"),
+        ({"revision_template": "{prompt} {response} {references} {x}"}, "exactly the fields"),
+        ({"revision_template": "{prompt {response} {references}"}, "literal brace"),
+        ({"max_new_tokens": 65}, "ibpo.max_new_tokens"),
+        ({"unknown": 1}, "unknown field"),
+    ],
+)
 def test_bad_ibpo_sections_are_refused_naming_the_field(section, message):
     with pytest.raises(SpecError, match=message):
         JobSpec.parse({"ibpo": section, "sampling": {"max_new_tokens": 64}})

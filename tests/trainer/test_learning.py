@@ -17,7 +17,9 @@ def test_default_job_raises_reward(ray_cluster, tmp_path):
     spec = JobSpec.from_yaml("examples/default.yaml")
     spec.steps = 7
     spec.checkpoint.every_steps = 0
-    spec.checkpoint.save_optimizer = False  # the final save: 0.5 GB of weights instead of 2 GB with AdamW's moments
+    spec.checkpoint.save_optimizer = (
+        False  # the final save: 0.5 GB of weights instead of 2 GB with AdamW's moments
+    )
     spec.task.reward_workers = 1  # learner 1 + rollout 1 + reward 1 CPU of the fixture's 4; sync mode lets
     # the learner and the engine each use both of the job's CPUs in turn (resources.threads_per_actor)
     assert run(spec, tmp_path) == "succeeded"

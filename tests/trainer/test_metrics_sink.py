@@ -17,7 +17,11 @@ def test_each_step_reaches_jsonl_and_tensorboard(tmp_path):
     events = EventAccumulator(str(tmp_path / "tensorboard"))
     events.Reload()
     assert set(events.Tags()["scalars"]) == {"reward/mean", "diag/d1_gcpr"}
-    assert [(e.step, round(e.value, 6)) for e in events.Scalars("reward/mean")] == [(1, 0.1), (2, 0.2), (3, 0.3)]
+    assert [(e.step, round(e.value, 6)) for e in events.Scalars("reward/mean")] == [
+        (1, 0.1),
+        (2, 0.2),
+        (3, 0.3),
+    ]
 
 
 def test_resume_truncates_steps_after_the_checkpoint(tmp_path):
@@ -44,11 +48,15 @@ def test_progress_line_shows_step_and_key_figures(tmp_path, capsys):
 
 def test_off_a_terminal_each_step_is_one_plain_line(tmp_path, capsys):
     sink = MetricsSink(tmp_path, "job", total_steps=2, progress=None)  # pytest's stdout is no terminal
-    sink.log(1, {"reward/mean": 0.25, "reward/accuracy": 0.25, "diag/d2_residual": 1.5e-9, "timing/step_s": 12.34})
+    sink.log(
+        1, {"reward/mean": 0.25, "reward/accuracy": 0.25, "diag/d2_residual": 1.5e-9, "timing/step_s": 12.34}
+    )
     sink.log(2, {"reward/mean": 0.5, "timing/step_s": 11.0})
     sink.close()
     assert capsys.readouterr().out.splitlines() == [
-        "step 1/2  reward 0.25  acc 0.25  D2 1.5e-09  s/step 12.3", "step 2/2  reward 0.5  s/step 11"]
+        "step 1/2  reward 0.25  acc 0.25  D2 1.5e-09  s/step 12.3",
+        "step 2/2  reward 0.5  s/step 11",
+    ]
 
 
 def test_curves_are_drawn_from_the_run_and_tgc_plot_redraws_them(tmp_path, capsys):

@@ -19,11 +19,14 @@ def test_unknown_objective_names_the_valid_choices():
     assert "objective.name" in str(e.value) and "cp_grpo" in str(e.value)
 
 
-
-@pytest.mark.parametrize("overrides,needle", [
-    ({"bogus": 1}, "unknown knob(s) 'bogus'"), ({"kl_coef": -1}, "kl_coef': must be >= 0"),
-    ({"gate": "sometimes"}, "not one of ppo, dual"),
-])
+@pytest.mark.parametrize(
+    "overrides,needle",
+    [
+        ({"bogus": 1}, "unknown knob(s) 'bogus'"),
+        ({"kl_coef": -1}, "kl_coef': must be >= 0"),
+        ({"gate": "sometimes"}, "not one of ppo, dual"),
+    ],
+)
 def test_bad_objective_overrides_are_refused_at_parse_time(overrides, needle):
     with pytest.raises(SpecError) as e:
         JobSpec.parse({"objective": {"name": "cp_grpo", "overrides": overrides}})
@@ -35,21 +38,29 @@ def test_valid_objective_overrides_are_kept():
     assert spec.objective.overrides == {"clip_high": 0.3, "kl_coef": 0.01}
 
 
-@pytest.mark.parametrize("task,field,needle", [
-    ({"name": "arithmetics"}, "task.name", "unknown task 'arithmetics'"),
-    ({"name": "reasoning_gym:"}, "task.name", "name the reasoning-gym dataset"),
-    ({"name": "my module:make"}, "task.name", "package.module:function"),
-    ({"reward": "judge"}, "task.reward", "use 'builtin'"),
-])
+@pytest.mark.parametrize(
+    "task,field,needle",
+    [
+        ({"name": "arithmetics"}, "task.name", "unknown task 'arithmetics'"),
+        ({"name": "reasoning_gym:"}, "task.name", "name the reasoning-gym dataset"),
+        ({"name": "my module:make"}, "task.name", "package.module:function"),
+        ({"reward": "judge"}, "task.reward", "use 'builtin'"),
+    ],
+)
 def test_bad_task_names_and_rewards_are_refused_at_parse_time(task, field, needle):
     with pytest.raises(SpecError) as e:
         JobSpec.parse({"task": task})
     assert field in str(e.value) and needle in str(e.value)
 
 
-@pytest.mark.parametrize("task", [
-    {"name": "humaneval"}, {"name": "reasoning_gym:chain_sum"}, {"name": "pkg.tasks:make", "reward": "pkg.r:judge"},
-])
+@pytest.mark.parametrize(
+    "task",
+    [
+        {"name": "humaneval"},
+        {"name": "reasoning_gym:chain_sum"},
+        {"name": "pkg.tasks:make", "reward": "pkg.r:judge"},
+    ],
+)
 def test_task_names_of_every_kind_are_accepted(task):
     assert JobSpec.parse({"task": task}).task.name == task["name"]
 
@@ -78,8 +89,12 @@ def test_async_needs_staleness_of_at_least_one():
 def test_weight_broadcast_needs_the_vllm_engine():
     with pytest.raises(SpecError, match="weight_sync 'broadcast' needs resources.rollout_engine 'vllm'"):
         JobSpec.parse({"resources": {"weight_sync": "broadcast", "rollout_engine": "hf"}})
-    assert JobSpec.parse({"resources": {"weight_sync": "broadcast", "rollout_engine": "vllm"}}).resources.weight_sync \
+    assert (
+        JobSpec.parse(
+            {"resources": {"weight_sync": "broadcast", "rollout_engine": "vllm"}}
+        ).resources.weight_sync
         == "broadcast"
+    )
 
 
 def test_random_model_needs_a_config():
@@ -94,13 +109,16 @@ def test_top_level_must_be_a_mapping(tmp_path):
         JobSpec.from_yaml(path)
 
 
-@pytest.mark.parametrize("resources,mode,learner,rollout", [
-    ({}, "sync", 2, 2),  # generation and learning take turns: each uses the job's 2 CPUs
-    ({"learner_ranks": 2}, "sync", 1, 3),
-    ({"cpus_per_learner": 0.5, "cpus_per_rollout": 0.5}, "sync", 1, 1),
-    ({}, "one_step_off", 1, 1),  # both phases at once: each actor keeps its own CPUs
-    ({"threads_per_actor": 3}, "one_step_off", 3, 3),
-])
+@pytest.mark.parametrize(
+    "resources,mode,learner,rollout",
+    [
+        ({}, "sync", 2, 2),  # generation and learning take turns: each uses the job's 2 CPUs
+        ({"learner_ranks": 2}, "sync", 1, 3),
+        ({"cpus_per_learner": 0.5, "cpus_per_rollout": 0.5}, "sync", 1, 1),
+        ({}, "one_step_off", 1, 1),  # both phases at once: each actor keeps its own CPUs
+        ({"threads_per_actor": 3}, "one_step_off", 3, 3),
+    ],
+)
 def test_actor_threads_follow_the_mode_and_the_reservation(resources, mode, learner, rollout):
     spec = JobSpec.parse({"resources": resources, "async": {"mode": mode}})
     assert (spec.actor_threads("learner"), spec.actor_threads("rollout")) == (learner, rollout)
