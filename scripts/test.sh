@@ -4,4 +4,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+.venv/bin/mypy  # the packages listed in pyproject.toml [tool.mypy]
 .venv/bin/python -m pytest -q --durations=15 "$@"  # no -x: one failure must not hide the others

@@ -48,7 +48,9 @@ class Evaluator:
 
     def __init__(self, spec: JobSpec, encode, run_dir: Path | None = None):
         self.spec, self.run_dir = spec, run_dir
-        ev = spec.eval
+        if spec.eval is None:
+            raise ValueError("an Evaluator needs the spec's `eval` section")
+        ev = self.eval = spec.eval
         self.task = eval_task(spec)
         limit = spec.sampling.max_prompt_tokens
         self.task.filter_prompts(lambda item: len(encode(item)) <= limit)
@@ -69,7 +71,7 @@ class Evaluator:
             "evaluation: %d prompts x %d samples (%s), %d dropped as longer than %d prompt tokens",
             len(self.prompts),
             self.k,
-            "greedy" if ev.greedy else f"T={ev.temperature}",
+            "greedy" if self.eval.greedy else f"T={self.eval.temperature}",
             self.task.dropped_too_long,
             limit,
         )
@@ -88,6 +90,7 @@ class Evaluator:
         return metrics
 
     def _write_samples(self, step: int, items, texts, scores) -> None:
+        assert self.run_dir is not None
         folder = self.run_dir / "eval"
         folder.mkdir(parents=True, exist_ok=True)
         with open(folder / f"step_{step}.jsonl", "w") as fh:

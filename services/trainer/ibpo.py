@@ -190,6 +190,7 @@ class Reviser:
                 metrics.update({f"ibpo/{k}": v for k, v in diag.items()})
             if len(variants) > 1:
                 metrics.update({f"ibpo/{variant}/{k}": diag[k] for k in ("d1_gcpr", "d2_residual")})
+        assert credit is not None  # the trained mask is one of the variants
         metrics["ibpo/masked_token_frac"] = 1.0 - float(credit.sum() / mask.sum().clamp_min(1))
         if self.cfg.mask == "none":
             return adv, metrics

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sized
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -235,7 +236,7 @@ class Trainer:
         self.reporter.state("running", "resumed" if self.step else "started", self.step)
         finished = "completed all steps"
         try:
-            if self.evaluator is not None and spec.eval.at_start and self.step == 0:
+            if self.evaluator is not None and self.evaluator.eval.at_start and self.step == 0:
                 baseline = self.evaluate()
                 self.metrics.log(0, baseline)
                 self.reporter.emit("step", step=0, metrics=baseline)
@@ -278,6 +279,7 @@ class Trainer:
 
     def evaluate(self) -> dict[str, float]:
         """Held-out evaluation of the replicas' current weights (`eval` in the spec)."""
+        assert self.evaluator is not None, "evaluate() needs the spec's eval section"
         return self.evaluator.run(self.rollout, self.rewards, self.step, self.tokenizer)
 
     def _data_done(self) -> str:
@@ -287,7 +289,7 @@ class Trainer:
 
     def _data_metrics(self) -> dict[str, float]:
         out = {"data/dropped_too_long": float(self.data.dropped_too_long)}
-        if hasattr(self.data.task, "__len__"):
+        if isinstance(self.data.task, Sized):  # a dataset: a finite number of rows
             out["data/epoch"] = self.trained_position / len(self.data.task)
         return out
 
