@@ -315,7 +315,13 @@ def test_project_files_are_invisible(box):
 attempt("read pyproject", lambda: open("{PROJECT}/pyproject.toml").read())
 attempt("read config", lambda: open("{PROJECT}/services/config.py").read())
 attempt("list project", lambda: os.listdir("{PROJECT}"))
-attempt("list parent", lambda: os.listdir("{PROJECT.parent}"))
+# the parent may exist inside the sandbox (a checkout under /tmp: that is the sandbox's own work dir), but
+# the project must not be in it
+def in_listing(parent, name):
+    if name not in os.listdir(parent):
+        raise FileNotFoundError(f"{{name}} is not in {{parent}}")
+    return True
+attempt("list parent", lambda: in_listing("{PROJECT.parent}", "{PROJECT.name}"))
 """,
     )
     assert_blocked(r, "read pyproject", "read config", "list project", "list parent")
