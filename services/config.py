@@ -331,6 +331,12 @@ class OptimSpec(_Strict):
     )
 
 
+# Ray custom resources an actor asks for, by name: they choose nodes (services/control/policy.py bounds who may)
+CustomResources = dict[
+    Annotated[str, Field(min_length=1, max_length=128)], Annotated[float, Field(ge=0, le=1e6)]
+]
+
+
 class ResourceSpec(_Strict):
     learner_ranks: int = Field(1, ge=1, le=MAX_REPLICAS, description="FSDP2 ranks (one Ray actor each).")
     rollout_replicas: int = Field(1, ge=1, le=MAX_REPLICAS, description="Generation engines (Ray actors).")
@@ -368,18 +374,14 @@ class ResourceSpec(_Strict):
         "nodes where possible; `strict_spread`: one replica per node or fail; a replica restarted after its node died "
         "goes where Ray reschedules its bundle.",
     )
-    learner_custom_resources: dict[
-        Annotated[str, Field(min_length=1, max_length=128)], Annotated[float, Field(ge=0, le=1e6)]
-    ] = Field(
+    learner_custom_resources: CustomResources = Field(
         default_factory=dict,
         max_length=16,
         description="Ray custom resources each learner rank needs on top of "
         "its CPUs/GPUs, e.g. `{gpu_node: 1}` where GPU nodes start with `--resources '{\"gpu_node\": 8}'`; keeps "
         "ranks on the nodes that have them.",
     )
-    rollout_custom_resources: dict[
-        Annotated[str, Field(min_length=1, max_length=128)], Annotated[float, Field(ge=0, le=1e6)]
-    ] = Field(
+    rollout_custom_resources: CustomResources = Field(
         default_factory=dict,
         max_length=16,
         description="Ray custom resources each rollout replica needs (as learner_custom_resources).",
