@@ -41,9 +41,8 @@ class Verifier:
     def __call__(self, item: TaskItem, response: str) -> Score:
         if self.custom is not None:
             return as_score(self.custom(item, response), "task.reward")
-        if (
-            item.kind == "dataset"
-        ):  # rows carry their verifier: any worker scores any dataset's items (eval sets)
+        # rows carry their verifier: any worker scores any dataset's items (eval sets)
+        if item.kind == "dataset":
             from services.tasks.dataset import score_row
 
             return as_score(score_row(item, response, self.sandbox), "dataset verifier")

@@ -368,10 +368,10 @@ def _load_from_disk(location: Path, split: str | None):
 
 
 def _read_hub(p: DatasetParams) -> tuple[list[dict[str, Any]], list[str], str]:
+    assert p.hub_id is not None  # only called for a hub source
     label = f"hub dataset {p.hub_id}"
-    if (
-        p.hub_id is None or Path(p.hub_id).exists()
-    ):  # datasets would read a local directory of that name instead
+    # datasets would read a local directory of that name instead
+    if Path(p.hub_id).exists():
         raise DataError(
             f"task.params.hub_id {p.hub_id!r}: a local path of that name exists; use path or file"
         )

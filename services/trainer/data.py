@@ -21,9 +21,8 @@ class PromptSource:
         self.spec, self.tokenizer, self.position = spec, tokenizer, position
         self.task = load_task(spec.task.name, spec.task.params, spec.seed, job_grants())
         self.dropped_too_long = 0
-        if hasattr(
-            self.task, "filter_prompts"
-        ):  # a dataset: long prompts are dropped (and counted), not refused
+        # a dataset: long prompts are dropped (and counted), not refused
+        if hasattr(self.task, "filter_prompts"):
             limit = spec.sampling.max_prompt_tokens
             self.dropped_too_long = self.task.filter_prompts(
                 lambda item: len(self.encode_item(item)) <= limit
