@@ -1,11 +1,15 @@
 """IBPO end to end: a tiny job whose step revises incorrect responses through the job's own rollout replicas
 and reward pool, shapes the advantages and trains with the cancellation-preserving edit mask."""
 
+import json
+import time
+import urllib.request
+
 import pytest
 
 from services.trainer.main import run
 
-from .conftest import read_metrics, tiny_spec
+from .conftest import read_events, read_metrics, tiny_spec
 
 pytestmark = pytest.mark.slow
 
@@ -34,3 +38,89 @@ def test_tiny_job_with_ibpo_revises_scores_and_keeps_cancellation(ray_cluster, t
         assert 0.0 <= r["ibpo/masked_token_frac"] < 1.0
     assert any(r["ibpo/repaired"] >= 1 for r in rows)  # a revision of odd length became even
     assert any(r["grad_norm"] > 0 for r in rows)
+
+
+# What the issue asks every step to report: revisions attempted, revision success rate, mean phi, share of
+# tokens masked, extra generation seconds.
+IBPO_REPORTED = (
+    "ibpo/revisions",
+    "ibpo/success_rate",
+    "ibpo/phi_mean",
+    "ibpo/masked_token_frac",
+    "ibpo/generate_s",
+)
+
+
+def test_ibpo_cp_on_the_vllm_engine_revises_scores_and_reports_every_sink(ray_cluster, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    # the preset alone turns IBPO on (symmetric mask, lambda 0.6); revisions go through the vLLM CPU replica
+    spec = tiny_spec(
+        name="ibpo-vllm",
+        steps=2,
+        objective={"name": "ibpo_cp"},
+        **{
+            "resources.rollout_engine": "vllm",
+            "checkpoint.every_steps": 0,
+            "sampling.max_prompt_tokens": 256,
+        },
+    )
+    assert spec.ibpo is not None and spec.ibpo.mask == "symmetric"
+    assert run(spec, tmp_path) == "succeeded"
+    rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["ibpo/eligible_groups"] >= 1 and r["ibpo/revisions"] >= 1  # attempted
+        assert r["ibpo/skipped_too_long"] == 0 and r["ibpo/reward_errors"] == 0  # and every one scored
+        assert r["ibpo/repaired"] == pytest.approx(r["ibpo/success_rate"] * r["ibpo/revisions"])
+        assert r["ibpo/tokens"] >= r["ibpo/revisions"]  # each revision generated at least one token
+        assert 0.0 < r["ibpo/generate_s"] <= r["timing/generate_s"]
+        assert r["ibpo/lambda"] == pytest.approx(0.6) and r["ibpo/preserves_cancellation"] == 1.0
+        assert r["ibpo/symmetric/d2_residual"] <= 1e-6 and r["ibpo/none/d2_residual"] <= 1e-6
+        assert 0.0 <= r["ibpo/masked_token_frac"] < 1.0
+    # phi is rho (0.5) for each repaired response, averaged over all of the step's responses
+    n = spec.prompts_per_step * spec.group_size
+    assert [r["ibpo/phi_mean"] for r in rows] == pytest.approx([0.5 * r["ibpo/repaired"] / n for r in rows])
+    assert any(r["ibpo/repaired"] >= 1 for r in rows)  # a revision of odd length became even
+
+    # TensorBoard: one scalar a step under the same names
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    for key in IBPO_REPORTED:
+        assert [(e.step, e.value) for e in events.Scalars(key)] == [
+            (r["step"], pytest.approx(r[key], rel=1e-6)) for r in rows
+        ]
+    # the control plane's `tgc_job_train_metric{metric=...}` is built from the reported step events
+    reported = {e["step"]: e["metrics"] for e in read_events(tmp_path) if e["type"] == "step"}
+    for r in rows:
+        assert {k: reported[r["step"]][k] for k in IBPO_REPORTED} == pytest.approx(
+            {k: r[k] for k in IBPO_REPORTED}
+        )
+    # Ray's Prometheus export of the trainer's gauge: `ray_tgc_train_metric{job="ibpo-vllm",metric="ibpo/..."}`
+    last = rows[-1]
+    exported = _ray_train_metrics(ray_cluster, "ibpo-vllm", set(IBPO_REPORTED))
+    assert exported == pytest.approx({k: last[k] for k in IBPO_REPORTED}, rel=1e-6)
+
+
+def _ray_train_metrics(ray, job: str, names: set[str], timeout: float = 60.0) -> dict[str, float]:
+    """The latest `ray_tgc_train_metric` values of `job` on this node's metrics export port (Ray reports every
+    10 s by default), once all of `names` are there."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    port = next(n["MetricsExportPort"] for n in ray.nodes() if n["Alive"])
+    deadline = time.monotonic() + timeout
+    found: dict[str, float] = {}
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        found = {
+            s.labels["metric"]: s.value
+            for fam in text_string_to_metric_families(text)
+            if fam.name == "ray_tgc_train_metric"
+            for s in fam.samples
+            if s.labels.get("job") == job and s.labels.get("metric") in names
+        }
+        if set(found) == names:
+            return found
+        time.sleep(2)
+    raise AssertionError(f"Ray exported {json.dumps(found)} for {job} within {timeout} s, not all of {names}")
