@@ -41,6 +41,8 @@ def colour(objective: str, order: Sequence[str]) -> Any:
 
 
 def _preserves(cond: dict[str, Any]) -> bool:
+    if "preserves" in cond:  # a verdict the condition carries (IBPO: the objective's and its mask's)
+        return bool(cond["preserves"])
     import rlcore
 
     return rlcore.preserves_cancellation(cond["preset"], cond.get("overrides") or {})

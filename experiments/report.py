@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from experiments import plots
+from experiments import ibpo_report, plots
 from experiments.stats import Summary, compare, summarize
 
 ALPHA = 0.05
@@ -995,7 +995,9 @@ def render(
     report_dir: Path,
     preamble: str = "",
     notes: str = "",
+    sections: list[str] | None = None,
 ) -> str:
+    """`sections`: markdown lines of studies outside the claim table (IBPO), placed before the figures."""
     views = {t: View(r) for t, r in results.items()}
     lines = [
         "# Token gradient cancellation at small scale: experiment report",
@@ -1049,6 +1051,7 @@ def render(
                 lines += [_table(f.table), ""]
             if f.data:
                 lines += [f.data, ""]
+    lines += sections or []
     lines += ["## Figures", ""]
     for testbed, paths in fig_paths.items():
         for p in paths:
@@ -1083,5 +1086,6 @@ def write_report(
         )
     figs = figures(results, Path(results_dir))
     notes = notes_path.read_text() if notes_path is not None and notes_path.exists() else ""
-    report_path.write_text(render(results, figs, report_path.parent, preamble, notes))
+    ibpo = ibpo_report.section(Path(results_dir) / "ibpo", Path(results_dir), report_path.parent)
+    report_path.write_text(render(results, figs, report_path.parent, preamble, notes, ibpo))
     return report_path
