@@ -83,9 +83,10 @@ def make_batch(args, seed=0):
             gids.append(g)
             rewards.append(float(i % 2))
     r = torch.tensor(rewards)
-    batch = collate(prompts, comps, gids, torch.zeros(len(r)), r, pad_id=2)
-    batch.advantages = rlcore.get_objective("cp_grpo").advantages(r, batch.group_ids, batch.response_mask)
-    return batch
+    batch = collate(prompts, comps, gids, r, pad_id=2)
+    return batch.with_advantages(
+        rlcore.get_objective("cp_grpo").advantages(r, batch.group_ids, batch.response_mask)
+    )
 
 
 # -- 1. step throughput ---------------------------------------------------------------------------------

@@ -1,10 +1,17 @@
-"""The data that flows between rollout, trainer and learner in one step (plain tensors, no Ray)."""
+"""The data that flows between rollout, trainer and learner in one step (plain tensors, no Ray).
+
+batch = collate(prompts, completions, group_ids, rewards, pad_id)    # SampledBatch: no advantages yet
+train = batch.with_advantages(adv)                                   # TrainBatch, checked once, here
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Self
 
 import torch
+from torch import Tensor
 
 
 @dataclass
@@ -18,54 +25,67 @@ class Completion:
 
 
 @dataclass
-class TrainBatch:
-    """All sequences of one optimizer step. Prompts are left-padded to `prompt_len` columns, responses
-    right-padded after them, so response position t of every row is column prompt_len + t."""
+class SampledBatch:
+    """The sampled and scored sequences of one step. Prompts are left-padded to `prompt_len` columns,
+    responses right-padded after them, so response position t of every row is column prompt_len + t."""
 
-    input_ids: torch.Tensor  # (B, P+T) long
-    attention_mask: torch.Tensor  # (B, P+T) long, 0 on padding
-    response_mask: torch.Tensor  # (B, T) float, 1 on response tokens
-    advantages: torch.Tensor  # (B,) or (B, T) float, from rlcore
-    group_ids: torch.Tensor  # (B,) long; the G rows of a group are contiguous
-    rollout_logprobs: torch.Tensor  # (B, T) float, 0 off the mask
-    rewards: torch.Tensor  # (B,) float
-    versions: torch.Tensor  # (B,) long, policy version of each sample
+    input_ids: Tensor  # (B, P+T) long
+    attention_mask: Tensor  # (B, P+T) long, 0 on padding
+    response_mask: Tensor  # (B, T) float, 1 on response tokens
+    group_ids: Tensor  # (B,) long; the G rows of a group are contiguous
+    rollout_logprobs: Tensor  # (B, T) float, 0 off the mask
+    rewards: Tensor  # (B,) float
+    versions: Tensor  # (B,) long, policy version of each sample
     prompt_len: int
-    meta: dict = field(default_factory=dict)
 
     @property
-    def response_ids(self) -> torch.Tensor:
+    def response_ids(self) -> Tensor:
         return self.input_ids[:, self.prompt_len :]
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
-    def select(self, rows: torch.Tensor | list[int]) -> TrainBatch:
-        rows = torch.as_tensor(rows, dtype=torch.long)
-        pick = lambda t: t.index_select(0, rows)  # noqa: E731
-        return TrainBatch(
-            pick(self.input_ids),
-            pick(self.attention_mask),
-            pick(self.response_mask),
-            pick(self.advantages),
-            pick(self.group_ids),
-            pick(self.rollout_logprobs),
-            pick(self.rewards),
-            pick(self.versions),
-            self.prompt_len,
-            dict(self.meta),
-        )
+    def select(self, rows: Tensor | list[int]) -> Self:
+        """The batch's `rows`, in that order (every per-row tensor picked alike)."""
+        idx = torch.as_tensor(rows, dtype=torch.long)
+        picked: dict[str, Any] = {
+            f.name: value.index_select(0, idx)
+            for f in dataclasses.fields(self)
+            if isinstance(value := getattr(self, f.name), Tensor)
+        }
+        return dataclasses.replace(self, **picked)
+
+    def with_advantages(self, advantages: Tensor, credit: Tensor | None = None) -> TrainBatch:
+        """The batch the learner trains on. Checked here (`validate_batch`), on the driver, before any learner
+        rank sees it: every rank then gets the same valid batch, and no rank refuses it inside a collective."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(SampledBatch)}
+        batch = TrainBatch(**fields, advantages=advantages, credit=credit)
+        validate_batch(batch)
+        return batch
+
+
+@dataclass
+class TrainBatch(SampledBatch):
+    """A SampledBatch with its advantages: what the learner's `train_step` takes."""
+
+    advantages: Tensor  # (B,) per response (rlcore), or (B, T) per token; never masked
+    credit: Tensor | None = None  # (B, T) coefficient of each token's weight (IBPO's edit mask); None: all 1
+
+    @property
+    def loss_advantages(self) -> Tensor:
+        """What the loss weights each token by. The diagnostics read `advantages` itself: a token the credit
+        mask zeroes is a coefficient of its weight, not an advantage of 0 (rlcore/ibpo.py)."""
+        return self.advantages if self.credit is None else self.advantages[:, None] * self.credit
 
 
 def collate(
     prompts: list[list[int]],
     completions: list[Completion],
     group_ids: list[int],
-    advantages: torch.Tensor,
-    rewards: torch.Tensor,
+    rewards: Tensor,
     pad_id: int,
-) -> TrainBatch:
-    """Build a TrainBatch from row-aligned prompts and completions (left-pad prompts, right-pad responses)."""
+) -> SampledBatch:
+    """Build a SampledBatch from row-aligned prompts and completions (left-pad prompts, right-pad responses)."""
     if not (len(prompts) == len(completions) == len(group_ids) == rewards.shape[0]):
         raise ValueError("collate: prompts, completions, group_ids and rewards must have one entry per row")
     P = max(len(p) for p in prompts)
@@ -84,6 +104,66 @@ def collate(
             rmask[i, :n] = 1.0
             rlp[i, :n] = torch.tensor(c.logprobs, dtype=torch.float32)
     versions = torch.tensor([c.version for c in completions], dtype=torch.long)
-    return TrainBatch(
-        ids, attn, rmask, advantages, torch.tensor(group_ids, dtype=torch.long), rlp, rewards, versions, P
+    return SampledBatch(
+        ids, attn, rmask, torch.tensor(group_ids, dtype=torch.long), rlp, rewards, versions, P
     )
+
+
+def group_bounds(group_ids: Tensor) -> list[tuple[int, int]]:
+    """[start, stop) rows of each group, in order; a group id that reappears later is an error."""
+    ids = group_ids.tolist()
+    bounds: list[tuple[int, int]] = []
+    seen: set[int] = set()
+    start = 0
+    for i in range(1, len(ids) + 1):
+        if i == len(ids) or ids[i] != ids[start]:
+            if ids[start] in seen:
+                raise ValueError(
+                    f"TrainBatch.group_ids: group {ids[start]} is not contiguous; the G rows of a "
+                    "group must be adjacent (services.batch.collate keeps them so)"
+                )
+            seen.add(ids[start])
+            bounds.append((start, i))
+            start = i
+    return bounds
+
+
+def validate_batch(batch: TrainBatch) -> None:
+    """Shapes, values and the group layout the learner relies on; ValueError names the field and the fix."""
+    B = len(batch)
+    if B == 0:
+        raise ValueError("TrainBatch is empty: the learner needs at least one group")
+    if batch.input_ids.ndim != 2 or batch.attention_mask.shape != batch.input_ids.shape:
+        raise ValueError(
+            f"TrainBatch.input_ids and attention_mask must both be (B, P+T); got "
+            f"{tuple(batch.input_ids.shape)} and {tuple(batch.attention_mask.shape)}"
+        )
+    T = batch.input_ids.shape[1] - batch.prompt_len
+    if batch.prompt_len < 1 or T < 1:
+        raise ValueError(
+            f"TrainBatch.prompt_len ({batch.prompt_len}) must leave >= 1 prompt column and >= 1 "
+            f"response column in input_ids of width {batch.input_ids.shape[1]}"
+        )
+    per_token = ["response_mask", "rollout_logprobs"] + (["credit"] if batch.credit is not None else [])
+    for name in per_token:
+        if tuple(getattr(batch, name).shape) != (B, T):
+            raise ValueError(
+                f"TrainBatch.{name} must be (B, T) = {(B, T)}, got {tuple(getattr(batch, name).shape)}"
+            )
+    shapes = ((B,),) if batch.credit is not None else ((B,), (B, T))
+    if batch.advantages.shape not in shapes:
+        raise ValueError(
+            f"TrainBatch.advantages must be {' or '.join(map(str, shapes))} (a credit mask scales (B,) "
+            f"advantages per token), got {tuple(batch.advantages.shape)}"
+        )
+    if tuple(batch.group_ids.shape) != (B,):
+        raise ValueError(f"TrainBatch.group_ids must be (B,) = ({B},), got {tuple(batch.group_ids.shape)}")
+    if bool((batch.response_mask.bool() & ~batch.attention_mask[:, batch.prompt_len :].bool()).any()):
+        raise ValueError(
+            "TrainBatch.response_mask marks tokens that attention_mask marks as padding; build "
+            "batches with services.batch.collate"
+        )
+    for name in ["advantages", *per_token[1:]]:
+        if not bool(torch.isfinite(getattr(batch, name)).all()):
+            raise ValueError(f"TrainBatch.{name} contains NaN or inf")
+    group_bounds(batch.group_ids)

@@ -15,3 +15,11 @@ def no_new_children():
     assert wait_until(lambda: not (descendants(os.getpid()) - before), timeout=10), (
         f"stray processes: {descendants(os.getpid()) - before}"
     )
+
+
+@pytest.fixture(scope="session")
+def make_batch():
+    """Factory: make_batch(n_groups=4, group_size=4, seed=0, objective="cp_grpo", ...) -> TrainBatch."""
+    from tests.batches import build_batch
+
+    return build_batch

@@ -3,7 +3,8 @@ torch.distributed group (gloo on CPU, NCCL on GPU). The driver talks to the grou
 call out to all ranks, because every learner call is a collective.
 
 Batches travel once through the object store (one `ray.put`, every rank reads the same object) and
-published weights are put once, by rank 0. If any rank fails, the others would wait in a collective until
+published weights are put once, by rank 0. A TrainBatch comes checked from `SampledBatch.with_advantages`,
+so no rank refuses one inside a collective. If any rank fails, the others would wait in a collective until
 the timeout, so the group kills all its actors and raises: the step stops cleanly and the job can resume
 from its last checkpoint.
 """
@@ -20,10 +21,9 @@ from typing import Any
 import ray
 import torch
 
-from services.batch import TrainBatch
+from services.batch import SampledBatch, TrainBatch
 from services.config import JobSpec
 from services.learner.learner import Learner
-from services.learner.plan import validate_batch
 from services.learner.sharding import free_port
 from services.placement import Placement
 
@@ -78,7 +78,7 @@ class _LearnerRank:
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         return self.learner.train_step(batch)
 
-    def logprobs(self, batch: TrainBatch) -> torch.Tensor | None:
+    def logprobs(self, batch: SampledBatch) -> torch.Tensor | None:
         out = self.learner.logprobs(batch)
         return out if self.rank == 0 else None
 
@@ -168,18 +168,15 @@ class LearnerGroup:
     # -- collectives ----------------------------------------------------------------------------------
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """One rollout batch (all its groups) -> the learner's optimizer steps; returns rank 0's metrics."""
-        validate_batch(batch)  # here, before any rank enters a collective
         ref = ray.put(batch)
         return self._all(lambda a: a.train_step.remote(ref))[0]
 
-    def logprobs(self, batch: TrainBatch) -> torch.Tensor:
-        validate_batch(batch)
+    def logprobs(self, batch: SampledBatch) -> torch.Tensor:
         ref = ray.put(batch)
         return self._all(lambda a: a.logprobs.remote(ref))[0]
 
     def gradients(self, batch: TrainBatch) -> dict[str, torch.Tensor]:
         """Full-batch gradient at the current weights, no update (tests and diagnostics)."""
-        validate_batch(batch)
         ref = ray.put(batch)
         return self._all(lambda a: a.gradients.remote(ref))[0]
 

@@ -26,11 +26,11 @@ import torch.distributed as dist
 from torch import Tensor
 
 import rlcore
-from services.batch import TrainBatch
+from services.batch import SampledBatch, TrainBatch
 from services.config import JobSpec, resolve_dtype
 from services.learner import checkpoint, sharding
 from services.learner.logprobs import PolicyLogprobs
-from services.learner.plan import MiniBatch, group_spans, plan_minibatches, trim_padding, validate_batch
+from services.learner.plan import MiniBatch, group_spans, plan_minibatches, trim_padding
 from services.learner.schedule import lr_factor
 from services.learner.step_metrics import StepMetrics, rollout_mismatch
 
@@ -113,7 +113,6 @@ class Learner:
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """All optimizer steps of one rollout batch (ppo_epochs x mini_batches x objective stages).
         Collective: every rank gets the same whole batch. Returns the step's metrics (same on all ranks)."""
-        validate_batch(batch)
         t_start = time.perf_counter()
         o = self.spec.optim
         groups = group_spans(batch)
@@ -156,15 +155,13 @@ class Learner:
         return out
 
     @torch.no_grad()
-    def logprobs(self, batch: TrainBatch) -> Tensor:
+    def logprobs(self, batch: SampledBatch) -> Tensor:
         """(B, T) log-probs of the response tokens under the current weights (0 off the mask). Collective."""
-        validate_batch(batch)
         return self._batch_logprobs(batch, self.policy)
 
     def gradients(self, batch: TrainBatch) -> dict[str, Tensor]:
         """The full-batch gradient of the objective at the current weights (HF names, full tensors, CPU),
         without an update: one on-policy pass, same plan as train_step's first update. Collective."""
-        validate_batch(batch)
         groups = group_spans(batch)
         mb = plan_minibatches(groups, 1, self.world_size, self.spec.optim.micro_batch_size)[0]
         self.optimizer.zero_grad(set_to_none=True)
@@ -247,10 +244,7 @@ class Learner:
         )
         return torch.randperm(n_groups, generator=gen).tolist()
 
-    def _micro(self, batch: TrainBatch, rows: Tensor) -> TrainBatch:
-        return trim_padding(batch.select(rows))
-
-    def _forward(self, policy: PolicyLogprobs, micro: TrainBatch) -> tuple[Tensor, Tensor]:
+    def _forward(self, policy: PolicyLogprobs, micro: SampledBatch) -> tuple[Tensor, Tensor]:
         dev = self.device
         return policy(
             micro.input_ids.to(dev),
@@ -260,14 +254,14 @@ class Learner:
         )
 
     @torch.no_grad()
-    def _batch_logprobs(self, batch: TrainBatch, policy: PolicyLogprobs) -> Tensor:
+    def _batch_logprobs(self, batch: SampledBatch, policy: PolicyLogprobs) -> Tensor:
         """(B, T) log-probs of the whole batch: each rank computes its share, then one all-reduce."""
         was_training = policy.training
         policy.eval()
         out = torch.zeros(batch.response_mask.shape, dtype=torch.float32, device=self.device)
         mb = plan_minibatches(group_spans(batch), 1, self.world_size, self.spec.optim.micro_batch_size)[0]
         for rows in mb.for_rank(self.rank):
-            micro = self._micro(batch, mb.rows[:1] if rows is None else rows)
+            micro = trim_padding(batch.select(mb.rows[:1] if rows is None else rows))
             lp, _ = self._forward(policy, micro)
             if rows is not None:
                 out[rows.to(self.device), : lp.shape[1]] = lp
@@ -331,7 +325,7 @@ class Learner:
             if self.world_size == 1:  # nothing to reduce across ranks: sum the micro-batches, reduce once
                 sharding.sync_after_backward(self.policy, sync=i == len(passes) - 1)
             if rows is None:  # padding pass: same collectives as the other ranks, zero gradient
-                lp, _ = self._forward(self.policy, self._micro(batch, mb.rows[:1]))
+                lp, _ = self._forward(self.policy, trim_padding(batch.select(mb.rows[:1])))
                 lp.backward(torch.zeros_like(lp))
                 continue
             total += self._micro_step(batch, rows, norm, old, ref, stage_mask, metrics, first_pass)
@@ -348,7 +342,7 @@ class Learner:
         metrics: StepMetrics,
         first_pass: bool,
     ) -> float:
-        micro = self._micro(batch, rows)
+        micro = trim_padding(batch.select(rows))
         T = micro.response_mask.shape[1]
         mask = micro.response_mask.to(self.device)
         lp, ent = self._forward(self.policy, micro)
@@ -371,7 +365,7 @@ class Learner:
         out = self.objective.loss(
             lp_leaf,
             old_mb,
-            micro.advantages.to(self.device),
+            micro.loss_advantages.to(self.device),
             mask,
             micro.group_ids.to(self.device),
             ref_mb,
@@ -395,7 +389,8 @@ class Learner:
         self, w: Tensor, micro: TrainBatch, old: Tensor, ent: Tensor, mask: Tensor, out, metrics: StepMetrics
     ) -> None:
         """rlcore's cancellation diagnostics (D1-D4/D7/D9/D10/D11) of one micro-batch, whose groups are
-        whole, pooled over the step and the ranks by rlcore's rules (`rlcore.pooling_terms`)."""
+        whole, pooled over the step and the ranks by rlcore's rules (`rlcore.pooling_terms`). They read the
+        unmasked advantages: w carries any credit mask, so D2 sees the imbalance a mask leaves in a shared node."""
         dev = self.device
         diag = rlcore.cancellation_diagnostics(
             w,

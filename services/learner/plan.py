@@ -9,11 +9,16 @@ issue the same FSDP collectives.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
+from torch import Tensor
 
-from services.batch import TrainBatch
+from services.batch import SampledBatch, TrainBatch, group_bounds
+
+BatchT = TypeVar("BatchT", bound=SampledBatch)
 
 
 @dataclass(frozen=True)
@@ -40,60 +45,10 @@ class MiniBatch:
         return [*mine, *[None] * (max(len(m) for m in self.micro) - len(mine))]
 
 
-def validate_batch(batch: TrainBatch) -> None:
-    """Shapes and the group layout the learner relies on; ValueError names the field and the fix."""
-    B = len(batch)
-    if B == 0:
-        raise ValueError("TrainBatch is empty: the learner needs at least one group")
-    if batch.input_ids.ndim != 2 or batch.attention_mask.shape != batch.input_ids.shape:
-        raise ValueError(
-            f"TrainBatch.input_ids and attention_mask must both be (B, P+T); got "
-            f"{tuple(batch.input_ids.shape)} and {tuple(batch.attention_mask.shape)}"
-        )
-    T = batch.input_ids.shape[1] - batch.prompt_len
-    if batch.prompt_len < 1 or T < 1:
-        raise ValueError(
-            f"TrainBatch.prompt_len ({batch.prompt_len}) must leave >= 1 prompt column and >= 1 "
-            f"response column in input_ids of width {batch.input_ids.shape[1]}"
-        )
-    for name in ("response_mask", "rollout_logprobs"):
-        if tuple(getattr(batch, name).shape) != (B, T):
-            raise ValueError(
-                f"TrainBatch.{name} must be (B, T) = {(B, T)}, got {tuple(getattr(batch, name).shape)}"
-            )
-    if batch.advantages.shape not in ((B,), (B, T)):
-        raise ValueError(
-            f"TrainBatch.advantages must be (B,) or (B, T) = {(B, T)}, got {tuple(batch.advantages.shape)}"
-        )
-    if tuple(batch.group_ids.shape) != (B,):
-        raise ValueError(f"TrainBatch.group_ids must be (B,) = ({B},), got {tuple(batch.group_ids.shape)}")
-    if bool((batch.response_mask.bool() & ~batch.attention_mask[:, batch.prompt_len :].bool()).any()):
-        raise ValueError(
-            "TrainBatch.response_mask marks tokens that attention_mask marks as padding; build "
-            "batches with services.batch.collate"
-        )
-    for name in ("advantages", "rollout_logprobs"):
-        if not bool(torch.isfinite(getattr(batch, name)).all()):
-            raise ValueError(f"TrainBatch.{name} contains NaN or inf")
-    group_spans(batch)  # raises on split groups
-
-
-def group_spans(batch: TrainBatch) -> list[Group]:
+def group_spans(batch: SampledBatch) -> list[Group]:
     """The batch's groups as contiguous row spans; a group id that reappears later is an error."""
-    ids = batch.group_ids.tolist()
     tokens = batch.attention_mask.sum(1).tolist()
-    groups, seen, start = [], set(), 0
-    for i in range(1, len(ids) + 1):
-        if i == len(ids) or ids[i] != ids[start]:
-            if ids[start] in seen:
-                raise ValueError(
-                    f"TrainBatch.group_ids: group {ids[start]} is not contiguous; the G rows of a "
-                    "group must be adjacent (services.batch.collate keeps them so)"
-                )
-            seen.add(ids[start])
-            groups.append(Group(start, i, int(sum(tokens[start:i]))))
-            start = i
-    return groups
+    return [Group(start, stop, int(sum(tokens[start:stop]))) for start, stop in group_bounds(batch.group_ids)]
 
 
 def plan_minibatches(
@@ -148,7 +103,7 @@ def _micro_batches(groups: list[Group], micro_batch_size: int) -> list[torch.Ten
     return out
 
 
-def trim_padding(batch: TrainBatch) -> TrainBatch:
+def trim_padding(batch: BatchT) -> BatchT:
     """Drop prompt columns that are padding in every row and response columns past the longest response."""
     attn = batch.attention_mask
     P = batch.prompt_len
@@ -158,15 +113,18 @@ def trim_padding(batch: TrainBatch) -> TrainBatch:
     resp = batch.response_mask.bool().any(0)
     T = int(resp.nonzero()[-1]) + 1 if bool(resp.any()) else 1
     cols = slice(left, P + T)
-    return TrainBatch(
-        batch.input_ids[:, cols],
-        attn[:, cols],
-        batch.response_mask[:, :T],
-        batch.advantages[:, :T] if batch.advantages.ndim == 2 else batch.advantages,
-        batch.group_ids,
-        batch.rollout_logprobs[:, :T],
-        batch.rewards,
-        batch.versions,
-        P - left,
-        dict(batch.meta),
+    per_token: dict[str, Tensor] = {}
+    if isinstance(batch, TrainBatch):
+        if batch.advantages.ndim == 2:
+            per_token["advantages"] = batch.advantages[:, :T]
+        if batch.credit is not None:
+            per_token["credit"] = batch.credit[:, :T]
+    return dataclasses.replace(
+        batch,
+        input_ids=batch.input_ids[:, cols],
+        attention_mask=attn[:, cols],
+        response_mask=batch.response_mask[:, :T],
+        rollout_logprobs=batch.rollout_logprobs[:, :T],
+        prompt_len=P - left,
+        **per_token,
     )

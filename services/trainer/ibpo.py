@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from rlcore import ibpo as core
-from services.batch import TrainBatch
+from services.batch import SampledBatch, TrainBatch
 from services.config import JobSpec
 from services.rollout.engine import Sampling
 from services.tasks import TaskItem
@@ -168,9 +168,9 @@ class Reviser:
         return jobs, eligible, skipped
 
     # -- the batch ------------------------------------------------------------------------------------
-    def advantages(self, groups: list, batch: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        """The batch's advantages, (B,) or (B, T) with a mask, and `ibpo/...` metrics of the credit: D1/D2 of the
-        first on-policy pass for the trained mask and, with a mask on, for the other variants too."""
+    def train_batch(self, groups: list, batch: SampledBatch) -> tuple[TrainBatch, dict[str, float]]:
+        """The batch with its shaped (B,) advantages and, with a mask on, the credit mask; and `ibpo/...` metrics
+        of the credit: D1/D2 of the first on-policy pass for the trained mask and the other variants too."""
         recs = [g.ibpo if g.ibpo is not None else GroupRevisions.empty(len(g.completions)) for g in groups]
         phi = torch.tensor([p for r in recs for p in r.phi], dtype=torch.float32)
         edits = [e for r in recs for e in r.edits]
@@ -192,6 +192,4 @@ class Reviser:
                 metrics.update({f"ibpo/{variant}/{k}": diag[k] for k in ("d1_gcpr", "d2_residual")})
         assert credit is not None  # the trained mask is one of the variants
         metrics["ibpo/masked_token_frac"] = 1.0 - float(credit.sum() / mask.sum().clamp_min(1))
-        if self.cfg.mask == "none":
-            return adv, metrics
-        return adv[:, None] * credit, metrics
+        return batch.with_advantages(adv, None if self.cfg.mask == "none" else credit), metrics

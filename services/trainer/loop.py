@@ -175,7 +175,8 @@ class Trainer:
         return Rollout(groups, self.data.position, metrics)
 
     # -- one step -----------------------------------------------------------------------------------
-    def build_batch(self, groups: list[Group]) -> TrainBatch:
+    def build_batch(self, groups: list[Group]) -> tuple[TrainBatch, dict[str, float]]:
+        """The step's TrainBatch (advantages from rlcore, or IBPO's shaped ones) and metrics of making it."""
         prompts, comps, gids, rewards = [], [], [], []
         for g_id, g in enumerate(groups):
             for c, s in zip(g.completions, g.scores, strict=True):
@@ -184,18 +185,15 @@ class Trainer:
                 gids.append(g_id)
                 rewards.append(s.reward)
         reward_t = torch.tensor(rewards, dtype=torch.float32)
-        batch = collate(
-            prompts, comps, gids, torch.zeros(len(rewards)), reward_t, self.tokenizer.pad_token_id
-        )
+        sampled = collate(prompts, comps, gids, reward_t, self.tokenizer.pad_token_id)
         if self.ibpo is not None:
-            batch.advantages, batch.meta["metrics"] = self.ibpo.advantages(groups, batch)
-        else:
-            batch.advantages = self.objective.advantages(reward_t, batch.group_ids, batch.response_mask)
-        return batch
+            return self.ibpo.train_batch(groups, sampled)
+        adv = self.objective.advantages(reward_t, sampled.group_ids, sampled.response_mask)
+        return sampled.with_advantages(adv), {}
 
     def train_step(self, rollout: Rollout) -> dict[str, float]:
         t0 = time.perf_counter()
-        batch = self.build_batch(rollout.groups)
+        batch, batch_metrics = self.build_batch(rollout.groups)
         staleness = (self.version - batch.versions).float()
         t1 = time.perf_counter()
         learner_metrics = self.learner.train_step(batch)
@@ -206,7 +204,7 @@ class Trainer:
         t3 = time.perf_counter()
         m = {
             **rollout.metrics,
-            **batch.meta.get("metrics", {}),
+            **batch_metrics,
             **learner_metrics,
             **_rollout_metrics(rollout, batch),
             **self._data_metrics(),

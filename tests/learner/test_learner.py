@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+import rlcore
 from services.learner import Learner
 from services.learner.logprobs import PolicyLogprobs
 from services.learner.sharding import bf16_supported
@@ -90,6 +91,32 @@ def test_step_reports_its_metrics(tiny_spec, tiny_model_path, make_batch):
     assert m["diag/d2_nodes"] > 0 and m["diag/d2_residual"] < 1e-5  # and on every shared node
     # The synthetic rollout log-probs are not the model's: the mismatch metric must see it.
     assert m["mismatch/logprob_abs_diff"] > 1.0
+
+
+@pytest.mark.parametrize("mask", ["naive", "symmetric"])
+def test_d2_sees_the_imbalance_a_credit_mask_leaves_in_shared_nodes(
+    tiny_spec, tiny_model_path, make_batch, mask
+):
+    """IBPO's edit mask zeroes the unchanged tokens of repaired incorrect responses. The diagnostics read the
+    unmasked (B,) advantages, so the naive mask's shared prefix (positive copies kept, negative ones masked)
+    is a residual, and the symmetric mask (one decision per shared node) leaves none (rlcore/ibpo.py)."""
+    from rlcore import ibpo
+
+    batch = make_batch(n_groups=4, common_prefix=3)
+    mask_t, gids, tokens = batch.response_mask, batch.group_ids, batch.response_ids
+    repaired = batch.rewards < 1.0  # every incorrect response repaired; its revision kept the shared prefix
+    edits = [
+        torch.arange(int(mask_t[i].sum())) >= 3 if bool(repaired[i]) else None for i in range(len(batch))
+    ]
+    objective = rlcore.get_objective("cp_grpo")
+    adv = ibpo.shaped_advantages(objective.config, batch.rewards, gids, mask_t, 0.5 * repaired.float(), 0.6)
+    credit = ibpo.credit_mask(mask, [None if e is None else e.numpy() for e in edits], tokens, mask_t, gids)
+    m = Learner(tiny_spec(), tiny_model_path).train_step(batch.with_advantages(adv, credit))
+    assert m["diag/d2_nodes"] > 0
+    if mask == "naive":
+        assert m["diag/d2_residual"] > 1e-3
+    else:
+        assert m["diag/d2_residual"] < 1e-5
 
 
 @pytest.mark.parametrize("objective", ["dapo", "grpo"])

@@ -1,9 +1,9 @@
-"""The step plan: whole groups per optimizer step, rank and micro-batch; aligned collectives; bad batches."""
+"""The step plan: whole groups per optimizer step, rank and micro-batch; aligned collectives."""
 
 import pytest
 import torch
 
-from services.learner.plan import group_spans, plan_minibatches, trim_padding, validate_batch
+from services.learner.plan import group_spans, plan_minibatches, trim_padding
 
 
 def _groups_of(rows: torch.Tensor, batch) -> set[int]:
@@ -48,24 +48,6 @@ def test_more_mini_batches_than_groups_is_refused(make_batch):
         plan_minibatches(group_spans(batch), 3, 1, 8)
 
 
-def test_split_group_is_refused(make_batch):
-    batch = make_batch(n_groups=2, group_size=2)
-    batch.group_ids = torch.tensor([0, 1, 0, 1])
-    with pytest.raises(ValueError, match="group_ids: group 0 is not contiguous"):
-        validate_batch(batch)
-
-
-def test_misshapen_batch_names_the_field(make_batch):
-    batch = make_batch(n_groups=2)
-    batch.rollout_logprobs = batch.rollout_logprobs[:, :-1]
-    with pytest.raises(ValueError, match="rollout_logprobs"):
-        validate_batch(batch)
-    batch = make_batch(n_groups=2)
-    batch.advantages[0] = float("nan")
-    with pytest.raises(ValueError, match="advantages contains NaN"):
-        validate_batch(batch)
-
-
 def test_trim_padding_drops_only_padding(make_batch):
     batch = make_batch(n_groups=3, max_prompt=12)
     rows = torch.tensor([0, 1, 2, 3])
@@ -77,3 +59,14 @@ def test_trim_padding_drops_only_padding(make_batch):
         trimmed.response_ids * trimmed.response_mask.long(),
         (sub.response_ids * sub.response_mask.long())[:, : trimmed.response_ids.shape[1]],
     )
+
+
+def test_trim_padding_trims_a_credit_mask_with_the_responses(make_batch):
+    batch = make_batch(n_groups=2, max_response=12)
+    credit = batch.response_mask.clone()
+    credit[:, 0] = 0.0
+    batch = batch.with_advantages(batch.advantages, credit)
+    trimmed = trim_padding(batch.select([0, 1]))
+    T = trimmed.response_mask.shape[1]
+    assert trimmed.credit is not None and trimmed.credit.shape == (2, T)
+    assert torch.equal(trimmed.credit, credit[:2, :T])

@@ -45,7 +45,7 @@ def test_tree_holds_each_prompt_and_each_shared_response_prefix_once():
     prompts = [[5, 6, 7]] * 3 + [[8, 9]] * 2
     responses = [[10, 11, 12], [10, 11, 13, 14], [15], [10], [10, 16]]
     comps = [Completion(r, [-1.0] * len(r), "stop", 0) for r in responses]
-    batch = collate(prompts, comps, [0, 0, 0, 1, 1], torch.zeros(5), torch.zeros(5), pad_id=2)
+    batch = collate(prompts, comps, [0, 0, 0, 1, 1], torch.zeros(5), pad_id=2)
     trees = pack_trees(batch.input_ids, batch.attention_mask, batch.prompt_len, batch.response_mask)
     assert trees is not None and trees.input_ids.shape[0] == 2  # one tree per group
     # group 0: prompt 3 + {10, 11, 12, 13, 14, 15} = 9 nodes; group 1: prompt 2 + {10, 16} = 4 nodes

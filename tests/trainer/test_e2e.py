@@ -214,7 +214,7 @@ def test_weights_reach_the_engine_and_match_the_learner(ray_cluster, tmp_path):
         from services.batch import collate
 
         rewards = torch.tensor([1.0, 0.0, 1.0, 0.0])
-        batch = collate([prompt] * 4, outs, [0] * 4, rewards - 0.5, rewards, 2)
+        batch = collate([prompt] * 4, outs, [0] * 4, rewards, 2).with_advantages(rewards - 0.5)
         seqs = [prompt + c.token_ids for c in outs]
         before = pool.score(seqs, len(prompt))
         learner.train_step(batch)
@@ -255,7 +255,7 @@ def test_broadcast_sync_matches_the_learner_and_a_replaced_replica_rejoins(ray_c
         prompt = [1, 540, 314, 3203, 28, 216, 33]
         outs = pool.generate([prompt], spec.group_size, [0])[0]
         rewards = torch.tensor([1.0, 0.0, 1.0, 0.0])
-        batch = collate([prompt] * 4, outs, [0] * 4, rewards - 0.5, rewards, 2)
+        batch = collate([prompt] * 4, outs, [0] * 4, rewards, 2).with_advantages(rewards - 0.5)
         seqs = [prompt + c.token_ids for c in outs]
 
         def step_and_sync(version):

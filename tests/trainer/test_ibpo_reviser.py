@@ -77,7 +77,8 @@ def test_only_incorrect_responses_with_a_correct_sibling_are_revised():
     assert metrics["ibpo/tokens"] == 2 * len(tok.encode("7 and 80"))
 
     batch = _batch(tok, groups)
-    adv, m = rev.advantages(groups, batch)
+    trained, m = rev.train_batch(groups, batch)
+    adv = trained.loss_advantages
     assert adv.shape == batch.response_mask.shape  # a mask makes per-token advantages
     seq = rlcore.ibpo.shaped_advantages(
         rev.objective.config,
@@ -105,7 +106,8 @@ def test_no_mask_gives_sequence_advantages_with_zero_group_sums():
     spec, tok, rev = _setup(mask="none")
     groups = [_group(tok, 0, ["1", "2", "3", "4"], [1.0, 0.0, 0.0, 0.0])]
     rev.revise(groups, ScriptedRollout(tok, lambda text: tok.encode("ab")), ParityRewards(), {})
-    adv, m = rev.advantages(groups, _batch(tok, groups))
+    trained, m = rev.train_batch(groups, _batch(tok, groups))
+    adv = trained.loss_advantages
     assert adv.shape == (4,) and abs(float(adv.sum())) < 1e-6
     assert adv[0] > adv[1] == adv[2] == adv[3]  # all three repaired: shaped up together, still below correct
     assert "ibpo/naive/d2_residual" not in m and m["ibpo/masked_token_frac"] == 0.0
@@ -120,4 +122,4 @@ def _batch(tok, groups):
             gids.append(gi)
             rewards.append(s.reward)
     r = torch.tensor(rewards)
-    return collate(prompts, comps, gids, torch.zeros(len(r)), r, tok.pad_token_id)
+    return collate(prompts, comps, gids, r, tok.pad_token_id)
