@@ -120,7 +120,7 @@ def bench_throughput(args) -> dict[str, float]:
     from transformers import AutoModelForCausalLM
 
     import rlcore
-    from services.learner import Learner
+    from services.learner import Learner, LearnerSpec
     from services.learner.logprobs import PolicyLogprobs
     from services.learner.plan import group_spans, plan_minibatches
     from services.learner.sharding import compute_dtype
@@ -139,7 +139,10 @@ def bench_throughput(args) -> dict[str, float]:
     # the same computation as the plain loop (one forward per row), and the default (shared prompts)
     learners = {
         shared: Learner(
-            make_spec(args, optim={**spec.optim.model_dump(), "shared_prompt_forward": shared}), path
+            LearnerSpec.of(
+                make_spec(args, optim={**spec.optim.model_dump(), "shared_prompt_forward": shared})
+            ),
+            path,
         )
         for shared in (False, True)
     }

@@ -95,7 +95,7 @@ def gemm_floor(cfg, work: dict[str, int], micro_batches: int, dtype: torch.dtype
 
 
 def run_shape(args, name: str, prompt: int, peak: float, path) -> list[str]:
-    from services.learner import Learner
+    from services.learner import Learner, LearnerSpec
     from services.learner.plan import group_spans, plan_minibatches
 
     shape = argparse.Namespace(
@@ -119,7 +119,7 @@ def run_shape(args, name: str, prompt: int, peak: float, path) -> list[str]:
                 "shared_prompt_forward": shared,
             },
         )
-        learners[shared] = Learner(spec, path)
+        learners[shared] = Learner(LearnerSpec.of(spec), path)
     cfg = learners[False].policy.lm.config
     times: dict[bool, list[float]] = {False: [], True: []}
     for i, b in enumerate(batches):

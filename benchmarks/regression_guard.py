@@ -37,7 +37,7 @@ def measure(steps: int, threads: int) -> dict[str, float]:
     from transformers import AutoModelForCausalLM
 
     import rlcore
-    from services.learner import Learner
+    from services.learner import Learner, LearnerSpec
     from services.learner.logprobs import PolicyLogprobs
     from services.learner.plan import group_spans, plan_minibatches
     from services.models import model_dir
@@ -50,7 +50,10 @@ def measure(steps: int, threads: int) -> dict[str, float]:
     path = model_dir(spec.model, spec.seed)
     learners = {
         shared: Learner(
-            make_spec(shape, optim={**spec.optim.model_dump(), "shared_prompt_forward": shared}), path
+            LearnerSpec.of(
+                make_spec(shape, optim={**spec.optim.model_dump(), "shared_prompt_forward": shared})
+            ),
+            path,
         )
         for shared in (False, True)
     }

@@ -35,7 +35,7 @@ def main() -> None:
 
     from services.config import JobSpec
     from services.models import load_tokenizer, model_dir
-    from services.rollout import RolloutPool, sample_seed
+    from services.rollout import RolloutPool, RolloutSpec, sample_seed
     from services.rollout.vllm_engine import engine_args, in_process_llm, sampling_params
     from services.tasks.arithmetic import ArithmeticTask
 
@@ -71,11 +71,11 @@ def main() -> None:
     actor_start = time.perf_counter() - t0
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    llm = in_process_llm(engine_args(spec, path))
+    llm = in_process_llm(engine_args(RolloutSpec.of(spec), path))
     direct_start = time.perf_counter() - t0
     eos = int(tok.eos_token_id)
     requests = [{"prompt_token_ids": p} for p in prompts for _ in range(n)]
-    params = [sampling_params(spec, sample_seed(s, j), eos) for s in seeds for j in range(n)]
+    params = [sampling_params(RolloutSpec.of(spec), sample_seed(s, j), eos) for s in seeds for j in range(n)]
 
     import psutil
 

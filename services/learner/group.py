@@ -25,6 +25,7 @@ from services.batch import SampledBatch, TrainBatch
 from services.config import JobSpec
 from services.learner.learner import Learner
 from services.learner.sharding import free_port
+from services.learner.spec import LearnerSpec
 from services.placement import Placement
 
 log = logging.getLogger(__name__)
@@ -54,13 +55,12 @@ def _check_feasible(spec: JobSpec) -> None:
 class _LearnerRank:
     """Ray actor body: one Learner rank. Named and repr'd so the dashboard shows job and rank."""
 
-    def __init__(self, spec: JobSpec, model_path: str, job_name: str, rank: int, world_size: int):
+    def __init__(self, spec: LearnerSpec, model_path: str, job_name: str, rank: int, world_size: int):
         self.spec, self.model_path = spec, Path(model_path)
         self.job_name, self.rank, self.world_size = job_name, rank, world_size
         self.learner: Learner | None = None
         self.sender: Any = None  # weight broadcast to the rollout replicas (resources.weight_sync: broadcast)
-        threads = spec.actor_threads("learner")
-        torch.set_num_threads(min(threads, os.cpu_count() or threads))
+        torch.set_num_threads(min(spec.threads, os.cpu_count() or spec.threads))
 
     def __repr__(self) -> str:  # Ray shows this as the actor's name in the dashboard and logs
         return f"Learner({self.job_name}, rank {self.rank}/{self.world_size})"
@@ -130,7 +130,7 @@ class LearnerGroup:
                 "LearnerGroup needs a running Ray: call ray.init() (or run as a Ray job) first"
             )
         r = spec.resources
-        self.spec, self.job_name = spec, job_name
+        self.job_name = job_name
         self.world_size = r.learner_ranks
         # Calls reach every rank in one order even from two threads (async rollout + training): each call is a
         # collective, and ranks that ran two of them in different orders would deadlock.
@@ -147,6 +147,7 @@ class LearnerGroup:
             startup_timeout_s,
         )
         actor_cls = ray.remote(_LearnerRank)
+        rank_spec = LearnerSpec.of(spec)  # what the ranks see of the job
         self.actors = [
             actor_cls.options(
                 name=f"{job_name}-learner-{rank}",
@@ -155,7 +156,7 @@ class LearnerGroup:
                 max_restarts=0,
                 max_concurrency=1,
                 **self.placement.options(rank),
-            ).remote(spec, str(model_path), job_name, rank, self.world_size)
+            ).remote(rank_spec, str(model_path), job_name, rank, self.world_size)
             for rank in range(self.world_size)
         ]
         try:

@@ -1,6 +1,7 @@
 """The learner: one FSDP2 rank that turns rollout batches into optimizer steps with an rlcore objective.
 
-A plain class (no Ray): `LearnerGroup` places one per Ray actor; tests drive it directly. Every rank gets
+A plain class (no Ray): `LearnerGroup` places one per Ray actor; tests drive it directly. It reads its slice
+of the job spec (`LearnerSpec`) only, and leaves torch's thread count to its host (the rank actor). Every rank gets
 the whole step batch and derives the same plan from it (services/learner/plan.py): whole groups per
 optimizer step and per micro-batch, step-constant normalisers (rlcore.StepNorm of the whole optimizer
 step), gradients summed over micro-batches and ranks. The sum is then exactly the single-process
@@ -27,18 +28,19 @@ from torch import Tensor
 
 import rlcore
 from services.batch import SampledBatch, TrainBatch
-from services.config import JobSpec, resolve_dtype
+from services.config import resolve_dtype
 from services.learner import checkpoint, sharding
 from services.learner.logprobs import PolicyLogprobs
 from services.learner.plan import MiniBatch, group_spans, plan_minibatches, trim_padding
 from services.learner.schedule import lr_factor
+from services.learner.spec import LearnerSpec
 from services.learner.step_metrics import StepMetrics, rollout_mismatch
 
 
 class Learner:
     def __init__(
         self,
-        spec: JobSpec,
+        spec: LearnerSpec,
         model_path: Path,
         rank: int = 0,
         world_size: int = 1,
@@ -54,17 +56,15 @@ class Learner:
         if not (self.model_path / "config.json").exists():
             raise FileNotFoundError(
                 f"model_path {self.model_path} has no config.json; pass "
-                "services.models.model_dir(spec.model, spec.seed)"
+                "services.models.model_dir(job.model, job.seed)"
             )
         self.rank, self.world_size = rank, world_size
-        if spec.resources.threads_per_actor:
-            torch.set_num_threads(spec.resources.threads_per_actor)
-        self.device = sharding.learner_device(spec.resources.gpus_per_learner)
+        self.device = sharding.learner_device(spec.gpus)
         self.mesh = sharding.init_process_group(rank, world_size, self.device, master_addr, master_port)
         # `auto` resolved here, on the host this rank runs on (the spec keeps `auto`)
-        self.model_dtype = resolve_dtype(spec.model.dtype, on_gpu=self.device.type == "cuda")
+        self.model_dtype = resolve_dtype(spec.model_dtype, on_gpu=self.device.type == "cuda")
         self.compute_dtype = sharding.compute_dtype(self.model_dtype, self.device)
-        self.objective = rlcore.get_objective(spec.objective.name, **spec.objective.overrides)
+        self.objective = rlcore.get_objective(spec.objective, **spec.objective_overrides)
         cfg = self.objective.config
         self.policy = self._build_policy(trainable=True)
         # The frozen reference is only loaded when the loss uses it (kl_coef > 0).
@@ -102,7 +102,7 @@ class Learner:
         policy = PolicyLogprobs(
             lm,
             self.spec.optim.logprob_chunk_tokens,
-            self.spec.sampling.temperature,
+            self.spec.temperature,
             prefix_tree=self.spec.optim.shared_prompt_forward,
         )
         sharding.shard(policy, list(layers), self.mesh, self.compute_dtype)
@@ -193,9 +193,7 @@ class Learner:
         path = Path(path)
         state = self.full_state_dict()
         if self.rank == 0:
-            tokenizer = (
-                Path(self.spec.model.tokenizer).expanduser() if self.spec.model.tokenizer else self.model_path
-            )
+            tokenizer = Path(self.spec.tokenizer).expanduser() if self.spec.tokenizer else self.model_path
             checkpoint.save_hf_model(
                 state, self.model_path, tokenizer, path / "model", getattr(torch, self.model_dtype)
             )
@@ -210,7 +208,7 @@ class Learner:
                 "optimizer_steps": self.optimizer_steps,
                 "world_size": self.world_size,
             },
-            with_optimizer=self.spec.checkpoint.save_optimizer,
+            with_optimizer=self.spec.save_optimizer,
         )
 
     def load(self, path: Path) -> None:
@@ -315,7 +313,7 @@ class Learner:
         norm = rlcore.StepNorm(
             tokens=max(float(step_mask.sum()), 1.0),
             sequences=len(mb.rows),
-            length=max(batch.response_mask.shape[1], self.spec.sampling.max_new_tokens),
+            length=max(batch.response_mask.shape[1], self.spec.max_new_tokens),
             group_size=sizes.pop() if len(sizes) == 1 else None,
         )
         self.policy.train()

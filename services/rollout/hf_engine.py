@@ -14,9 +14,10 @@ from pathlib import Path
 import torch
 
 from services.batch import Completion
-from services.config import JobSpec, resolve_dtype
+from services.config import resolve_dtype
 from services.models import load_tokenizer
 from services.rollout.engine import RolloutEngine, Sampling, check_requests, prompt_lengths, sample_seed
+from services.rollout.spec import RolloutSpec
 from services.weight_sync.flat import Weights, named_tensors
 
 
@@ -31,7 +32,7 @@ def top_p_mask(scores: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 class HFEngine(RolloutEngine):
-    def __init__(self, spec: JobSpec, model_path: Path | str, batch_rows: int = 64):
+    def __init__(self, spec: RolloutSpec, model_path: Path | str, batch_rows: int = 64):
         from transformers import AutoModelForCausalLM
 
         self.spec = spec

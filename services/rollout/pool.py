@@ -23,6 +23,7 @@ from services.config import JobSpec
 from services.placement import Placement
 from services.rollout.actor import RolloutActor
 from services.rollout.engine import Sampling, engine_kind
+from services.rollout.spec import RolloutSpec
 from services.weight_sync.flat import FlatWeights, publish_weights
 
 log = logging.getLogger(__name__)
@@ -41,11 +42,11 @@ class RolloutPool:
     def __init__(self, spec: JobSpec, model_path: Path | str, job_name: str):
         if not ray.is_initialized():
             raise RuntimeError("RolloutPool needs a running Ray: call ray.init(...) first")
-        self.spec = spec
+        self.resources = r = spec.resources
+        self.replica_spec = RolloutSpec.of(spec)  # what the replicas see of the job
         self.model_path = str(model_path)
         self.job_name = job_name
-        self.kind = engine_kind(spec)  # fails here, before any actor starts, if vLLM is asked for but missing
-        r = spec.resources
+        self.kind = engine_kind(self.replica_spec)  # fails here, before any actor starts, if vLLM is missing
         self.replicas = r.rollout_replicas
         self.threads = spec.actor_threads("rollout")
         self.version = 0
@@ -77,7 +78,7 @@ class RolloutPool:
 
     # -- placement ----------------------------------------------------------------------------------
     def _create(self, i: int):
-        r = self.spec.resources
+        r = self.resources
         cls = ray.remote(RolloutActor)
         name = f"{self.job_name}-rollout-{i}"
         deadline = time.monotonic() + _NAME_WAIT_S
@@ -90,7 +91,7 @@ class RolloutPool:
                     max_restarts=0,
                     max_concurrency=1,  # calls run in order: a weight update waits for the generation before it
                     **self.placement.options(i),
-                ).remote(self.spec, self.model_path, self.job_name, i, self.threads)
+                ).remote(self.replica_spec, self.model_path, self.job_name, i, self.threads)
             except ValueError as e:  # the dead replica's name is released a moment after it dies
                 if "already taken" not in str(e) or time.monotonic() > deadline:
                     raise
@@ -192,7 +193,7 @@ class RolloutPool:
         """A client for vLLM's native GPU weight transfer into these replicas (see services/weight_sync/broadcast.py)."""
         from services.weight_sync.broadcast import ReplicaSyncClient
 
-        return ReplicaSyncClient(self.actors, max(1, int(self.spec.resources.gpus_per_rollout)))
+        return ReplicaSyncClient(self.actors, max(1, int(self.resources.gpus_per_rollout)))
 
     def stats(self) -> dict[str, float]:
         per = []

@@ -17,9 +17,10 @@ from pathlib import Path
 import torch
 
 from services.batch import Completion
-from services.config import JobSpec, resolve_dtype
+from services.config import resolve_dtype
 from services.models import load_tokenizer
 from services.rollout.engine import RolloutEngine, Sampling, check_requests, prompt_lengths, sample_seed
+from services.rollout.spec import RolloutSpec
 from services.weight_sync.flat import Weights
 
 _EXTENSION = "services.weight_sync.vllm_loader.WeightLoader"
@@ -46,11 +47,11 @@ def host_memory_bytes() -> int:
     return psutil.virtual_memory().total
 
 
-def uses_cuda(spec: JobSpec) -> bool:
-    return spec.resources.gpus_per_rollout > 0 and torch.cuda.is_available()
+def uses_cuda(spec: RolloutSpec) -> bool:
+    return spec.gpus > 0 and torch.cuda.is_available()
 
 
-def engine_args(spec: JobSpec, model_path: Path | str) -> dict:
+def engine_args(spec: RolloutSpec, model_path: Path | str) -> dict:
     """The `vllm.LLM(...)` arguments of a rollout engine (benchmarks build a bare LLM from the same)."""
     s = spec.sampling
     args: dict = dict(
@@ -68,8 +69,8 @@ def engine_args(spec: JobSpec, model_path: Path | str) -> dict:
 
     if uses_cuda(spec):
         args.update(
-            gpu_memory_utilization=spec.resources.vllm_memory_fraction,
-            tensor_parallel_size=max(1, int(spec.resources.gpus_per_rollout)),
+            gpu_memory_utilization=spec.memory_fraction,
+            tensor_parallel_size=max(1, int(spec.gpus)),
             weight_transfer_config=weight_transfer_config("nccl"),
         )
     else:
@@ -80,7 +81,7 @@ def engine_args(spec: JobSpec, model_path: Path | str) -> dict:
         # On CPU vLLM's gpu_memory_utilization is a share of host RAM minus this process's RSS, which
         # in-process includes torch and the caller; an explicit KV size keeps the spec's meaning.
         args.update(
-            kv_cache_memory_bytes=int(spec.resources.vllm_memory_fraction * host_memory_bytes()),
+            kv_cache_memory_bytes=int(spec.memory_fraction * host_memory_bytes()),
             enforce_eager=True,  # no torch.compile: start-up in seconds, not minutes
             # A prompt split across scheduler steps makes vLLM rewind the request's seeded generator,
             # which CPU generators cannot do ("CPU Generator does not use offset"): prefill whole prompts.
@@ -90,7 +91,7 @@ def engine_args(spec: JobSpec, model_path: Path | str) -> dict:
     return args
 
 
-def sampling_params(spec: JobSpec, seed: int, eos_id: int, sampling: Sampling | None = None):
+def sampling_params(spec: RolloutSpec, seed: int, eos_id: int, sampling: Sampling | None = None):
     """One sample's vLLM SamplingParams: the spec's sampling (or `sampling`), its own seed, the sampled token's
     log-prob."""
     from vllm import SamplingParams
@@ -150,7 +151,7 @@ def in_process_llm(args: dict):
 
 
 class VLLMEngine(RolloutEngine):
-    def __init__(self, spec: JobSpec, model_path: Path | str):
+    def __init__(self, spec: RolloutSpec, model_path: Path | str):
         self.spec = spec
         self.version = 0
         self.eos_id = int(load_tokenizer(spec.model).eos_token_id)

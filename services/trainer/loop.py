@@ -16,7 +16,7 @@ import torch
 import rlcore
 from services.batch import Completion, TrainBatch, collate
 from services.config import JobSpec
-from services.rollout import engine_kind
+from services.rollout import RolloutSpec, engine_kind
 from services.run_layout import checkpoint_name
 from services.tasks import Score
 from services.trainer.checkpoints import Checkpoints, read_state
@@ -109,7 +109,9 @@ class Trainer:
         from services.rollout import RolloutPool
 
         name = self.spec.name
-        engine_kind(self.spec)  # an engine that cannot be built, or cannot receive a broadcast, fails here
+        engine_kind(
+            RolloutSpec.of(self.spec)
+        )  # an engine that cannot be built or receive a broadcast fails here
         self.rewards = job_rewards(self.spec, name)
         self.learner = LearnerGroup(self.spec, model_path, name)
         if resume is not None:

@@ -57,3 +57,11 @@ def tiny_model_path():
 def tiny_spec():
     """Factory: tiny_spec(**{"optim.lr": 1e-3}) -> JobSpec of the tiny model."""
     return build_spec
+
+
+@pytest.fixture(scope="session")
+def learner_spec():
+    """Factory: learner_spec(**{"optim.lr": 1e-3}) -> the LearnerSpec a rank of that tiny job gets."""
+    from services.learner import LearnerSpec
+
+    return lambda **changes: LearnerSpec.of(build_spec(**changes))

@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from services.learner import Learner, LearnerGroup, LearnerGroupError
+from services.learner import Learner, LearnerGroup, LearnerGroupError, LearnerSpec
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +37,9 @@ def _pair(spec_fn, model_path, objective, job):
         model_path,
         job,
     )
-    single = Learner(spec_fn(**{"objective.name": objective, "optim.micro_batch_size": 64}), model_path)
+    single = Learner(
+        LearnerSpec.of(spec_fn(**{"objective.name": objective, "optim.micro_batch_size": 64})), model_path
+    )
     return group, single
 
 
@@ -79,12 +81,14 @@ def test_two_ranks_with_shared_prompts_reproduce_the_full_forward_gradient(
     pass over 2 ranks give the gradient of one full forward per row in one process."""
     group, _ = cp_pair
     full = Learner(
-        tiny_spec(
-            **{
-                "objective.name": "cp_grpo",
-                "optim.micro_batch_size": 64,
-                "optim.shared_prompt_forward": False,
-            }
+        LearnerSpec.of(
+            tiny_spec(
+                **{
+                    "objective.name": "cp_grpo",
+                    "optim.micro_batch_size": 64,
+                    "optim.shared_prompt_forward": False,
+                }
+            )
         ),
         tiny_model_path,
     )
@@ -126,7 +130,8 @@ def test_checkpoint_restores_the_group_and_loads_in_one_rank(
     torch.testing.assert_close(group.logprobs(batch), saved, rtol=0, atol=0)
     # The sharded training state of 2 ranks reshards into a single rank that continues identically.
     resumed = Learner(
-        tiny_spec(**{"objective.name": "cp_grpo", "optim.micro_batch_size": 64}), tiny_model_path
+        LearnerSpec.of(tiny_spec(**{"objective.name": "cp_grpo", "optim.micro_batch_size": 64})),
+        tiny_model_path,
     )
     resumed.load(tmp_path / "ck")
     torch.testing.assert_close(resumed.logprobs(batch), saved, rtol=1e-6, atol=1e-5)

@@ -30,26 +30,26 @@ def _unsharded_logprobs(model_dir, batch, chunk=1_000_000):
     return lp
 
 
-def test_logprobs_equal_whole_logits_of_the_unsharded_model(tiny_spec, tiny_model_path, make_batch):
+def test_logprobs_equal_whole_logits_of_the_unsharded_model(learner_spec, tiny_model_path, make_batch):
     batch = make_batch(n_groups=3)
     learner = Learner(
-        tiny_spec(**{"optim.logprob_chunk_tokens": 16, "optim.micro_batch_size": 4}), tiny_model_path
+        learner_spec(**{"optim.logprob_chunk_tokens": 16, "optim.micro_batch_size": 4}), tiny_model_path
     )
     torch.testing.assert_close(
         learner.logprobs(batch), _unsharded_logprobs(tiny_model_path, batch), rtol=1e-5, atol=1e-5
     )
 
 
-def test_train_steps_lower_the_loss_on_a_fixed_batch(tiny_spec, tiny_model_path, make_batch):
+def test_train_steps_lower_the_loss_on_a_fixed_batch(learner_spec, tiny_model_path, make_batch):
     batch = make_batch()
-    learner = Learner(tiny_spec(), tiny_model_path)
+    learner = Learner(learner_spec(), tiny_model_path)
     losses = [learner.train_step(batch)["loss"] for _ in range(4)]
     assert losses[-1] < losses[0] - 0.05, losses
 
 
-def test_update_moves_logprobs_in_the_direction_of_the_advantage(tiny_spec, tiny_model_path, make_batch):
+def test_update_moves_logprobs_in_the_direction_of_the_advantage(learner_spec, tiny_model_path, make_batch):
     batch = make_batch(n_groups=4, seed=3)
-    learner = Learner(tiny_spec(**{"optim.lr": 3e-4}), tiny_model_path)
+    learner = Learner(learner_spec(**{"optim.lr": 3e-4}), tiny_model_path)
     before = learner.logprobs(batch)
     learner.train_step(batch)
     delta = ((learner.logprobs(batch) - before) * batch.response_mask).sum(1)
@@ -58,9 +58,9 @@ def test_update_moves_logprobs_in_the_direction_of_the_advantage(tiny_spec, tiny
     assert delta[adv > 0].mean() > 0 > delta[adv < 0].mean()
 
 
-def test_step_reports_its_metrics(tiny_spec, tiny_model_path, make_batch):
+def test_step_reports_its_metrics(learner_spec, tiny_model_path, make_batch):
     batch = make_batch()
-    m = Learner(tiny_spec(), tiny_model_path).train_step(batch)
+    m = Learner(learner_spec(), tiny_model_path).train_step(batch)
     for key in (
         "loss",
         "grad_norm",
@@ -95,7 +95,7 @@ def test_step_reports_its_metrics(tiny_spec, tiny_model_path, make_batch):
 
 @pytest.mark.parametrize("mask", ["naive", "symmetric"])
 def test_d2_sees_the_imbalance_a_credit_mask_leaves_in_shared_nodes(
-    tiny_spec, tiny_model_path, make_batch, mask
+    learner_spec, tiny_model_path, make_batch, mask
 ):
     """IBPO's edit mask zeroes the unchanged tokens of repaired incorrect responses. The diagnostics read the
     unmasked (B,) advantages, so the naive mask's shared prefix (positive copies kept, negative ones masked)
@@ -111,7 +111,7 @@ def test_d2_sees_the_imbalance_a_credit_mask_leaves_in_shared_nodes(
     objective = rlcore.get_objective("cp_grpo")
     adv = ibpo.shaped_advantages(objective.config, batch.rewards, gids, mask_t, 0.5 * repaired.float(), 0.6)
     credit = ibpo.credit_mask(mask, [None if e is None else e.numpy() for e in edits], tokens, mask_t, gids)
-    m = Learner(tiny_spec(), tiny_model_path).train_step(batch.with_advantages(adv, credit))
+    m = Learner(learner_spec(), tiny_model_path).train_step(batch.with_advantages(adv, credit))
     assert m["diag/d2_nodes"] > 0
     if mask == "naive":
         assert m["diag/d2_residual"] > 1e-3
@@ -120,11 +120,15 @@ def test_d2_sees_the_imbalance_a_credit_mask_leaves_in_shared_nodes(
 
 
 @pytest.mark.parametrize("objective", ["dapo", "grpo"])
-def test_micro_batches_sum_to_the_full_batch_gradient(tiny_spec, tiny_model_path, make_batch, objective):
+def test_micro_batches_sum_to_the_full_batch_gradient(learner_spec, tiny_model_path, make_batch, objective):
     """Token-mean (dapo) and per-sequence (grpo) normalisers are the whole step's, not the micro-batch's."""
     batch = make_batch(n_groups=4, objective=objective)
-    whole = Learner(tiny_spec(**{"objective.name": objective, "optim.micro_batch_size": 64}), tiny_model_path)
-    split = Learner(tiny_spec(**{"objective.name": objective, "optim.micro_batch_size": 4}), tiny_model_path)
+    whole = Learner(
+        learner_spec(**{"objective.name": objective, "optim.micro_batch_size": 64}), tiny_model_path
+    )
+    split = Learner(
+        learner_spec(**{"objective.name": objective, "optim.micro_batch_size": 4}), tiny_model_path
+    )
     g_whole, g_split = whole.gradients(batch), split.gradients(batch)
     assert g_whole.keys() == g_split.keys()
     for name in g_whole:
@@ -132,13 +136,13 @@ def test_micro_batches_sum_to_the_full_batch_gradient(tiny_spec, tiny_model_path
 
 
 def test_prefix_entropies_pool_over_micro_batches_by_the_positions_they_average(
-    tiny_spec, tiny_model_path, make_batch
+    learner_spec, tiny_model_path, make_batch
 ):
     """D7's common-prefix and divergent entropies of a step split into micro-batches equal the whole batch's."""
     batch = make_batch(n_groups=4)
     batch.response_ids[0, 0] += 1  # group 0 no longer shares a prefix: its micro-batch has no common position
     got = {
-        mb: Learner(tiny_spec(**{"optim.micro_batch_size": mb}), tiny_model_path).train_step(batch)
+        mb: Learner(learner_spec(**{"optim.micro_batch_size": mb}), tiny_model_path).train_step(batch)
         for mb in (64, 4)
     }
     assert got[64]["diag/d7_common_tokens"] > 0
@@ -146,8 +150,8 @@ def test_prefix_entropies_pool_over_micro_batches_by_the_positions_they_average(
         assert got[4][key] == pytest.approx(got[64][key], rel=1e-5), key
 
 
-def test_save_then_load_continues_identically(tiny_spec, tiny_model_path, make_batch, tmp_path):
-    spec = tiny_spec(
+def test_save_then_load_continues_identically(learner_spec, tiny_model_path, make_batch, tmp_path):
+    spec = learner_spec(
         **{
             "optim.ppo_epochs": 2,
             "optim.mini_batches": 2,
@@ -172,17 +176,17 @@ def test_save_then_load_continues_identically(tiny_spec, tiny_model_path, make_b
 
 
 def test_checkpoint_without_optimizer_is_smaller_and_resumes_weights_with_fresh_moments(
-    tiny_spec, tiny_model_path, make_batch, tmp_path
+    learner_spec, tiny_model_path, make_batch, tmp_path
 ):
     batch = make_batch()
     sizes = {}
     for keep in (True, False):
-        learner = Learner(tiny_spec(**{"checkpoint.save_optimizer": keep}), tiny_model_path)
+        learner = Learner(learner_spec(**{"checkpoint.save_optimizer": keep}), tiny_model_path)
         learner.train_step(batch)
         learner.save(tmp_path / str(keep))
         sizes[keep] = sum(f.stat().st_size for f in (tmp_path / str(keep) / "learner").rglob("*"))
     assert sizes[False] < 0.6 * sizes[True]  # AdamW keeps two float32 moments per weight
-    resumed = Learner(tiny_spec(), tiny_model_path)
+    resumed = Learner(learner_spec(), tiny_model_path)
     resumed.load(tmp_path / "False")
     torch.testing.assert_close(resumed.logprobs(batch), learner.logprobs(batch), rtol=0, atol=0)
     assert resumed.optimizer.state_dict()["state"] == {}  # moments start afresh
@@ -190,12 +194,12 @@ def test_checkpoint_without_optimizer_is_smaller_and_resumes_weights_with_fresh_
 
 
 def test_saved_model_directory_loads_in_transformers_with_the_same_logprobs(
-    tiny_spec, tiny_model_path, make_batch, tmp_path
+    learner_spec, tiny_model_path, make_batch, tmp_path
 ):
     from transformers import AutoTokenizer
 
     batch = make_batch()
-    learner = Learner(tiny_spec(), tiny_model_path)
+    learner = Learner(learner_spec(), tiny_model_path)
     learner.train_step(batch)
     learner.save(tmp_path / "ck")
     torch.testing.assert_close(
@@ -204,9 +208,9 @@ def test_saved_model_directory_loads_in_transformers_with_the_same_logprobs(
     assert AutoTokenizer.from_pretrained(tmp_path / "ck" / "model").vocab_size == 49152
 
 
-def test_bf16_compute_keeps_float32_master_weights(tiny_spec, tiny_model_path, make_batch):
+def test_bf16_compute_keeps_float32_master_weights(learner_spec, tiny_model_path, make_batch):
     batch = make_batch()
-    learner = Learner(tiny_spec(**{"model.dtype": "bfloat16"}), tiny_model_path)
+    learner = Learner(learner_spec(**{"model.dtype": "bfloat16"}), tiny_model_path)
     expected = torch.bfloat16 if bf16_supported(torch.device("cpu")) else torch.float32
     assert learner.compute_dtype == expected
     before = learner.logprobs(batch)
@@ -217,32 +221,32 @@ def test_bf16_compute_keeps_float32_master_weights(tiny_spec, tiny_model_path, m
     assert {v.dtype for v in learner.full_state_dict().values()} == {torch.bfloat16}  # the job's dtype
 
 
-def test_activation_checkpointing_gives_the_same_gradients(tiny_spec, tiny_model_path, make_batch):
+def test_activation_checkpointing_gives_the_same_gradients(learner_spec, tiny_model_path, make_batch):
     batch = make_batch()
-    plain = Learner(tiny_spec(), tiny_model_path).gradients(batch)
-    recomputed = Learner(tiny_spec(**{"optim.activation_checkpointing": True}), tiny_model_path).gradients(
+    plain = Learner(learner_spec(), tiny_model_path).gradients(batch)
+    recomputed = Learner(learner_spec(**{"optim.activation_checkpointing": True}), tiny_model_path).gradients(
         batch
     )
     for name in plain:
         torch.testing.assert_close(recomputed[name], plain[name], rtol=1e-5, atol=1e-7)
 
 
-def test_epochs_and_mini_batches_update_off_policy(tiny_spec, tiny_model_path, make_batch):
-    learner = Learner(tiny_spec(**{"optim.ppo_epochs": 2, "optim.mini_batches": 2}), tiny_model_path)
+def test_epochs_and_mini_batches_update_off_policy(learner_spec, tiny_model_path, make_batch):
+    learner = Learner(learner_spec(**{"optim.ppo_epochs": 2, "optim.mini_batches": 2}), tiny_model_path)
     m = learner.train_step(make_batch())
     assert m["optimizer_steps"] == 4
     assert "timing/old_logprobs_s" in m  # pi_old from a no-grad pass before the first update
     assert m["objective/ratio/mean"] != pytest.approx(1.0, abs=1e-7)  # later updates see moved weights
 
 
-def test_lopti_objective_runs_one_update_per_stage(tiny_spec, tiny_model_path, make_batch):
-    learner = Learner(tiny_spec(**{"objective.name": "cp_grpo_lopti"}), tiny_model_path)
+def test_lopti_objective_runs_one_update_per_stage(learner_spec, tiny_model_path, make_batch):
+    learner = Learner(learner_spec(**{"objective.name": "cp_grpo_lopti"}), tiny_model_path)
     assert learner.train_step(make_batch())["optimizer_steps"] == 2
 
 
-def test_reference_model_is_loaded_only_for_a_kl_term(tiny_spec, tiny_model_path, make_batch):
-    assert Learner(tiny_spec(), tiny_model_path).reference is None
-    learner = Learner(tiny_spec(**{"objective.overrides": {"kl_coef": 0.1}}), tiny_model_path)
+def test_reference_model_is_loaded_only_for_a_kl_term(learner_spec, tiny_model_path, make_batch):
+    assert Learner(learner_spec(), tiny_model_path).reference is None
+    learner = Learner(learner_spec(**{"objective.overrides": {"kl_coef": 0.1}}), tiny_model_path)
     assert learner.reference is not None
     batch = make_batch()
     first = learner.train_step(batch)
@@ -250,8 +254,8 @@ def test_reference_model_is_loaded_only_for_a_kl_term(tiny_spec, tiny_model_path
     assert learner.train_step(batch)["objective/loss/kl"] > 1e-6
 
 
-def test_train_step_refuses_a_split_group(tiny_spec, tiny_model_path, make_batch):
+def test_train_step_refuses_a_split_group(learner_spec, tiny_model_path, make_batch):
     batch = make_batch(n_groups=2, group_size=2)
     batch.group_ids = torch.tensor([0, 1, 0, 1])
     with pytest.raises(ValueError, match="not contiguous"):
-        Learner(tiny_spec(), tiny_model_path).train_step(batch)
+        Learner(learner_spec(), tiny_model_path).train_step(batch)

@@ -114,12 +114,14 @@ def test_tokens_the_copies_share_get_bit_identical_logprobs(tiny_model_path, mak
     assert pairs == 9
 
 
-def test_learner_gradient_with_shared_prompts_equals_the_full_forward(tiny_spec, tiny_model_path, make_batch):
+def test_learner_gradient_with_shared_prompts_equals_the_full_forward(
+    learner_spec, tiny_model_path, make_batch
+):
     """Several micro-batches (2 groups each) with step-wide normalisers, against one full forward per row."""
     batch = make_batch(n_groups=5, objective="grpo")
     spec = {"objective.name": "grpo", "optim.micro_batch_size": 8}
-    full = Learner(tiny_spec(**spec, **{"optim.shared_prompt_forward": False}), tiny_model_path)
-    shared = Learner(tiny_spec(**spec), tiny_model_path)
+    full = Learner(learner_spec(**spec, **{"optim.shared_prompt_forward": False}), tiny_model_path)
+    shared = Learner(learner_spec(**spec), tiny_model_path)
     assert shared.policy.prefix_tree and not full.policy.prefix_tree
     g_full, g_shared = full.gradients(batch), shared.gradients(batch)
     assert g_full.keys() == g_shared.keys()

@@ -11,14 +11,14 @@ from tests.rollout.rollout_helpers import (
     perturbed,
     reference_logprobs,
     reference_model,
-    rollout_spec,
+    replica_spec,
 )
 
 
 @pytest.fixture(scope="module")
 def engine(tiny_path, tiny_state):
     torch.set_num_threads(1)
-    eng = HFEngine(rollout_spec("hf"), tiny_path)
+    eng = HFEngine(replica_spec("hf"), tiny_path)
     yield eng
     eng.close()
 
@@ -58,7 +58,7 @@ def test_different_seeds_and_samples_differ(engine):
 
 
 def test_sampling_logprobs_are_the_tempered_distribution(tiny_path):
-    eng = HFEngine(rollout_spec("hf", temperature=0.7), tiny_path)
+    eng = HFEngine(replica_spec("hf", temperature=0.7), tiny_path)
     c = eng.generate([PROMPTS[0]], 1, [5])[0][0]
     ref = reference_logprobs(eng.model, PROMPTS[0] + c.token_ids, len(PROMPTS[0]), temperature=0.7)
     assert c.logprobs == pytest.approx(ref, abs=1e-4)

@@ -3,7 +3,7 @@
 import pytest
 
 from services.rollout.engine import check_requests, engine_kind, prompt_lengths, sample_seed, vllm_available
-from tests.rollout.rollout_helpers import rollout_spec
+from tests.rollout.rollout_helpers import replica_spec
 
 
 def test_sample_seeds_are_distinct_across_prompts_and_samples():
@@ -44,5 +44,5 @@ def test_prompt_length_outside_the_sequence_is_refused():
 
 
 def test_engine_choice_follows_the_spec():
-    assert engine_kind(rollout_spec("hf")) == "hf"
-    assert engine_kind(rollout_spec("auto")) == ("vllm" if vllm_available() else "hf")
+    assert engine_kind(replica_spec("hf")) == "hf"
+    assert engine_kind(replica_spec("auto")) == ("vllm" if vllm_available() else "hf")

@@ -11,7 +11,7 @@ from tests.rollout.rollout_helpers import (
     perturbed,
     reference_logprobs,
     reference_model,
-    rollout_spec,
+    replica_spec,
 )
 
 pytestmark = pytest.mark.slow
@@ -26,7 +26,7 @@ def engine(tiny_path):
     from services.rollout.vllm_engine import VLLMEngine
 
     torch.set_num_threads(1)
-    eng = VLLMEngine(rollout_spec("vllm", temperature=TEMPERATURE, max_prompt_tokens=160), tiny_path)
+    eng = VLLMEngine(replica_spec("vllm", temperature=TEMPERATURE, max_prompt_tokens=160), tiny_path)
     yield eng
     eng.close()
 

@@ -1,0 +1,47 @@
+"""What a learner rank needs of the job spec: its slice, built once on the driver (`LearnerSpec.of`).
+
+The rank's actor and its `Learner` see these fields only, never the whole JobSpec; `auto` values that depend
+on the host (`model_dtype`) stay unresolved here and are resolved by the rank on its own host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from services.config import JobSpec, OptimSpec
+
+
+@dataclass(frozen=True)
+class LearnerSpec:
+    objective: str  # rlcore preset name (objective.name)
+    objective_overrides: dict[str, Any]  # objective.overrides
+    optim: OptimSpec  # the learner's own section, whole
+    model_dtype: str  # model.dtype, `auto` kept (services.config.resolve_dtype, on the rank's host)
+    tokenizer: str | None  # model.tokenizer: saved beside a checkpoint's weights (None: the model's own)
+    steps: int  # the LR schedule's length in rollout batches
+    seed: int  # reshuffles of mini-batches across epochs
+    group_size: int  # G, for the diagnostics
+    temperature: float  # sampling.temperature: log-probs of the distribution the tokens were drawn from
+    max_new_tokens: int  # sampling.max_new_tokens: the length of length-normalised losses
+    save_optimizer: bool  # checkpoint.save_optimizer
+    gpus: float  # resources.gpus_per_learner
+    threads: int  # torch threads of the rank (JobSpec.actor_threads), capped by its host's cores
+
+    @classmethod
+    def of(cls, job: JobSpec) -> LearnerSpec:
+        return cls(
+            objective=job.objective.name,
+            objective_overrides=dict(job.objective.overrides),
+            optim=job.optim,
+            model_dtype=job.model.dtype,
+            tokenizer=job.model.tokenizer,
+            steps=job.steps,
+            seed=job.seed,
+            group_size=job.group_size,
+            temperature=job.sampling.temperature,
+            max_new_tokens=job.sampling.max_new_tokens,
+            save_optimizer=job.checkpoint.save_optimizer,
+            gpus=job.resources.gpus_per_learner,
+            threads=job.actor_threads("learner"),
+        )
