@@ -64,6 +64,7 @@ def run_one(objective: str, seed: int, mask: str | None, steps: int) -> Path:
     from services.trainer.main import run as train
 
     spec = spec_for(objective, seed, mask, steps)
+    code = code_version()
     run_dir = CACHE / spec["name"]
     shutil.rmtree(run_dir, ignore_errors=True)
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
@@ -79,11 +80,27 @@ def run_one(objective: str, seed: int, mask: str | None, steps: int) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"{spec['name']}.json"
     out.write_text(
-        json.dumps({"spec": spec, "state": state, "seconds": round(seconds, 1), "steps": keep}, indent=1)
+        json.dumps(
+            {"spec": spec, "state": state, "seconds": round(seconds, 1), "code": code, "steps": keep},
+            indent=1,
+        )
         + "\n"
     )
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
     return out
+
+
+def code_version() -> dict[str, Any]:
+    """The commit a run started from and the files that differed from it (the checkout is shared with others
+    at work, so uncommitted changes of theirs can be part of a run)."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=HERE.parent, capture_output=True, text=True, check=False)
+        return done.stdout.strip()
+
+    changed = [ln[3:] for ln in git("status", "--porcelain", "--", "rlcore", "services").splitlines()]
+    return {"commit": git("rev-parse", "HEAD"), "uncommitted": changed}
 
 
 def report() -> Path:
