@@ -76,13 +76,13 @@ def group_advantages(
 
 
 def _check_rewards(rewards: object) -> Tensor:
-    check_tensor("rewards", rewards, ndim=1, kind="mask")
-    if not rewards.is_floating_point():  # 0/1 integer or bool rewards are common; use float32 math
-        rewards = rewards.to(torch.float32)
-    if rewards.shape[0] == 0:
+    r = check_tensor("rewards", rewards, ndim=1, kind="mask")
+    if not r.is_floating_point():  # 0/1 integer or bool rewards are common; use float32 math
+        r = r.to(torch.float32)
+    if r.shape[0] == 0:
         raise ValueError("rewards: empty batch; pass at least one group of responses")
-    check_finite("rewards", rewards)
-    return rewards
+    check_finite("rewards", r)
+    return r
 
 
 def _check_group_sizes(groups: GroupIndex) -> None:

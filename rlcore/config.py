@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -222,7 +223,7 @@ def make_config(
     return cfg
 
 
-def _check_knob(name: str, value: Any, meta: dict[str, Any], preset: str) -> Any:
+def _check_knob(name: str, value: Any, meta: Mapping[str, Any], preset: str) -> Any:
     where = f"objective {preset!r} knob {name!r}"
     if value is None:
         if meta["optional"]:

@@ -167,19 +167,20 @@ def _token_sums_cpu(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Stage 1 on CPU tensors: one compiled pass over zero-copy views (bool masks are read as bytes)."""
 
-    def view(x: Tensor | None) -> np.ndarray | None:
-        if x is None:
-            return None
+    def view(x: Tensor) -> np.ndarray:
         x = x.contiguous()
         return (x.view(torch.uint8) if x.dtype == torch.bool else x).numpy()
 
-    old_np = None if old is None else view(old.to(w.dtype))
+    def maybe(x: Tensor | None) -> np.ndarray | None:
+        return None if x is None else view(x)
+
+    old_np = maybe(None if old is None else old.to(w.dtype))
     # p - 1 = expm1(log p): numpy's SIMD loop (2x torch's exp here; numba's exp is scalar), exact near p = 1
     p_minus_1 = None if old_np is None else np.expm1(old_np)
     w_np = view(w)
     edges = _LOG_EDGES.astype(w_np.dtype)  # compared in the log-probs' own precision
     return _token_sums(
-        w_np, view(mask), view(adv), view(ent), view(clipped), p_minus_1, old_np, edges, w_np.dtype.type(0)
+        w_np, view(mask), maybe(adv), maybe(ent), maybe(clipped), p_minus_1, old_np, edges, w_np.dtype.type(0)
     )
 
 
@@ -217,7 +218,7 @@ def _token_sums(
                 e_sum += ent[i, t] * m
             if clipped is not None:
                 c_sum += clipped[i, t] * m
-            if p_minus_1 is not None:
+            if p_minus_1 is not None and old is not None:  # given together
                 v = -abs(x) * p_minus_1[i, t]
                 o = old[i, t]
                 s0 += v

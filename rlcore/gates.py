@@ -21,7 +21,7 @@ from torch import Tensor
 from rlcore.config import ObjectiveConfig
 
 
-def ratio_bounds(adv: Tensor, cfg: ObjectiveConfig) -> tuple[Tensor | float, Tensor | float]:
+def ratio_bounds(adv: Tensor, cfg: ObjectiveConfig) -> tuple[Tensor, Tensor] | tuple[float, float]:
     """(lo, hi) clamp bounds of the ratio for each row/token of `adv` (scalars for the symmetric gate)."""
     lo, hi = 1.0 - cfg.clip_low, 1.0 + cfg.clip_high
     if cfg.gate == "symmetric":
@@ -39,8 +39,7 @@ def gate_ratio(ratio: Tensor, adv: Tensor, cfg: ObjectiveConfig) -> tuple[Tensor
     `adv` only supplies signs; (B, 1) advantages keep the bounds per row (no (B, T) bound tensors)."""
     if cfg.gate == "none":
         return ratio, None
-    lower, upper = ratio_bounds(adv, cfg)
-    gated = ratio.clamp(lower, upper)
+    gated = ratio.clamp(*ratio_bounds(adv, cfg))
     return gated, gated.detach() != ratio.detach()
 
 
@@ -60,10 +59,10 @@ def log_space_clip(logr: Tensor, adv: Tensor, cfg: ObjectiveConfig) -> tuple[Ten
     if cfg.gate == "none":
         return logr, None
     if cfg.gate == "symmetric":
-        lower, upper = -cfg.clip_low, cfg.clip_high
+        clipped_logr = logr.clamp(-cfg.clip_low, cfg.clip_high)
     else:
         zero = torch.zeros((), dtype=adv.dtype, device=adv.device)
         lower = torch.where(adv < 0, zero - cfg.clip_low, zero - math.inf)
         upper = torch.where(adv > 0, zero + cfg.clip_high, zero + math.inf)
-    clipped_logr = logr.clamp(lower, upper)
+        clipped_logr = logr.clamp(lower, upper)
     return clipped_logr, clipped_logr.detach() != logr.detach()

@@ -168,11 +168,11 @@ def naive_credit_mask(edits: Sequence[np.ndarray | Sequence[bool] | None], mask:
     for i, e in enumerate(edits):
         if e is None:
             continue
-        e = torch.as_tensor(np.asarray(e, dtype=np.float32))
+        row = torch.as_tensor(np.asarray(e, dtype=np.float32))
         n = int(out[i].sum().item())
-        if e.numel() != n:
-            raise ValueError(f"edits[{i}]: {e.numel()} entries for a response of {n} tokens")
-        out[i, :n] = e
+        if row.numel() != n:
+            raise ValueError(f"edits[{i}]: {row.numel()} entries for a response of {n} tokens")
+        out[i, :n] = row
     return out
 
 

@@ -209,14 +209,14 @@ class Objective:
         pg = torch.dot(rows, coef)
         total = pg
         scalars: dict[str, Tensor] = {"loss/pg": pg.detach()}
-        if cfg.kl_coef > 0:
+        if p.ref is not None:  # kl_coef > 0 (_prepare refuses a missing reference)
             kl_tok = kl_estimate(p.lp, p.ref, cfg.kl_estimator)
             kl_rows = (kl_tok * ms).sum(1)
             kl = torch.dot(kl_rows, p.agg)
             total = total + cfg.kl_coef * kl
             scalars["loss/kl"] = kl.detach()
             scalars["kl/mean"] = kl_rows.detach().sum() / p.n_stage
-        if cfg.entropy_coef != 0:
+        if p.ent is not None:  # entropy_coef != 0
             ent = torch.dot((p.ent * ms).sum(1), p.agg)
             total = total - cfg.entropy_coef * ent
             scalars["loss/entropy"] = ent.detach()
@@ -338,14 +338,15 @@ class Objective:
             s = ratios.geo_mean_ratio(logr_c, p.mask, p.lengths)
             return -coef_adv * s, clipped, None, None
         # stop-gradient coefficient forms: loss = -sg(k) * log pi, gradient exactly k
-        need_ratio = cfg.gate != "none" or ratio_kind == "truncated"
-        r = torch.exp(logr.detach()) if need_ratio else None
+        if cfg.gate == "none" and ratio_kind != "truncated":
+            return -coef_adv * lp, None, None, None
+        r = torch.exp(logr.detach())
         k, clipped = coef_adv, None
         if ratio_kind == "truncated":  # CISPO, arXiv 2506.13585
             q = ratios.truncated_weight(r, cfg.is_min, cfg.is_max)
             k = coef_adv * q
             clipped = q != r
-        live = gates.gate_mask(r, adv, cfg) if cfg.gate != "none" else None
+        live = gates.gate_mask(r, adv, cfg)
         if live is not None:  # a gate's decisions supersede the truncation flags in `clipped`
             k = k * bool_to_float(live, k.dtype)
             clipped = ~live

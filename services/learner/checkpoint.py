@@ -99,7 +99,7 @@ def load_training_state(
     extra = torch.load(src / "state.pt", weights_only=False)
     model_sd, optim_sd = get_state_dict(model, optimizer)
     with_optimizer = extra.get("optimizer_saved", True)
-    state = {"model": model_sd, "optim": optim_sd} if with_optimizer else {"model": model_sd}
+    state: dict[str, Any] = {"model": model_sd, "optim": optim_sd} if with_optimizer else {"model": model_sd}
     dcp.load(state, checkpoint_id=str(src))
     if with_optimizer:
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])

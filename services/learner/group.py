@@ -76,18 +76,18 @@ class _LearnerRank:
         )
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
-        return self.learner.train_step(batch)
+        return self._learner().train_step(batch)
 
     def logprobs(self, batch: SampledBatch) -> torch.Tensor | None:
-        out = self.learner.logprobs(batch)
+        out = self._learner().logprobs(batch)
         return out if self.rank == 0 else None
 
     def gradients(self, batch: TrainBatch) -> dict[str, torch.Tensor] | None:
-        out = self.learner.gradients(batch)
+        out = self._learner().gradients(batch)
         return out if self.rank == 0 else None
 
     def publish(self, pack: Callable[[dict], Any] | None) -> list[ray.ObjectRef] | None:
-        state = self.learner.full_state_dict()
+        state = self._learner().full_state_dict()
         if self.rank != 0:
             return None
         # Wrapped in a list so that the caller receives the reference itself, not a copy of the weights.
@@ -98,29 +98,34 @@ class _LearnerRank:
     ) -> None:
         """Join a broadcast group with the rollout replicas: `make_sender(addr, port, rank, learner)` returns this
         rank's sender (services.weight_sync.broadcast.BroadcastSender); a previous group's sender is dropped."""
-        self.sender = make_sender(addr, port, self.rank, self.learner)
+        self.sender = make_sender(addr, port, self.rank, self._learner())
 
     def broadcast(self, version: int) -> str | None:
         """None, or why sending failed (e.g. a replica died): this rank stays up and the driver falls back."""
         if self.sender is None:
             raise RuntimeError("broadcast: no weight broadcast group; call LearnerGroup.open_broadcast first")
         try:
-            self.sender.send(self.learner, version)
+            self.sender.send(self._learner(), version)
         except Exception as e:  # the gather (the collective) is done; only the send to the replicas failed
             self.sender = None
             return f"{type(e).__name__}: {e}"
         return None
 
     def save(self, path: str) -> None:
-        self.learner.save(Path(path))
+        self._learner().save(Path(path))
 
     def load(self, path: str) -> None:
-        self.learner.load(Path(path))
+        self._learner().load(Path(path))
 
     def close(self) -> None:
         if self.learner is not None:
             self.learner.close()
             self.learner = None
+
+    def _learner(self) -> Learner:
+        if self.learner is None:
+            raise RuntimeError(f"{self!r}: no learner (setup() not called, or closed)")
+        return self.learner
 
 
 class LearnerGroup:
@@ -148,7 +153,8 @@ class LearnerGroup:
         )
         actor_cls = ray.remote(_LearnerRank)
         rank_spec = LearnerSpec.of(spec)  # what the ranks see of the job
-        self.actors = [
+        # Ray's stubs type a handle as the class itself, whose methods have no `.remote`
+        self.actors: list[Any] = [
             actor_cls.options(
                 name=f"{job_name}-learner-{rank}",
                 num_cpus=r.cpus_per_learner,

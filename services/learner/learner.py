@@ -71,7 +71,7 @@ class Learner:
         self.reference = self._build_policy(trainable=False) if cfg.kl_coef > 0 else None
         o = spec.optim
         self.optimizer = torch.optim.AdamW(
-            self.policy.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
+            self.policy.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay
         )
         self.stages_per_batch = 2 if cfg.lopti_eta != 0 else 1
         self.total_optimizer_steps = spec.steps * o.ppo_epochs * o.mini_batches * self.stages_per_batch
@@ -129,7 +129,10 @@ class Learner:
             t0 = time.perf_counter()
             ref = self._batch_logprobs(batch, self.reference)
             metrics.add_time("timing/ref_logprobs_s", time.perf_counter() - t0)
-        stage_masks = self.objective.stages(old, batch.response_mask) if self.stages_per_batch > 1 else [None]
+        staged = self.stages_per_batch > 1  # then needs_old, so `old` is set
+        stage_masks = (
+            self.objective.stages(old, batch.response_mask) if staged and old is not None else [None]
+        )
         first = True
         for stage, stage_mask in enumerate(stage_masks):
             for epoch in range(o.ppo_epochs):

@@ -12,9 +12,14 @@ forward hooks gather the embedding, final norm and (tied) head that this forward
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 from services.learner.prefix_tree import PackedTrees, pack_trees, supports_prefix_tree
 
@@ -131,8 +136,8 @@ def chunked_head_logprobs(
     rows at a time, forward and backward: the (M x vocab) logits never exist whole. Target j is predicted
     by hidden row rows[j] (default: row j); targets of one row share its logits, so equal targets of one
     row get bit-identical log-probs. Both outputs are per target."""
-    ordered = rows is None
-    if ordered:
+    order = None
+    if rows is None:
         rows = torch.arange(targets.shape[0], device=targets.device)
     else:
         order = rows.argsort(stable=True)
@@ -141,7 +146,7 @@ def chunked_head_logprobs(
         lp, ent = _ChunkedHead.apply(hidden, weight, bias, targets, rows, chunk_tokens, inv_temperature)
     else:
         lp, ent = _forward_chunks(hidden, weight, bias, targets, rows, chunk_tokens, inv_temperature)
-    if ordered:
+    if order is None:
         return lp, ent
     back = torch.empty_like(order).scatter_(0, order, torch.arange(order.shape[0], device=order.device))
     return lp[back], ent[rows[back]]
@@ -154,7 +159,11 @@ class PolicyLogprobs(nn.Module):
     With `prefix_tree` (and a model that supports it) adjacent rows with the same prompt are computed as one
     token tree (services/learner/prefix_tree.py): each shared token once, the same values and gradients."""
 
-    def __init__(self, lm: nn.Module, chunk_tokens: int, temperature: float = 1.0, prefix_tree: bool = False):
+    lm: PreTrainedModel
+
+    def __init__(
+        self, lm: PreTrainedModel, chunk_tokens: int, temperature: float = 1.0, prefix_tree: bool = False
+    ):
         super().__init__()
         if chunk_tokens < 1:
             raise ValueError(f"optim.logprob_chunk_tokens must be >= 1, got {chunk_tokens}")

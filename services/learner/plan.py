@@ -90,7 +90,9 @@ def _share_out(groups: list[Group], world_size: int) -> list[list[Group]]:
 
 def _micro_batches(groups: list[Group], micro_batch_size: int) -> list[torch.Tensor]:
     # Similar lengths together: less padding inside each micro-batch.
-    out, current, size = [], [], 0
+    out: list[torch.Tensor] = []
+    current: list[int] = []
+    size = 0
     for g in sorted(groups, key=lambda g: (g.tokens, g.start)):
         n = g.stop - g.start
         if current and size + n > micro_batch_size:

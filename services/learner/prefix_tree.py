@@ -17,16 +17,20 @@ tokens a group); at thousands of tokens a group a block-sparse or varlen attenti
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 # Decoder families whose attention is plain causal self-attention over position ids, which a 4D mask
 # describes completely (no sliding window, no per-layer mask variants).
 TREE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
-def supports_prefix_tree(lm: nn.Module) -> bool:
+def supports_prefix_tree(lm: PreTrainedModel) -> bool:
     """Whether `lm` computes the same hidden states from a packed tree with a 4D mask as from its rows."""
     cfg = lm.config
     if cfg.model_type not in TREE_MODEL_TYPES or cfg._attn_implementation not in ("sdpa", "eager"):

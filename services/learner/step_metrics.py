@@ -47,7 +47,7 @@ class StepMetrics:
     def reduce(self, device: torch.device) -> dict[str, float]:
         """Collective over the default group: the step's metrics, identical on every rank."""
         peaks = {**self.peaks, **self.times}  # both reduce with MAX over ranks
-        keys = (sorted(self.sums), sorted(self.weighted), sorted(peaks))
+        keys: tuple[list[str], ...] = (sorted(self.sums), sorted(self.weighted), sorted(peaks))
         distributed = dist.is_initialized() and dist.get_world_size() > 1
         if distributed:  # ranks may have seen different keys (e.g. one ran only padding passes)
             gathered: list = [None] * dist.get_world_size()

@@ -148,10 +148,12 @@ class RolloutPool:
             raise ValueError(
                 f"generate: got {len(prompts)} prompts but {len(seeds)} seeds; pass one seed per prompt"
             )
+
+        def share(a: int, b: int) -> Callable[[Any], ray.ObjectRef]:
+            return lambda h: h.generate.remote(prompts[a:b], n, seeds[a:b], sampling)
+
         calls = {
-            i: (lambda h, a=a, b=b: h.generate.remote(prompts[a:b], n, seeds[a:b], sampling))
-            for i, (a, b) in enumerate(split_evenly(len(prompts), self.replicas))
-            if b > a
+            i: share(a, b) for i, (a, b) in enumerate(split_evenly(len(prompts), self.replicas)) if b > a
         }
         results = self._call_all(calls)
         return [c for i in sorted(results) for c in results[i]]

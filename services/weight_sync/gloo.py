@@ -53,18 +53,31 @@ def _group(info: GlooInitInfo, rank: int, is_master: bool) -> dist.ProcessGroupG
 
 def register() -> None:
     """Make "tgc_gloo" a vLLM weight-transfer backend in this process (idempotent)."""
-    from vllm.distributed.weight_transfer.base import WeightTransferEngine
+    from vllm.distributed.weight_transfer.base import (
+        WeightTransferEngine,
+        WeightTransferInitInfo,
+        WeightTransferUpdateInfo,
+    )
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
     if BACKEND in WeightTransferEngineFactory._registry:
         return
 
-    class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo]):
-        init_info_cls = GlooInitInfo
-        update_info_cls = GlooUpdateInfo
+    # vLLM's bases, mixed in here so the sender's process need not import vLLM
+    @dataclass
+    class InitInfo(GlooInitInfo, WeightTransferInitInfo):
+        pass
+
+    @dataclass
+    class UpdateInfo(GlooUpdateInfo, WeightTransferUpdateInfo):
+        pass
+
+    class GlooWeightTransferEngine(WeightTransferEngine[InitInfo, UpdateInfo]):
+        init_info_cls = InitInfo
+        update_info_cls = UpdateInfo
         group: dist.ProcessGroupGloo | None = None
 
-        def init_transfer_engine(self, init_info: GlooInitInfo) -> None:
+        def init_transfer_engine(self, init_info: InitInfo) -> None:
             self.group = _group(init_info, init_info.rank_offset + self.parallel_config.rank, is_master=False)
 
         def start_weight_update(self) -> None:
@@ -80,7 +93,7 @@ def register() -> None:
         def update_weights(self, update_info: dict) -> None:
             self.receive_weights(self.parse_update_info(update_info))  # CPU: nothing to synchronise
 
-        def receive_weights(self, update_info: GlooUpdateInfo) -> None:
+        def receive_weights(self, update_info: UpdateInfo) -> None:
             from services.weight_sync.vllm_loader import with_tied_head
 
             group = self.group
@@ -98,7 +111,8 @@ def register() -> None:
                     yield name, buf
 
             tied = bool(getattr(self.model_config.hf_config.get_text_config(), "tie_word_embeddings", False))
-            self.model.load_weights(with_tied_head(received(), tied))
+            # vLLM types self.model as nn.Module; its models all define load_weights
+            self.model.load_weights(with_tied_head(received(), tied))  # type: ignore[operator]
 
         def shutdown(self) -> None:
             self.group = None
@@ -130,6 +144,6 @@ class GlooSender:
         with ThreadPoolExecutor(max_workers=1) as pool:
             receiving = pool.submit(self.client.update_weights, asdict(update))
             for t in tensors:
-                self.group.broadcast(t, 0).wait()
+                self.group.broadcast(t, 0).wait()  # type: ignore[attr-defined]  # torch's stub omits Backend.broadcast
             receiving.result()
         self.client.finish_weight_update()

@@ -8,10 +8,14 @@ object-store buffer and no byte is serialised.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import torch
 
 from services.weight_sync.flat import Weights, named_tensors
+
+if TYPE_CHECKING:
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 
@@ -36,7 +40,7 @@ def with_tied_head(
 
 
 class WeightLoader:
-    model_runner: object  # provided by the vLLM worker this class is mixed into
+    model_runner: GPUModelRunner  # provided by the vLLM worker this class is mixed into (CPU's subclasses it)
 
     def tgc_load_weights(self, weights: Weights) -> None:
         # reload_weights runs vLLM's layerwise reload: it fuses q/k/v and gate/up, then re-runs each layer's
