@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from tests.proc_helpers import descendants, wait_until
+from tests.proc_helpers import descendants, local_ray, wait_until
 
 
 @pytest.fixture
@@ -23,3 +23,25 @@ def make_batch():
     from tests.batches import build_batch
 
     return build_batch
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local Ray in this process for the module (one another module left running is used as it is)."""
+    yield from local_ray(object_store_memory=256 * 2**20)
+
+
+@pytest.fixture(scope="module")
+def api_server(tmp_path_factory):
+    """A control plane without Ray for the module (tests/servers.py): jobs stay queued, the rest is real."""
+    from services.control.local import LocalControlPlane
+    from tests.servers import ApiServer
+
+    cp = LocalControlPlane(tmp_path_factory.mktemp("cp"), ray_address="none")
+    acme, globex, admin = (
+        cp.create_token("acme"),
+        cp.create_token("globex"),
+        cp.create_token("ops", admin=True),
+    )
+    with cp:
+        yield ApiServer(cp, acme, globex, admin)

@@ -1,4 +1,4 @@
-"""/proc helpers for the reward tests: is a process alive, what did a test leave behind."""
+"""Process helpers of the tests: is a process alive, what did a test leave behind, waiting, a local Ray."""
 
 import os
 import time
@@ -21,6 +21,30 @@ def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05) -> bool
             return True
         time.sleep(interval)
     return predicate()
+
+
+def wait_for(predicate, timeout: float, what: str, every: float = 0.5):
+    """The predicate's first truthy value, polled every `every` s; TimeoutError naming `what` after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise TimeoutError(f"{what}: not within {timeout:.0f} s")
+
+
+def local_ray(**init):
+    """Generator for a fixture: a local Ray in this process, shut down after, unless one was already running
+    (another module's or the session's), which is used and left as it is."""
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, **init)
+    yield ray
+    if started:
+        ray.shutdown()
 
 
 def descendants(pid: int) -> set[int]:

@@ -16,8 +16,9 @@ import yaml
 
 from services.cli import main
 from services.control.db import make_engine
-from services.control.local import LocalControlPlane, free_port
+from services.control.local import free_port
 from services.control.tokens import TokenStore
+from tests.servers import control_plane_with_ray
 
 TINY = {
     "name": "cli-tiny",
@@ -30,20 +31,11 @@ TINY = {
 }  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    cp = LocalControlPlane(tmp_path_factory.mktemp("cp"), ray_address="none")
-    token = cp.create_token("acme")
-    with cp:
-        yield cp, token
-
-
 @pytest.fixture
-def api(server, monkeypatch):
-    cp, token = server
-    monkeypatch.setenv("TGC_URL", cp.url)
-    monkeypatch.setenv("TGC_TOKEN", token)
-    return cp
+def api(api_server, monkeypatch):
+    monkeypatch.setenv("TGC_URL", api_server.url)
+    monkeypatch.setenv("TGC_TOKEN", api_server.acme)
+    return api_server.cp
 
 
 @pytest.fixture
@@ -182,20 +174,17 @@ class _LineReader:
 
 @pytest.mark.slow
 def test_logs_follow_prints_a_running_jobs_lines_until_it_ends(tmp_path):
-    from services.control.ray_cluster import LocalRayCluster
     from services.control.store import JobStore
     from services.sdk import Client
 
     data = tmp_path / "cp"
-    cp = LocalControlPlane(data, ray_address="local", args=("--poll-interval", "0.5"))
-    token = cp.create_token("acme")
-    store = JobStore(make_engine(f"sqlite:///{data / 'tgc.db'}"))  # the server's own DB, to add a log line
-    env = {**os.environ, "TGC_URL": cp.url, "TGC_TOKEN": token}
     proc = None
-    try:
-        cp.start()
-        cp.wait_ready()
-        with Client(cp.url, token) as client:
+    with control_plane_with_ray(data) as cp, Client(cp.url, token := cp.create_token("acme")) as client:
+        store = JobStore(
+            make_engine(f"sqlite:///{data / 'tgc.db'}")
+        )  # the server's own DB, to add a log line
+        env = {**os.environ, "TGC_URL": cp.url, "TGC_TOKEN": token}
+        try:
             job = client.submit({**TINY, "name": "cli-logs", "steps": 500})
             next(e for e in job.stream() if e.type == "step")  # running: its first step is done
             store.log_event(store.get(job.id), "logged before tgc started")
@@ -211,11 +200,9 @@ def test_logs_follow_prints_a_running_jobs_lines_until_it_ends(tmp_path):
             ended_at = time.time()
             out.thread.join(10)
             job.refresh()
-    finally:
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-        cp.stop()
-        LocalRayCluster(data).stop()
+        finally:
+            if proc is not None and proc.poll() is None:
+                proc.kill()
     assert code == 0, proc.stderr.read()[-3000:]
     assert job.state.value == "cancelled" and job.record.finished_at.timestamp() <= ended_at
     assert any("cancel requested: enough logs" in line for line in out.lines), out.lines
@@ -236,20 +223,11 @@ def test_train_runs_a_job_locally_without_the_control_plane(tmp_path, spec_file)
 
 @pytest.mark.slow
 def test_submit_follow_shows_progress_until_success(tmp_path, spec_file):
-    from services.control.ray_cluster import LocalRayCluster
-
-    cp = LocalControlPlane(tmp_path / "cp", ray_address="local", args=("--poll-interval", "0.5"))
-    token = cp.create_token("acme")
-    try:
-        cp.start()
-        cp.wait_ready()
+    with control_plane_with_ray(tmp_path / "cp") as cp:
         tgc = Path(sys.executable).with_name("tgc")
-        env = {**os.environ, "TGC_URL": cp.url, "TGC_TOKEN": token}
+        env = {**os.environ, "TGC_URL": cp.url, "TGC_TOKEN": cp.create_token("acme")}
         proc = subprocess.run([str(tgc), "submit", str(spec_file), "--follow"], capture_output=True, text=True,
                               env=env, timeout=900)  # fmt: skip
-    finally:
-        cp.stop()
-        LocalRayCluster(tmp_path / "cp").stop()
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
     assert "state running" in out and "step 2/2" in out and "succeeded" in out.splitlines()[-1]

@@ -21,7 +21,8 @@ from services.control.migrations import migrate
 from services.control.ray_cluster import LocalRayCluster
 from services.control.ray_jobs import RayJobs
 from services.sdk import Client
-from tests.proc_helpers import wait_until
+from tests.proc_helpers import wait_for, wait_until
+from tests.servers import control_plane_with_ray
 
 pytestmark = pytest.mark.slow
 JOB_TIMEOUT = 600
@@ -46,16 +47,8 @@ def data_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def plane(data_dir):
-    cp = LocalControlPlane(
-        data_dir, ray_address="local", args=("--poll-interval", "0.5", "--cancel-grace", "120")
-    )
-    cp.start()
-    try:
-        cp.wait_ready()
+    with control_plane_with_ray(data_dir, "--cancel-grace", "120") as cp:
         yield cp
-    finally:
-        cp.stop()
-        LocalRayCluster(data_dir).stop()
 
 
 @pytest.fixture(scope="module")
@@ -70,16 +63,6 @@ def ray(plane, data_dir) -> RayJobs:
 def client(plane):
     with Client(plane.url, plane.create_token("acme")) as c:
         yield c
-
-
-def wait_for(predicate, timeout: float = JOB_TIMEOUT, every: float = 0.5, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    raise TimeoutError(f"{what} not reached within {timeout}s")
 
 
 def control_states(job) -> list[str]:
@@ -169,7 +152,9 @@ def test_restart_of_the_control_plane_loses_nothing_and_reconciles_with_ray(plan
     assert before and sub_id
     plane.stop(kill=True)  # a crash, mid-run
     try:
-        wait_for(lambda: ray.info(sub_id).finished, what="the trainer finishing while we are down")
+        wait_for(
+            lambda: ray.info(sub_id).finished, JOB_TIMEOUT, what="the trainer finishing while we are down"
+        )
     finally:
         plane.start()
         plane.wait_ready()
@@ -184,11 +169,11 @@ def test_quota_queues_the_extra_job_until_the_first_ends(plane, ray):
     with Client(plane.url, plane.create_token("small", max_concurrent=1)) as small:
         first = small.submit(tiny_spec("first", steps=500, every=0))
         second = small.submit(tiny_spec("second", steps=500, every=0))
-        wait_for(lambda: first.refresh().state.value == "running", what="first job running")
+        wait_for(lambda: first.refresh().state.value == "running", JOB_TIMEOUT, what="first job running")
         time.sleep(2)  # several scheduler periods: the second must stay queued
         assert second.refresh().state.value == "queued"
         first.cancel("make room")
-        wait_for(lambda: second.refresh().state.value != "queued", what="second job admitted")
+        wait_for(lambda: second.refresh().state.value != "queued", JOB_TIMEOUT, what="second job admitted")
         second.cancel("seen it start")
         first.wait(JOB_TIMEOUT)
         second.wait(JOB_TIMEOUT)

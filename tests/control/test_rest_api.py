@@ -12,7 +12,7 @@ from services.control import tokens
 from services.control.db import make_engine
 from services.control.store import JobStore
 from services.trainer.reporting import Reporter
-from tests.control.conftest import auth
+from tests.servers import auth
 
 TINY = {"name": "tiny", "steps": 3, "group_size": 2, "prompts_per_step": 2}
 

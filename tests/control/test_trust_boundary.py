@@ -25,7 +25,7 @@ from services.tasks import load_task
 from services.tasks.base import GrantError
 from services.tasks.params import LOCAL_GRANTS, PRIVILEGES, UNSAFE_SANDBOX, params_model
 from services.trainer.main import ResourceError, check_grants
-from tests.control.conftest import auth
+from tests.servers import auth
 
 
 @pytest.fixture(scope="module")

@@ -40,18 +40,10 @@ def test_local_study_runs_every_job_through_the_trainer(tmp_path):
 
 @pytest.fixture(scope="module")
 def plane(tmp_path_factory):
-    from services.control.local import LocalControlPlane
-    from services.control.ray_cluster import LocalRayCluster
+    from tests.servers import control_plane_with_ray
 
-    data = tmp_path_factory.mktemp("sweep-plane")
-    cp = LocalControlPlane(data, ray_address="local", args=("--poll-interval", "0.5"))
-    cp.start()
-    try:
-        cp.wait_ready()
+    with control_plane_with_ray(tmp_path_factory.mktemp("sweep-plane")) as cp:
         yield cp
-    finally:
-        cp.stop()
-        LocalRayCluster(data).stop()
 
 
 def test_sweep_submits_one_job_per_run_and_collects_them_into_the_report(plane, tmp_path):

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-import copy
-
 import pytest
+
+from tests.specs import job_spec
 
 TINY_MODEL = {
     "source": "random",
@@ -20,28 +20,22 @@ TINY_MODEL = {
 }
 
 
+BASE = {
+    "name": "learner-test",
+    "model": TINY_MODEL,
+    "objective": {"name": "cp_grpo"},
+    "group_size": 4,
+    "prompts_per_step": 4,
+    "steps": 10,
+    "sampling": {"max_new_tokens": 12},
+    "optim": {"lr": 1e-3, "micro_batch_size": 16, "logprob_chunk_tokens": 16},
+    "resources": {"cpus_per_learner": 1},
+}
+
+
 def build_spec(**changes):
     """A JobSpec for the tiny model; `changes` use dotted keys, e.g. tiny_spec(**{"optim.lr": 1e-3})."""
-    from services.config import JobSpec
-
-    data = {
-        "name": "learner-test",
-        "model": copy.deepcopy(TINY_MODEL),  # changes below must not leak into later tests' specs
-        "objective": {"name": "cp_grpo"},
-        "group_size": 4,
-        "prompts_per_step": 4,
-        "steps": 10,
-        "sampling": {"max_new_tokens": 12},
-        "optim": {"lr": 1e-3, "micro_batch_size": 16, "logprob_chunk_tokens": 16},
-        "resources": {"cpus_per_learner": 1},
-    }
-    for key, value in changes.items():
-        node = data
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return JobSpec.parse(data)
+    return job_spec(BASE, **changes)
 
 
 @pytest.fixture(scope="session")

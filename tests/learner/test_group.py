@@ -11,18 +11,6 @@ from services.learner import Learner, LearnerGroup, LearnerGroupError, LearnerSp
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    import ray
-
-    started = not ray.is_initialized()  # reuse a cluster another test module started
-    if started:
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, object_store_memory=256 * 2**20)
-    yield ray
-    if started:
-        ray.shutdown()
-
-
 def _pair(spec_fn, model_path, objective, job):
     """A 2-rank group (1 group per micro-batch) and a 1-rank learner (one micro-batch) fed the same calls."""
     group = LearnerGroup(

@@ -8,7 +8,6 @@ import os
 import secrets
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -146,16 +145,6 @@ def state_api(dashboard_url: str, token_file: Path, resource: str, **filters: st
     )
     r.raise_for_status()
     return r.json()["data"]["result"]["result"]
-
-
-def wait_for(predicate, timeout: float, what: str, every: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    raise TimeoutError(f"{what}: not within {timeout:.0f} s")
 
 
 def make_token(path: Path) -> Path:

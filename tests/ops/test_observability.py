@@ -29,7 +29,8 @@ import yaml
 from services.control.local import LocalControlPlane, free_port
 from services.control.ray_cluster import LocalRayCluster
 from services.sdk import Client
-from tests.ops.raynodes import state_api, wait_for
+from tests.ops.raynodes import state_api
+from tests.proc_helpers import wait_for
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.ops.raynodes import RayNode, make_token, ray_env, state_api, wait_for
+from tests.ops.raynodes import RayNode, make_token, ray_env, state_api
+from tests.proc_helpers import wait_for
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,18 +14,6 @@ JUDGE = "tests.reward.reward_fixtures:judge"
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
-    import ray
-
-    started = not ray.is_initialized()  # reuse a cluster another test module started
-    if started:
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, object_store_memory=256 * 2**20)
-    yield ray
-    if started:
-        ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def actor(ray_cluster):
     from services.reward import start_reward_pool_actor
 

@@ -22,19 +22,7 @@ JOB = "rt-pool"
 
 
 @pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    if ray.is_initialized():  # a session-wide cluster of another test package: use it, leave it running
-        yield ray
-        return
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def pool(ray_local, tiny_bf16_path):
+def pool(ray_cluster, tiny_bf16_path):
     from services.rollout import RolloutPool
 
     p = RolloutPool(
@@ -57,17 +45,17 @@ def _twins(pool, seed=11):
     return pool.generate([PROMPTS[0], PROMPTS[0]], 2, [seed, seed])
 
 
-def test_replicas_are_named_actors_of_the_job(pool, ray_local):
+def test_replicas_are_named_actors_of_the_job(pool, ray_cluster):
     for i in range(2):
-        assert ray_local.get_actor(f"{JOB}-rollout-{i}") is not None
+        assert ray_cluster.get_actor(f"{JOB}-rollout-{i}") is not None
 
 
-def test_generate_splits_whole_prompts_across_replicas(pool, ray_local):
-    before = [ray_local.get(a.stats.remote())["tokens"] for a in pool.actors]
+def test_generate_splits_whole_prompts_across_replicas(pool, ray_cluster):
+    before = [ray_cluster.get(a.stats.remote())["tokens"] for a in pool.actors]
     out = pool.generate(PROMPTS + PROMPTS[:1], 3, [0, 1, 2, 3])
     assert [len(cs) for cs in out] == [3, 3, 3, 3]
     assert all(len(c.token_ids) == len(c.logprobs) > 0 for cs in out for c in cs)
-    after = [ray_local.get(a.stats.remote())["tokens"] for a in pool.actors]
+    after = [ray_cluster.get(a.stats.remote())["tokens"] for a in pool.actors]
     assert all(a > b for a, b in zip(after, before, strict=True))  # both replicas generated
     first, second = _twins(pool)
     assert [c.token_ids for c in first] == [c.token_ids for c in second]  # same weights, same seed
@@ -90,14 +78,14 @@ def test_update_weights_reaches_every_replica(pool, tiny_bf16_path, bf16_state):
     assert {c.version for c in first + second} == {1}
 
 
-def test_a_plain_state_dict_ref_loads_too(pool, ray_local, bf16_state):
+def test_a_plain_state_dict_ref_loads_too(pool, ray_cluster, bf16_state):
     new = perturbed(bf16_state, seed=8)
-    sync = pool.update_weights(ray_local.put(new), 2)
+    sync = pool.update_weights(ray_cluster.put(new), 2)
     assert sync["bytes"] > 0 and pool.version == 2
     assert {c.version for cs in _twins(pool) for c in cs} == {2}
 
 
-def test_a_replica_killed_mid_generation_is_restarted_and_the_call_completes(pool, ray_local):
+def test_a_replica_killed_mid_generation_is_restarted_and_the_call_completes(pool, ray_cluster):
     prompts, seeds = PROMPTS * 3, list(range(9))
     t0 = time.perf_counter()
     pool.generate(prompts, 4, seeds)
@@ -106,7 +94,7 @@ def test_a_replica_killed_mid_generation_is_restarted_and_the_call_completes(poo
     worker = threading.Thread(target=lambda: result.update(out=pool.generate(prompts, 4, seeds)))
     worker.start()
     time.sleep(0.4 * took)  # well inside the call
-    ray_local.kill(ray_local.get_actor(f"{JOB}-rollout-1"))
+    ray_cluster.kill(ray_cluster.get_actor(f"{JOB}-rollout-1"))
     worker.join(timeout=600)
     assert not worker.is_alive()
     out = result["out"]

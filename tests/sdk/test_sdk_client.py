@@ -12,8 +12,8 @@ SPEC = {"name": "sdk", "steps": 2, "group_size": 2, "prompts_per_step": 2}
 
 
 @pytest.fixture
-def acme(server):
-    with Client(server.url, server.acme) as c:
+def acme(api_server):
+    with Client(api_server.url, api_server.acme) as c:
         yield c
 
 
@@ -31,14 +31,14 @@ def test_invalid_spec_raises_invalid_naming_the_fields(acme):
     assert set(e.value.fields) == {"steps", "group_size"} and e.value.status == 422
 
 
-def test_missing_token_raises_unauthorized(server):
-    with Client(server.url, token="") as anonymous, pytest.raises(Unauthorized):
+def test_missing_token_raises_unauthorized(api_server):
+    with Client(api_server.url, token="") as anonymous, pytest.raises(Unauthorized):
         anonymous.jobs()
 
 
-def test_another_tenants_job_raises_not_found(server, acme):
+def test_another_tenants_job_raises_not_found(api_server, acme):
     job = acme.submit(SPEC)
-    with Client(server.url, server.globex) as globex, pytest.raises(NotFound):
+    with Client(api_server.url, api_server.globex) as globex, pytest.raises(NotFound):
         globex.job(job.id)
 
 
@@ -80,8 +80,8 @@ def test_same_idempotency_key_gives_the_same_job(acme):
     assert a.id == b.id
 
 
-def test_jobs_follows_pages(server):
-    with Client(server.url, server.cp.create_token("pages")) as c:
+def test_jobs_follows_pages(api_server):
+    with Client(api_server.url, api_server.cp.create_token("pages")) as c:
         ids = [c.submit({**SPEC, "name": f"p{i}"}).id for i in range(5)]
         assert [j.id for j in c.iter_jobs(page_size=2)] == ids[::-1]
         assert [j.id for j in c.jobs(limit=3)] == ids[::-1][:3]

@@ -3,6 +3,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.proc_helpers import local_ray
+from tests.specs import job_spec
+
 TINY_MODEL = {
     "source": "random",
     "dtype": "float32",
@@ -17,30 +20,24 @@ TINY_MODEL = {
 }
 
 
-def tiny_spec(**changes):
-    from services.config import JobSpec
+BASE = {
+    "name": "tiny",
+    "model": TINY_MODEL,
+    "task": {"name": "arithmetic", "reward_workers": 1, "reward": "tests.trainer.rewards:text_parity"},
+    "objective": {"name": "cp_grpo"},
+    "group_size": 4,
+    "prompts_per_step": 2,
+    "steps": 3,
+    "seed": 0,
+    "sampling": {"max_new_tokens": 8, "max_prompt_tokens": 128},
+    "optim": {"lr": 1e-3, "micro_batch_size": 4},
+    "resources": {"rollout_engine": "hf", "cpus_per_learner": 0.5, "cpus_per_rollout": 0.5},
+    "checkpoint": {"every_steps": 1, "keep_last": 5},
+}
 
-    data = {
-        "name": "tiny",
-        "model": TINY_MODEL,
-        "task": {"name": "arithmetic", "reward_workers": 1, "reward": "tests.trainer.rewards:text_parity"},
-        "objective": {"name": "cp_grpo"},
-        "group_size": 4,
-        "prompts_per_step": 2,
-        "steps": 3,
-        "seed": 0,
-        "sampling": {"max_new_tokens": 8, "max_prompt_tokens": 128},
-        "optim": {"lr": 1e-3, "micro_batch_size": 4},
-        "resources": {"rollout_engine": "hf", "cpus_per_learner": 0.5, "cpus_per_rollout": 0.5},
-        "checkpoint": {"every_steps": 1, "keep_last": 5},
-    }
-    for key, value in changes.items():
-        node = data
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return JobSpec.parse(data)
+
+def tiny_spec(**changes):
+    return job_spec(BASE, **changes)
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -53,9 +50,5 @@ def read_events(run_dir: Path) -> list[dict]:
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """One local Ray cluster for the trainer tests (the trainer reuses an initialised Ray)."""
-    import ray
-
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
+    """One local Ray for all trainer modules (each runs whole jobs; the trainer reuses an initialised Ray)."""
+    yield from local_ray()
