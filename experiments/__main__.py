@@ -6,6 +6,7 @@
     python -m experiments tinylm --groups main --objectives grpo,cp_grpo --seeds 0,1,2   # a part of it
     python -m experiments trainer --size small    # testbed 3 through the real trainer, here
     python -m experiments trainer --size full --objectives grpo,cp_grpo --tasks arithmetic   # a part of it
+    python -m experiments testbed4 --objectives cp_grpo --seeds 0 --commit   # testbed 4 (plan: testbed4_plan.md)
     python -m experiments sweep submit|collect    # testbed 3 as a sweep of control-plane jobs
     python -m experiments report                  # figures + REPORT.md from experiments/results/
 
@@ -57,6 +58,13 @@ def _ints(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from exc
 
 
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in _names(text)]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from exc
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -94,6 +102,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     p_tr.add_argument("--tasks", type=_names, default=None, help="run only these tasks (comma-separated)")
     p_tr.add_argument("--seeds", type=_ints, default=None, help="run only these seeds (comma-separated)")
+    p_t4 = sub.add_parser("testbed4", help="testbed 4: 150-step runs through the real trainer, probed")
+    p_t4.add_argument("--objectives", type=_names, default=None, help="default: all six (comma-separated)")
+    p_t4.add_argument("--seeds", type=_ints, default=None, help="default: 0,1,2")
+    p_t4.add_argument(
+        "--lrs", type=_floats, default=None, help="learning rates (the sweep; default: the plan's)"
+    )
+    p_t4.add_argument("--steps", type=int, default=None, help="steps a run (default: the plan's 150)")
+    p_t4.add_argument("--out", type=Path, default=None, help="run summaries (default results/testbed4_runs)")
+    p_t4.add_argument("--cache", type=Path, default=paths.CACHE, help="run directories (resume)")
+    p_t4.add_argument("--commit", action="store_true", help="git-commit each run's summary as it is written")
+    p_t4.add_argument("--lock", type=Path, default=None, help="hold this file's lock while a run trains")
     p_sw = sub.add_parser("sweep", help="testbed 3 as control-plane jobs (SDK)")
     p_sw.add_argument("action", choices=("submit", "collect"))
     p_sw.add_argument("--size", choices=("small", "full", "tiny"), default="small")
@@ -132,6 +151,15 @@ def main(argv: list[str] | None = None) -> int:
                     args.out,
                     paths.REPORT if args.out.resolve() == paths.RESULTS.resolve() else args.out / "REPORT.md",
                 )
+        return 0
+    if args.command == "testbed4":
+        from experiments import testbed4
+
+        try:
+            runs = testbed4.select(args.objectives, args.seeds, args.lrs, args.steps)
+        except ValueError as exc:
+            raise SystemExit(f"python -m experiments testbed4: {exc}") from None
+        testbed4.run_study(runs, args.out or testbed4.RUNS, args.cache, commit=args.commit, lock=args.lock)
         return 0
     if args.workers < 1:
         parser.error("--workers must be >= 1")

@@ -460,11 +460,18 @@ class EvalSpec(_Strict):
         description="Response budget; default and maximum: sampling.max_new_tokens.",
     )
     max_prompts: int = Field(256, ge=1, le=100_000, description="Evaluate at most the first N rows.")
+    also_greedy: bool = Field(
+        False,
+        description="With sampled evaluation (greedy: false), also answer each prompt once greedily, "
+        "reported as `eval/greedy/...` beside the sampled metrics.",
+    )
 
     @model_validator(mode="after")
     def _greedy_means_one_sample(self) -> EvalSpec:
         if self.greedy and self.samples_per_prompt > 1:
             raise ValueError("samples_per_prompt > 1 needs greedy: false (greedy samples are all the same)")
+        if self.greedy and self.also_greedy:
+            raise ValueError("also_greedy needs greedy: false (the evaluation is already greedy)")
         return self
 
 

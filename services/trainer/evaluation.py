@@ -3,7 +3,8 @@ replicas with the current weights, scored by the job's own reward pool.
 
 The same prompts and the same sampling seeds every time, so two evaluations differ only by the weights.
 Metrics are `eval/...` (accuracy = the mean over samples, i.e. pass@1; `eval/pass@k` = share of prompts with
-at least one correct sample among k); each sample's verdict goes to `eval/step_<N>.jsonl` in the run dir.
+at least one correct sample among k; `eval/greedy/...` for the greedy pass of `also_greedy`); each sample's
+verdict, mode and token count go to `eval/step_<N>.jsonl` in the run dir.
 `run_eval_only` evaluates a model or checkpoint without training (`tgc eval`, a job with `steps: 0`).
 """
 
@@ -78,36 +79,40 @@ class Evaluator:
 
     def run(self, rollout, rewards, step: int, tokenizer) -> dict[str, float]:
         t0 = time.perf_counter()
-        outs = rollout.generate([p.token_ids for p in self.prompts], self.k, self.seeds, self.sampling)
-        texts = [tokenizer.decode(c.token_ids, skip_special_tokens=True) for cs in outs for c in cs]
-        items = [p.item for p in self.prompts for _ in range(self.k)]
-        scores = rewards.score(items, texts)
-        metrics = summarise(scores, [c for cs in outs for c in cs], self.k)
+        passes = [("sampled" if self.k > 1 or not self.eval.greedy else "greedy", self.k, self.sampling)]
+        if self.eval.also_greedy:
+            passes.append(("greedy", 1, Sampling(0.0, 1.0, self.sampling.max_new_tokens)))
+        metrics: dict[str, float] = {}
+        samples: list[dict[str, Any]] = []
+        for mode, k, sampling in passes:
+            outs = rollout.generate([p.token_ids for p in self.prompts], k, self.seeds, sampling)
+            completions = [c for cs in outs for c in cs]
+            texts = [tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in completions]
+            items = [p.item for p in self.prompts for _ in range(k)]
+            scores = rewards.score(items, texts)
+            prefix = "eval/greedy/" if len(passes) > 1 and mode == "greedy" else "eval/"
+            metrics.update({prefix + key[5:]: v for key, v in summarise(scores, completions, k).items()})
+            samples += [
+                {
+                    "id": item.id,
+                    "row": item.meta.get("row"),
+                    "mode": mode,
+                    "reward": score.reward,
+                    "status": score.status,
+                    "detail": score.detail,
+                    "tokens": len(c.token_ids),
+                    "response": text,
+                }
+                for item, c, text, score in zip(items, completions, texts, scores, strict=True)
+            ]
         metrics["eval/dropped_too_long"] = float(self.task.dropped_too_long)
         metrics["timing/eval_s"] = time.perf_counter() - t0
         if self.run_dir is not None:
-            self._write_samples(step, items, texts, scores)
+            folder = self.run_dir / "eval"
+            folder.mkdir(parents=True, exist_ok=True)
+            with open(folder / f"step_{step}.jsonl", "w") as fh:
+                fh.writelines(json.dumps(s) + "\n" for s in samples)
         return metrics
-
-    def _write_samples(self, step: int, items, texts, scores) -> None:
-        assert self.run_dir is not None
-        folder = self.run_dir / "eval"
-        folder.mkdir(parents=True, exist_ok=True)
-        with open(folder / f"step_{step}.jsonl", "w") as fh:
-            for item, text, score in zip(items, texts, scores, strict=True):
-                fh.write(
-                    json.dumps(
-                        {
-                            "id": item.id,
-                            "row": item.meta.get("row"),
-                            "reward": score.reward,
-                            "status": score.status,
-                            "detail": score.detail,
-                            "response": text,
-                        }
-                    )
-                    + "\n"
-                )
 
 
 def summarise(scores, completions, k: int) -> dict[str, float]:
@@ -116,6 +121,13 @@ def summarise(scores, completions, k: int) -> dict[str, float]:
     correct = [s.reward >= 1.0 for s in scores]
     prompts = n // k if k else 0
     lengths = [len(c.token_ids) for c in completions]
+    # the length of right and wrong answers apart (when there are any): a 1/|o| length bias shows as their
+    # gap moving
+    apart = {}
+    for name, verdict in (("correct", True), ("incorrect", False)):
+        found = [n for n, ok in zip(lengths, correct, strict=True) if ok == verdict]
+        if found:
+            apart[f"eval/length_{name}_mean"] = sum(found) / len(found)
     return {
         "eval/accuracy": sum(correct) / max(n, 1),
         "eval/reward_mean": sum(s.reward for s in scores) / max(n, 1),
@@ -126,6 +138,7 @@ def summarise(scores, completions, k: int) -> dict[str, float]:
         "eval/errors": float(sum(s.status == "error" for s in scores)),
         "eval/response_length_mean": sum(lengths) / max(n, 1),
         "eval/truncated_frac": sum(c.finish_reason == "length" for c in completions) / max(n, 1),
+        **apart,
     }
 
 

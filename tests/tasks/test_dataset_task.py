@@ -298,3 +298,10 @@ def test_the_spec_names_bad_dataset_params_and_privileged_paths():
                 "eval": {"samples_per_prompt": 4},
             }
         )
+    with pytest.raises(SpecError, match="also_greedy needs greedy: false"):
+        JobSpec.parse(
+            {
+                "task": {"name": "dataset", "params": {"dataset_id": "ds_" + "a" * 32, "holdout": 4}},
+                "eval": {"also_greedy": True},
+            }
+        )

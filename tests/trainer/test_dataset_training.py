@@ -93,3 +93,21 @@ def test_steps_zero_evaluates_a_checkpoint_without_training(ray_cluster, tmp_pat
     assert [s["response"] for s in _eval_rows(tmp_path / "eval", 0)] == [
         s["response"] for s in _eval_rows(trained, 1)
     ]
+
+
+def test_sampled_evaluation_with_a_greedy_pass_reports_both(ray_cluster, tmp_path, data_file):
+    ev = {"samples_per_prompt": 3, "greedy": False, "also_greedy": True, "at_start": False}
+    assert run(_spec(data_file, steps=1, eval=ev), tmp_path) == "succeeded"
+    final = read_metrics(tmp_path)[-1]
+    samples = _eval_rows(tmp_path, 1)
+    sampled = [s for s in samples if s["mode"] == "sampled"]
+    greedy = [s for s in samples if s["mode"] == "greedy"]
+    assert len(sampled) == 12 and len(greedy) == 4 and final["eval/samples"] == 12
+    assert final["eval/greedy/samples"] == 4 and "eval/greedy/pass@1" in final and "eval/pass@3" in final
+    assert final["eval/accuracy"] == sum(s["reward"] >= 1 for s in sampled) / 12
+    assert final["eval/greedy/accuracy"] == sum(s["reward"] >= 1 for s in greedy) / 4
+    for mode, prefix in ((sampled, "eval/"), (greedy, "eval/greedy/")):
+        for name, verdict in (("correct", True), ("incorrect", False)):
+            lengths = [s["tokens"] for s in mode if (s["reward"] >= 1) == verdict]
+            key = f"{prefix}length_{name}_mean"
+            assert final.get(key) == (sum(lengths) / len(lengths) if lengths else None)

@@ -1,0 +1,92 @@
+"""Testbed 4's pure parts: the data split, job specs, prefix-tree position kinds, phrasing drift, and the
+per-run summary (the training itself is the trainer's, tested under tests/trainer)."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from experiments import testbed4
+from services.config import JobSpec
+
+
+def test_held_out_pairs_are_held_out_in_both_orders_and_the_split_is_fixed():
+    train, held = testbed4.addition_rows()
+    assert len(train) + len(held) == 31 * 31
+    held_pairs = {frozenset((r["a"], r["b"])) for r in held}
+    assert len(held_pairs) == testbed4.HELDOUT_PAIRS
+    assert not held_pairs & {frozenset((r["a"], r["b"])) for r in train}
+    assert {(r["b"], r["a"]) for r in held} == {(r["a"], r["b"]) for r in held}  # both orders
+    assert all(r["answer"] == str(r["a"] + r["b"]) for r in train + held)
+    assert testbed4.addition_rows() == (train, held)
+
+
+def test_every_planned_run_is_a_valid_job_spec_with_a_sampled_and_greedy_evaluation():
+    for objective in testbed4.OBJECTIVES:
+        spec = JobSpec.parse(testbed4.job_spec(objective, 2))
+        assert spec.steps == 150 and spec.seed == 2 and spec.eval is not None
+        assert spec.eval.samples_per_prompt == 8 and spec.eval.also_greedy and not spec.eval.greedy
+        assert spec.checkpoint.every_steps == spec.eval.every_steps == 25 and spec.checkpoint.keep_last == 7
+    assert testbed4.run_name("cp_grpo", 1) == "tb4-cp-grpo-s1"
+    assert testbed4.run_name("cp_grpo", 1, 1e-4, 40) == "tb4-cp-grpo-s1-lr0.0001-n40"
+
+
+def test_select_is_seed_major_and_refuses_unknown_objectives():
+    runs = testbed4.select(["grpo", "cp_grpo"], [0, 1])
+    assert runs == [
+        ("grpo", 0, None, None),
+        ("cp_grpo", 0, None, None),
+        ("grpo", 1, None, None),
+        ("cp_grpo", 1, None, None),
+    ]
+    with pytest.raises(ValueError, match="unknown nope"):
+        testbed4.select(["nope"])
+
+
+def test_position_kinds_mark_shared_prefix_tokens_and_forks():
+    answers = [[1, 2, 3], [1, 2, 4, 5], [1, 7], [9]]
+    kinds = testbed4.position_kinds(answers)
+    assert kinds[0] == ["shared", "shared", "fork"]  # 1,2 shared with answer 1; 3 leaves it
+    assert kinds[1] == ["shared", "shared", "fork", ""]  # after the fork nobody shares the prefix
+    assert kinds[2] == ["shared", "fork"]
+    assert kinds[3] == ["fork"]  # the empty prefix is shared by all: a first token no one else chose
+    assert testbed4.position_kinds([[5, 6], [5, 6]]) == [["shared", "shared"], ["shared", "shared"]]
+
+
+def test_phrase_metrics_see_a_shift_between_equivalent_answers_but_not_a_uniform_gain():
+    base = np.log(np.full((3, 4), 0.25))
+    same_split = base + 1.0  # every form more likely by the same factor: no drift, more mass
+    m = testbed4.phrase_metrics(same_split, base)
+    assert m["phrase/kl_from_start"] == pytest.approx(0.0, abs=1e-12)
+    assert m["phrase/entropy"] == pytest.approx(math.log(4))
+    assert m["phrase/log_mass"] == pytest.approx(1.0)
+    shifted = np.log(np.tile([0.7, 0.1, 0.1, 0.1], (3, 1)))
+    m = testbed4.phrase_metrics(shifted, base)
+    assert m["phrase/kl_from_start"] == pytest.approx(0.7 * math.log(2.8) + 0.3 * math.log(0.4))
+    assert m["phrase/top_share"] == pytest.approx(0.7) and m["phrase/share_0"] == pytest.approx(0.7)
+
+
+def test_metrics_logged_again_after_a_resume_keep_the_later_line(tmp_path):
+    lines = [{"step": 1, "loss": 1.0}, {"step": 2, "loss": 2.0}, {"step": 2, "loss": 2.5}, {"step": 3}]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert testbed4.read_metrics(path) == [{"step": 1, "loss": 1.0}, {"step": 2, "loss": 2.5}, {"step": 3}]
+
+
+def test_summary_has_curves_evaluations_with_probes_and_steps_to_the_threshold():
+    metrics = [{"step": 0, "eval/accuracy": 0.2, "eval/pass@8": 0.5}]
+    metrics += [
+        {"step": s, "reward/accuracy": 0.3 if s < 20 else 0.6, "diag/d2_residual": 1e-9} for s in range(1, 41)
+    ]
+    metrics[-1]["eval/accuracy"] = 0.55
+    probes = {0: {"probe/kl_from_start": 0.0}, 40: {"probe/kl_from_start": 0.02}}
+    summary = testbed4.summarise_run(metrics, probes)
+    assert summary["steps"] == list(range(1, 41)) and len(summary["curves"]["reward/accuracy"]) == 40
+    assert (
+        summary["evals"]["0"]["eval/pass@8"] == 0.5 and summary["evals"]["40"]["probe/kl_from_start"] == 0.02
+    )
+    assert math.isnan(summary["evals"]["0"]["eval/greedy/accuracy"])  # not logged: NaN, not 0
+    # the 10-step mean first reaches 0.5 on step 26 (seven of ten at 0.6: 0.51; on step 25, 0.48)
+    assert summary["final"]["steps_to_threshold"] == 26
+    assert summary["final"]["d2_residual_mean"] == pytest.approx(1e-9)
