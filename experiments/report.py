@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from experiments import ibpo_report, plots
+from experiments import ibpo_report, plots, testbed4_report
 from experiments.stats import Summary, compare, summarize
 
 ALPHA = 0.05
@@ -997,7 +997,8 @@ def render(
     notes: str = "",
     sections: list[str] | None = None,
 ) -> str:
-    """`sections`: markdown lines of studies outside the claim table (IBPO), placed before the figures."""
+    """`sections`: markdown lines of studies outside the claim table (IBPO, testbed 4), placed before the
+    figures."""
     views = {t: View(r) for t, r in results.items()}
     lines = [
         "# Token gradient cancellation at small scale: experiment report",
@@ -1086,6 +1087,9 @@ def write_report(
         )
     figs = figures(results, Path(results_dir))
     notes = notes_path.read_text() if notes_path is not None and notes_path.exists() else ""
-    ibpo = ibpo_report.section(Path(results_dir) / "ibpo", Path(results_dir), report_path.parent)
-    report_path.write_text(render(results, figs, report_path.parent, preamble, notes, ibpo))
+    sections = ibpo_report.section(Path(results_dir) / "ibpo", Path(results_dir), report_path.parent)
+    sections += testbed4_report.section(
+        Path(results_dir) / "testbed4_runs", Path(results_dir), report_path.parent
+    )
+    report_path.write_text(render(results, figs, report_path.parent, preamble, notes, sections))
     return report_path

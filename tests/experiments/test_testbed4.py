@@ -90,3 +90,54 @@ def test_summary_has_curves_evaluations_with_probes_and_steps_to_the_threshold()
     # the 10-step mean first reaches 0.5 on step 26 (seven of ten at 0.6: 0.51; on step 25, 0.48)
     assert summary["final"]["steps_to_threshold"] == 26
     assert summary["final"]["d2_residual_mean"] == pytest.approx(1e-9)
+
+
+def _fake_run(objective, seed, drift):
+    rng = np.random.default_rng(seed)
+    metrics = [{"step": 0, "eval/accuracy": 0.2, "eval/greedy/accuracy": 0.3, "eval/pass@8": 0.6}]
+    for s in range(1, 51):
+        metrics.append(
+            {"step": s, "reward/accuracy": min(1.0, 0.2 + s / 60), "diag/d2_residual": drift * 0.1}
+        )
+    metrics[-1].update(
+        {"eval/accuracy": 0.5, "eval/greedy/accuracy": 0.6 + rng.normal(0, 0.01), "eval/pass@8": 0.9}
+    )
+    probes = {
+        0: {"phrase/kl_from_start": 0.0, "probe/kl_from_start": 0.0, "entropy/all": 1.0},
+        50: {
+            "phrase/kl_from_start": drift + rng.normal(0, 0.01),
+            "probe/kl_from_start": 0.01,
+            "entropy/all": 0.8,
+        },
+    }
+    return {**testbed4.summarise_run(metrics, probes), "name": testbed4.run_name(objective, seed)}
+
+
+def test_report_section_tabulates_claims_by_class_and_draws_the_curves(tmp_path):
+    from experiments import testbed4_report
+
+    runs_dir = tmp_path / "testbed4_runs"
+    runs_dir.mkdir()
+    arms = {"grpo": 1.0, "gspo": 1.0, "cp_grpo": 0.0, "dfpo_min": 0.0}
+    for objective, drift in arms.items():
+        for seed in range(3):
+            run = {**_fake_run(objective, seed, drift), "objective": objective, "seed": seed}
+            (runs_dir / f"{run['name']}.json").write_text(json.dumps(run))
+    sweep = {
+        **_fake_run("cp_grpo", 0, 0.0),
+        "objective": "cp_grpo",
+        "seed": 0,
+        "name": "tb4-cp-grpo-s0-lr1e-05",
+    }
+    (runs_dir / "sweep.json").write_text(json.dumps(sweep))  # not a planned run: left out
+    lines = testbed4_report.section(runs_dir, tmp_path, tmp_path)
+    text = "\n".join(lines)
+    assert (tmp_path / testbed4_report.FIGURE).stat().st_size > 10_000
+    assert "12 of 18 planned runs" in text and "cp_grpo: seeds 0, 1, 2" in text
+    drift_row = next(ln for ln in lines if ln.startswith("| Reward-irrelevant drift"))
+    assert drift_row.endswith("| as the paper predicts |")  # coupled arms drift by ~1, exchangeable ~0
+    tax_row = next(ln for ln in lines if ln.startswith("| Learning tax"))
+    assert tax_row.endswith("| no effect at this scale |")  # the same 0.01 everywhere
+    assert testbed4_report.section(tmp_path / "none", tmp_path, tmp_path) == []
+    assert testbed4_report.verdict(-1.0, 0.01, +1, 6, 12) == "opposite to the paper's prediction"
+    assert testbed4_report.verdict(1.0, 0.01, +1, 1, 12) == "not measured yet"

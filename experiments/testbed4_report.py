@@ -1,0 +1,264 @@
+"""Testbed 4's section of REPORT.md: curves with seed bands and a table of the claims, from the committed
+run summaries (`results/testbed4_runs/*.json`, written by `experiments.testbed4`)."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from experiments.stats import compare, summarize
+from experiments.testbed4 import OBJECTIVES, PLAN, run_name
+
+COUPLED = ("grpo", "gspo")  # response-coupled coefficients; the other four are exchangeable
+FIGURE = "testbed4_curves.png"
+
+
+def load_runs(runs_dir: Path) -> dict[str, list[dict[str, Any]]]:
+    """The plan's finished runs by objective (sweep and pilot runs, named otherwise, are left out)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for path in sorted(Path(runs_dir).glob("*.json")):
+        run = json.loads(path.read_text())
+        if run.get("name") == run_name(run["objective"], run["seed"]):
+            out.setdefault(run["objective"], []).append(run)
+    return {obj: out[obj] for obj in (*OBJECTIVES, *sorted(set(out) - set(OBJECTIVES))) if obj in out}
+
+
+def _evals(run: dict[str, Any], key: str) -> tuple[list[int], list[float]]:
+    steps = sorted(int(s) for s in run["evals"])
+    return steps, [_f(run["evals"][str(s)].get(key)) for s in steps]
+
+
+def _f(v: Any) -> float:
+    return float(v) if isinstance(v, int | float) and v is not None else math.nan
+
+
+def last_eval(key: str) -> Callable[[dict[str, Any]], float]:
+    return lambda run: _evals(run, key)[1][-1] if run["evals"] else math.nan
+
+
+def eval_change(key: str) -> Callable[[dict[str, Any]], float]:
+    def change(run: dict[str, Any]) -> float:
+        values = _evals(run, key)[1]
+        return values[-1] - values[0] if len(values) > 1 else math.nan
+
+    return change
+
+
+def length_gap(run: dict[str, Any]) -> float:
+    """Incorrect minus correct held-out answer length at the end (tokens)."""
+    return last_eval("eval/length_incorrect_mean")(run) - last_eval("eval/length_correct_mean")(run)
+
+
+def worst_drop(run: dict[str, Any]) -> float:
+    """The largest fall of held-out greedy accuracy between two consecutive evaluations (0: never fell)."""
+    values = [v for v in _evals(run, "eval/greedy/accuracy")[1] if math.isfinite(v)]
+    return max([0.0, *(a - b for a, b in zip(values, values[1:], strict=False))])
+
+
+def tail_mean(key: str, n: int = 25) -> Callable[[dict[str, Any]], float]:
+    def mean(run: dict[str, Any]) -> float:
+        values = np.asarray(run["curves"].get(key, [])[-n:], dtype=float)
+        return float(np.nanmean(values)) if np.isfinite(values).any() else math.nan
+
+    return mean
+
+
+@dataclass(frozen=True)
+class Claim:
+    name: str
+    measure: str
+    value: Callable[[dict[str, Any]], float]
+    worse_if_coupled: int  # +1: the paper expects response-coupled arms higher; -1: lower; 0: no direction
+    digits: int = 3
+
+
+CLAIMS = (
+    Claim(
+        "Mechanism: residual on shared tokens",
+        "D2 residual, run mean",
+        lambda r: r["final"]["d2_residual_mean"],
+        +1,
+    ),
+    Claim("Final accuracy", "held-out greedy accuracy, step 150", last_eval("eval/greedy/accuracy"), -1),
+    Claim("Final accuracy (sampled)", "held-out pass@8, step 150", last_eval("eval/pass@8"), -1),
+    Claim("Gain", "held-out greedy accuracy, step 150 minus step 0", eval_change("eval/greedy/accuracy"), -1),
+    Claim(
+        "Sample efficiency",
+        "steps to 10-step training accuracy >= 0.5",
+        lambda r: r["final"]["steps_to_threshold"],
+        +1,
+    ),
+    Claim("Stability", "largest drop of held-out greedy accuracy between evaluations", worst_drop, +1),
+    Claim(
+        "Entropy collapse",
+        "token entropy of held-out samples, step 150 minus step 0",
+        eval_change("entropy/all"),
+        -1,
+    ),
+    Claim(
+        "Entropy on shared prefixes", "entropy on shared positions, step 150", last_eval("entropy/shared"), -1
+    ),
+    Claim("Entropy at forks", "entropy at forks, step 150", last_eval("entropy/fork"), -1),
+    Claim("Training entropy", "mean token entropy, last 25 steps", tail_mean("diag/d7_entropy_mean"), -1),
+    Claim(
+        "Reward-irrelevant drift",
+        "KL of the split over equivalent answers from step 0",
+        last_eval("phrase/kl_from_start"),
+        +1,
+    ),
+    Claim(
+        "Collapse onto one phrasing",
+        "largest share among equivalent answers, step 150",
+        last_eval("phrase/top_share"),
+        +1,
+    ),
+    Claim(
+        "Learning tax",
+        "KL from the initial model on unrelated prompts, step 150",
+        last_eval("probe/kl_from_start"),
+        +1,
+    ),
+    Claim("Length bias", "incorrect minus correct answer length (tokens), step 150", length_gap, 0),
+)
+
+
+def claim_rows(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per claim: each objective's mean ± s.e. over seeds, the class comparison (response-coupled minus
+    exchangeable, runs pooled) and grpo minus cp_grpo, and a plain verdict on the class comparison."""
+    rows = []
+    for claim in CLAIMS:
+        per = {obj: [claim.value(r) for r in rs] for obj, rs in runs.items()}
+        coupled = [v for obj in COUPLED for v in per.get(obj, [])]
+        exchangeable = [v for obj, vs in per.items() if obj not in COUPLED for v in vs]
+        cls = compare(coupled, exchangeable)
+        pair = compare(per.get("grpo", []), per.get("cp_grpo", []))
+        rows.append(
+            {
+                "claim": claim,
+                "per": {obj: summarize(vs) for obj, vs in per.items()},
+                "class": cls,
+                "pair": pair,
+                "verdict": verdict(cls.diff, cls.p_value, claim.worse_if_coupled, cls.n_a, cls.n_b),
+            }
+        )
+    return rows
+
+
+def verdict(diff: float, p: float, expected: int, n_a: int, n_b: int, alpha: float = 0.05) -> str:
+    if n_a < 2 or n_b < 2 or not math.isfinite(p):
+        return "not measured yet"
+    if p >= alpha:
+        return "no effect at this scale"
+    if expected == 0:
+        return "differs (no predicted direction)"
+    return "as the paper predicts" if np.sign(diff) == expected else "opposite to the paper's prediction"
+
+
+def figure(runs: dict[str, list[dict[str, Any]]], path: Path) -> Path:
+    """Curves per objective, mean over seeds with a band of ± one standard error."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels: list[tuple[str, Callable[[dict[str, Any]], tuple[list[int], list[float]]], bool]] = [
+        ("training accuracy (10-step mean)", lambda r: _smooth(r, "reward/accuracy"), False),
+        ("held-out greedy accuracy", lambda r: _evals(r, "eval/greedy/accuracy"), False),
+        ("held-out pass@8", lambda r: _evals(r, "eval/pass@8"), False),
+        ("D2 residual", lambda r: _smooth(r, "diag/d2_residual"), True),
+        ("token entropy (training, 10-step mean)", lambda r: _smooth(r, "diag/d7_entropy_mean"), False),
+        ("entropy on shared prefixes (held-out)", lambda r: _evals(r, "entropy/shared"), False),
+        ("phrasing drift: KL from step 0", lambda r: _evals(r, "phrase/kl_from_start"), False),
+        ("learning tax: probe KL from step 0", lambda r: _evals(r, "probe/kl_from_start"), False),
+        ("held-out length, incorrect - correct", lambda r: _gap_curve(r), False),
+    ]
+    fig, axes = plt.subplots(3, 3, figsize=(15, 11))
+    colours = plt.get_cmap("tab10")
+    for ax, (title, curve, log) in zip(axes.flat, panels, strict=True):
+        for i, (obj, rs) in enumerate(runs.items()):
+            curves = [curve(r) for r in rs]
+            n = min(len(c[1]) for c in curves)
+            if n == 0:
+                continue
+            x = np.asarray(curves[0][0][:n])
+            y = np.asarray([c[1][:n] for c in curves], dtype=float)
+            with warnings.catch_warnings():  # a quantity a run did not measure is a gap in the curve
+                warnings.simplefilter("ignore", RuntimeWarning)
+                mean = np.nanmean(y, 0)
+                se = np.nanstd(y, 0, ddof=1) / math.sqrt(len(rs)) if len(rs) > 1 else np.zeros(n)
+            style = "-" if obj not in COUPLED else "--"
+            ax.plot(x, mean, style, color=colours(i), label=f"{obj} (n={len(rs)})")
+            ax.fill_between(x, mean - se, mean + se, color=colours(i), alpha=0.15)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step")
+        if log:
+            ax.set_yscale("log")
+    axes.flat[0].legend(fontsize=8)
+    fig.suptitle("Testbed 4: SmolLM2-135M-Instruct, a + b (0-30), 8 x 8 a step; dashed: response-coupled")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def _smooth(run: dict[str, Any], key: str, window: int = 10) -> tuple[list[int], list[float]]:
+    y = np.asarray(run["curves"].get(key, []), dtype=float)
+    if len(y) < window:
+        return [], []
+    kernel = np.ones(window) / window
+    filled = np.where(np.isfinite(y), y, 0.0)
+    counts = np.convolve(np.isfinite(y).astype(float), kernel, "valid")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.convolve(filled, kernel, "valid") / counts
+    return run["steps"][window - 1 :], mean.tolist()
+
+
+def _gap_curve(run: dict[str, Any]) -> tuple[list[int], list[float]]:
+    steps, wrong = _evals(run, "eval/length_incorrect_mean")
+    return steps, [w - c for w, c in zip(wrong, _evals(run, "eval/length_correct_mean")[1], strict=True)]
+
+
+def section(runs_dir: Path, fig_dir: Path, report_dir: Path) -> list[str]:
+    """The section's markdown lines (none when no run has finished)."""
+    runs = load_runs(runs_dir)
+    if not runs:
+        return []
+    fig = figure(runs, Path(fig_dir) / FIGURE)
+    done = sum(len(v) for v in runs.values())
+    planned = len(OBJECTIVES) * 3
+    objs = list(runs)
+    seeds = "; ".join(f"{o}: seeds {', '.join(str(r['seed']) for r in runs[o])}" for o in objs)
+    lines = [
+        "## Testbed 4: outcomes of 150-step runs through the real trainer",
+        "",
+        f"SmolLM2-135M-Instruct on `a + b` (operands 0-30; 64 unordered pairs held out), {PLAN['steps']} steps "
+        f"of {PLAN['prompts_per_step']} prompts x {PLAN['group_size']} samples at T = {PLAN['temperature']}, "
+        f"lr {PLAN['lr']:g}, one epoch a batch; plan and budget: `experiments/testbed4_plan.md`. "
+        f"{done} of {planned} planned runs have finished "
+        f"({seeds}). "
+        "Verdicts compare the response-coupled arms (grpo, gspo) with the exchangeable ones (dr_grpo, "
+        "dfpo_min, cp_grpo, ibpo_cp), runs pooled, by a permutation test at 0.05; with three seeds an arm "
+        "against one other arm cannot reach p < 0.1, so the grpo - cp_grpo column is an effect size.",
+        "",
+        f"![testbed 4 curves]({fig.relative_to(report_dir) if fig.is_relative_to(report_dir) else fig})",
+        "",
+        "| Claim | Measure | " + " | ".join(objs) + " | coupled - exchangeable | grpo - cp_grpo | Verdict |",
+        "|" + "---|" * (len(objs) + 5),
+    ]
+    for row in claim_rows(runs):
+        c: Claim = row["claim"]
+        cells = [row["per"][o].fmt(c.digits) for o in objs]
+        lines.append(
+            f"| {c.name} | {c.measure} | "
+            + " | ".join(cells)
+            + f" | {row['class'].fmt()} | {row['pair'].fmt()} | "
+            f"{row['verdict']} |"
+        )
+    return [*lines, ""]
