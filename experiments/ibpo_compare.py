@@ -97,10 +97,10 @@ def code_version() -> dict[str, Any]:
 
     def git(*args: str) -> str:
         done = subprocess.run(["git", *args], cwd=HERE.parent, capture_output=True, text=True, check=False)
-        return done.stdout.strip()
+        return done.stdout
 
     changed = [ln[3:] for ln in git("status", "--porcelain", "--", "rlcore", "services").splitlines()]
-    return {"commit": git("rev-parse", "HEAD"), "uncommitted": changed}
+    return {"commit": git("rev-parse", "HEAD").strip(), "uncommitted": changed}
 
 
 def report() -> Path:
