@@ -191,7 +191,7 @@ class Prober:
         self.end = tokenizer.convert_tokens_to_ids("<|im_end|>")
         base = self._load(base_path)
         self.probe_seqs = [self._greedy(base, self._chat(p)) for p in PROBE_PROMPTS]
-        self.base_probe = [self._logprobs(base, ids)[n:] for ids, n in self.probe_seqs]
+        self.base_probe = self._answer_logprobs(base, self.probe_seqs)
         self.base_phrases = self._phrase_logprobs(base)
 
     def _load(self, path: Path):
@@ -205,7 +205,7 @@ class Prober:
         )
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
-    def _greedy(self, model, prompt: list[int]) -> tuple[list[int], int]:
+    def _greedy(self, model, prompt: list[int]) -> tuple[list[int], list[int]]:
         with self.torch.no_grad():
             out = model.generate(
                 self.torch.tensor([prompt]),
@@ -213,60 +213,74 @@ class Prober:
                 do_sample=False,
                 pad_token_id=self.end,
             )
-        return out[0].tolist(), len(prompt)
+        return prompt, out[0, len(prompt) :].tolist()
 
-    def _logprobs(self, model, ids: list[int]):
-        """Next-token log-distributions at every position (T-1, V), float64 for the KL sums."""
-        with self.torch.no_grad():
-            logits = model(self.torch.tensor([ids])).logits[0, :-1].double()
-        return self.torch.log_softmax(logits, -1)
+    def _answer_logprobs(self, model, pairs: Sequence[tuple[list[int], list[int]]], batch: int = 16):
+        """For each (prompt, answer): the model's next-token log-distributions at the answer's positions,
+        (len(answer), V) float64. Right-padded batches (padding after a sequence cannot change it)."""
+        torch, out = self.torch, []
+        for i in range(0, len(pairs), batch):
+            part = pairs[i : i + batch]
+            seqs = [p + a for p, a in part]
+            width = max(map(len, seqs))
+            ids = torch.tensor([s + [self.end] * (width - len(s)) for s in seqs])
+            mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs])
+            with torch.no_grad():
+                logits = model(input_ids=ids, attention_mask=mask).logits
+            for row, (p, a) in zip(logits, part, strict=True):
+                out.append(torch.log_softmax(row[len(p) - 1 : len(p) + len(a) - 1].double(), -1))
+        return out
 
     def _phrase_logprobs(self, model) -> np.ndarray:
         """(prompts, phrasings): log p(phrasing + end of turn | question) of each equivalent answer."""
-        out = np.zeros((len(self.phrase_rows), len(PHRASINGS)))
-        for i, row in enumerate(self.phrase_rows):
+        pairs = []
+        for row in self.phrase_rows:
             prompt = self._chat(row["prompt"])
-            for j, form in enumerate(PHRASINGS):
+            for form in PHRASINGS:
                 text = form.format(a=row["a"], b=row["b"], c=row["answer"])
-                answer = [*self.tok(text, add_special_tokens=False)["input_ids"], self.end]
-                lp = self._logprobs(model, prompt + answer)[len(prompt) - 1 :]
-                out[i, j] = float(lp.gather(1, self.torch.tensor(answer)[:, None]).sum())
-        return out
+                pairs.append((prompt, [*self.tok(text, add_special_tokens=False)["input_ids"], self.end]))
+        lps = self._answer_logprobs(model, pairs)
+        scores = [
+            float(lp.gather(1, self.torch.tensor(a)[:, None]).sum())
+            for lp, (_, a) in zip(lps, pairs, strict=True)
+        ]
+        return np.asarray(scores).reshape(len(self.phrase_rows), len(PHRASINGS))
 
     def probe(self, path: Path, samples: list[dict[str, Any]] | None) -> dict[str, float]:
         model = self._load(path)
         metrics = phrase_metrics(self._phrase_logprobs(model), self.base_phrases)
-        kls = []
-        for (ids, n), base in zip(self.probe_seqs, self.base_probe, strict=True):
-            lp = self._logprobs(model, ids)[n:]
-            kls.append(float((lp.exp() * (lp - base)).sum(-1).mean()))
+        kls = [
+            float((lp.exp() * (lp - base)).sum(-1).mean())
+            for lp, base in zip(self._answer_logprobs(model, self.probe_seqs), self.base_probe, strict=True)
+        ]
         metrics["probe/kl_from_start"] = float(np.mean(kls))
         if samples:
             metrics.update(self._entropies(model, samples))
         return metrics
 
     def _entropies(self, model, samples: list[dict[str, Any]]) -> dict[str, float]:
-        """Token entropy of the held-out sampled answers under the model that sampled them, on positions
-        that two or more answers of a prompt share (prefix-tree nodes), at forks (the first token after a
-        shared prefix) and overall."""
-        by_prompt: dict[str, list[dict[str, Any]]] = {}
+        """Token entropy of the held-out sampled answers (re-tokenised from their text) under the model that
+        sampled them, on positions two or more answers of a prompt share (prefix-tree nodes), at forks (the
+        first token after a shared prefix) and overall."""
+        by_row: dict[str, list[dict[str, Any]]] = {}
         for s in samples:
             if s.get("mode", "sampled") == "sampled":
-                by_prompt.setdefault(s["id"], []).append(s)
-        kinds: dict[str, list[float]] = {"all": [], "shared": [], "fork": []}
-        for pid in list(by_prompt)[:ENTROPY_PROMPTS]:
-            prompt = self._chat(self.rows[pid]["prompt"])
+                by_row.setdefault(s["row"], []).append(s)
+        pairs, labels = [], []
+        for row in list(by_row)[:ENTROPY_PROMPTS]:
+            prompt = self._chat(self.rows[row]["prompt"])
             answers = [
                 [*self.tok(s["response"], add_special_tokens=False)["input_ids"], self.end]
-                for s in by_prompt[pid]
+                for s in by_row[row]
             ]
-            for answer, labels in zip(answers, position_kinds(answers), strict=True):
-                lp = self._logprobs(model, prompt + answer)[len(prompt) - 1 :]
-                ent = (-(lp.exp() * lp).sum(-1)).tolist()
-                for h, kind in zip(ent, labels, strict=True):
-                    kinds["all"].append(h)
-                    if kind:
-                        kinds[kind].append(h)
+            pairs += [(prompt, a) for a in answers]
+            labels += position_kinds(answers)
+        kinds: dict[str, list[float]] = {"all": [], "shared": [], "fork": []}
+        for lp, kind_of in zip(self._answer_logprobs(model, pairs), labels, strict=True):
+            for h, kind in zip((-(lp.exp() * lp).sum(-1)).tolist(), kind_of, strict=True):
+                kinds["all"].append(h)
+                if kind:
+                    kinds[kind].append(h)
         return {f"entropy/{k}": float(np.mean(v)) if v else math.nan for k, v in kinds.items()}
 
 

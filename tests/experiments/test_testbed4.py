@@ -141,3 +141,28 @@ def test_report_section_tabulates_claims_by_class_and_draws_the_curves(tmp_path)
     assert testbed4_report.section(tmp_path / "none", tmp_path, tmp_path) == []
     assert testbed4_report.verdict(-1.0, 0.01, +1, 6, 12) == "opposite to the paper's prediction"
     assert testbed4_report.verdict(1.0, 0.01, +1, 1, 12) == "not measured yet"
+
+
+@pytest.mark.slow
+def test_probes_of_the_initial_model_read_zero_drift_and_a_changed_model_reads_some(tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    prober = testbed4.make_prober()
+    base = testbed4.base_model_path()
+    same = prober.probe(base, None)
+    assert same["phrase/kl_from_start"] == pytest.approx(0.0, abs=1e-9)
+    assert same["probe/kl_from_start"] == pytest.approx(0.0, abs=1e-9)
+    assert 0 < same["phrase/top_share"] <= 1 and same["phrase/log_mass"] < 0
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    with torch.no_grad():  # a small change of the last layer's MLP: every output moves a little
+        model.model.layers[-1].mlp.down_proj.weight.mul_(1.05)
+    model.save_pretrained(tmp_path / "changed")
+    row = prober.phrase_rows[0]
+    samples = [
+        {"row": row["id"], "mode": "sampled", "response": text}
+        for text in (f"{row['answer']}", f"{row['answer']}.", f"The answer is {row['answer']}.")
+    ]
+    changed = prober.probe(tmp_path / "changed", samples)
+    assert changed["phrase/kl_from_start"] > 1e-6 and changed["probe/kl_from_start"] > 1e-6
+    assert changed["entropy/all"] > 0 and changed["entropy/shared"] > 0 and changed["entropy/fork"] > 0
