@@ -9,6 +9,9 @@ under its baseline (benchmarks/baselines.json); exit status 1 then.
 - `shared_prompt_speedup`: the learner's step time with one forward per row over its time with shared
   prompts (the default), at the default job's shapes.
 
+The same file holds `vs_trl_<config>_speedup` (TRL's median step over tgc-rl's, end to end), which
+benchmarks/vs_trl.py checks and stores itself (a run takes 4-8 minutes a config); `--update` here keeps them.
+
     .venv/bin/python benchmarks/regression_guard.py            # check
     .venv/bin/python benchmarks/regression_guard.py --update   # store the measured ratios as the baseline
 """
@@ -112,7 +115,8 @@ def main() -> None:
             f"{key:28s} {value:9.3f} {ref if ref else float('nan'):9.3f} {rel:8.2f}{'  SLOWER' if flag else ''}"
         )
     if args.update:
-        BASELINES.write_text(json.dumps({k: round(v, 3) for k, v in got.items()}, indent=2) + "\n")
+        stored = {**base, **{k: round(v, 3) for k, v in got.items()}}  # keeps vs_trl.py's end-to-end keys
+        BASELINES.write_text(json.dumps(stored, indent=2) + "\n")
         print(f"baseline written to {BASELINES}")
     elif failed:
         print(f"regression: {', '.join(failed)} more than {1 - TOLERANCE:.0%} below the baseline")

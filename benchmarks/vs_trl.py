@@ -1,14 +1,34 @@
-"""End-to-end GRPO step time, tgc-rl vs TRL's GRPOTrainer, back to back on this machine, same configuration.
+"""End-to-end GRPO step time and tokens/s, tgc-rl vs TRL's GRPOTrainer, back to back on this machine.
 
-SmolLM2-135M-Instruct (bf16 where the CPU has it), 8 arithmetic prompts x G=8, 16 new tokens, dr_grpo, no KL,
-temperature 0.7, lr 1e-6, 2 CPU threads each. tgc-rl runs a real job (local Ray, vLLM-CPU rollout, the FSDP2
-learner, the reward pool); TRL runs GRPOTrainer (transformers generate) in its own virtual environment, which
-this script creates once under .cache/trl-venv (torch 2.13.0 CPU first, then trl: its pins must not move this
-project's). Medians of the steps after the first (warm-up); `--system-prompt-words` adds a system prompt to
-both, making each prompt ~4x longer (where sharing the prompt across the group matters most).
+Three configurations (`--config`), each run by both tools in one invocation, TRL first:
 
-    .venv/bin/python benchmarks/vs_trl.py --steps 4
-    .venv/bin/python benchmarks/vs_trl.py --steps 4 --system-prompt-words 110
+- `issue`: issue 17's configuration: SmolLM2-135M-Instruct (bf16 where the CPU has it), 8 arithmetic prompts
+  x G=8, 16 new tokens, dr_grpo, no KL, temperature 0.7, lr 1e-6; TRL `loss_type="dr_grpo"`,
+  `scale_rewards="none"` (rlcore's dr_grpo: R - mean, no std), clip 0.2.
+- `default`: examples/default.yaml as it is (cp_grpo, temperature 1.0, 16 new tokens, lr 3e-5, micro-batch 16).
+  TRL has no cp_grpo; its closest is `loss_type="dapo"` with `epsilon=0.2, epsilon_high=0.28,
+  scale_rewards="group"`: the same group-std advantages, clip range and token mean over the step; it lacks
+  cp_grpo's stop-gradient truncated IS weight and symmetric gate (on one on-policy pass both cost nothing).
+- `long`: `issue` plus a system prompt of `--system-prompt-words` words (110: ~4x longer prompts), where
+  computing each group's prompt once matters most.
+
+tgc-rl runs a real job (local Ray, vLLM-CPU rollout, 1 FSDP2 learner rank, the reward pool, 2 CPUs); TRL runs
+GRPOTrainer (transformers generate, 2 torch threads, activation checkpointing off as ours) in its own virtual
+environment, created once under .cache/trl-venv (torch CPU first, then trl, so its pins cannot move this
+project's). Both train in micro-batches of the job's `optim.micro_batch_size` (TRL: per-device batch 16 x 4
+accumulation steps, one generation of 64 a step). Each tool runs `--warmup` + `--steps` steps; figures are
+medians over the steps after the warm-up.
+
+Tokens counted, the same for both tools, per step: generated = every completion's tokens up to and including
+its EOS; trained = every row's prompt + completion tokens (the prompt once per row, whether or not a tool
+computes it once per group). tokens/s = (generated + trained) / step time, so a tool is credited for the work
+a step delivers, not for the work it happens to compute. Ratios are tgc-rl / TRL: step time (lower is
+better; target <= 0.33) and tokens/s (higher is better). TRL's median step over ours is checked against
+`vs_trl_<config>_speedup` in benchmarks/baselines.json (exit 1 more than 20% under it; `--update` stores it).
+
+    .venv/bin/python benchmarks/vs_trl.py --config issue --steps 6
+    .venv/bin/python benchmarks/vs_trl.py --config default --steps 6
+    .venv/bin/python benchmarks/vs_trl.py --config long --steps 6
 """
 
 from __future__ import annotations
@@ -21,65 +41,159 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # regression_guard's baseline file and tolerance
 TRL_VENV = ROOT / ".cache" / "trl-venv"
 TRL_VERSION = "1.16.0"
+TARGET_STEP_RATIO = 0.33
+
+
+@dataclass(frozen=True)
+class Config:
+    objective: str  # rlcore preset of the tgc-rl job
+    temperature: float
+    lr: float
+    trl: dict  # GRPOConfig fields that express the same objective in TRL
+    system_prompt: bool = False
+
+
+_DR_GRPO_TRL = {"loss_type": "dr_grpo", "scale_rewards": "none", "epsilon": 0.2}
+CONFIGS = {
+    "issue": Config("dr_grpo", 0.7, 1e-6, _DR_GRPO_TRL),
+    "default": Config(
+        "cp_grpo",
+        1.0,
+        3e-5,
+        {"loss_type": "dapo", "scale_rewards": "group", "epsilon": 0.2, "epsilon_high": 0.28},
+    ),
+    "long": Config("dr_grpo", 0.7, 1e-6, _DR_GRPO_TRL, system_prompt=True),
+}
+
+
+@dataclass(frozen=True)
+class Step:
+    """One training step of either tool: its wall time and the tokens it delivered (module docstring)."""
+
+    seconds: float
+    generated: int
+    trained: int
+
+    @property
+    def tokens(self) -> int:
+        return self.generated + self.trained
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+
+def summarise(steps: list[Step], warmup: int) -> dict[str, float]:
+    """Medians over the steps after `warmup`: step seconds, tokens/s, tokens a step."""
+    timed = steps[warmup:]
+    if not timed:
+        raise ValueError(f"{len(steps)} steps recorded, none after {warmup} warm-up step(s)")
+    return {
+        "steps": len(timed),
+        "step_s": statistics.median(s.seconds for s in timed),
+        "tokens_per_s": statistics.median(s.tokens_per_s for s in timed),
+        "generated": statistics.median(s.generated for s in timed),
+        "trained": statistics.median(s.trained for s in timed),
+    }
+
+
+def ratios(ours: dict[str, float], trl: dict[str, float]) -> dict[str, float]:
+    """tgc-rl / TRL of the medians: step time (lower is better) and tokens/s (higher is better)."""
+    return {
+        "step_s": ours["step_s"] / trl["step_s"],
+        "tokens_per_s": ours["tokens_per_s"] / trl["tokens_per_s"],
+    }
+
+
+def ours_steps(rows: list[dict], prompt_tokens: list[int], group_size: int) -> list[Step]:
+    """Steps from a tgc-rl job's metrics.jsonl rows; `prompt_tokens[k]` is the summed length of step k's prompts
+    (each row of a group repeats its prompt, hence `group_size`)."""
+    if len(rows) > len(prompt_tokens):
+        raise ValueError(f"{len(rows)} metric rows but prompt lengths for {len(prompt_tokens)} steps")
+    out = []
+    for row, prompts in zip(rows, prompt_tokens, strict=False):
+        generated = int(row["response/tokens"])
+        out.append(Step(row["timing/step_s"], generated, prompts * group_size + generated))
+    return out
+
+
+def trl_steps(record: dict) -> list[Step]:
+    """Steps from the TRL child's last line: per-step seconds, completion tokens, prompt + completion tokens."""
+    n = len(record["step_s"])
+    if not (len(record["generated"]) == len(record["trained"]) == n):
+        raise ValueError(f"TRL record lengths differ: { ({k: len(v) for k, v in record.items()}) }")
+    return [
+        Step(s, int(g), int(t))
+        for s, g, t in zip(record["step_s"], record["generated"], record["trained"], strict=True)
+    ]
+
 
 _TRL_CHILD = r"""
-import json, statistics, sys, time
+import json, re, sys, time
 import torch
 cfg = json.loads(sys.argv[1])
 torch.set_num_threads(cfg["threads"])
 from datasets import Dataset
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
-import re
+
+generated = [0]  # completion tokens seen by the reward function (TRL's ids stop after the first EOS, kept)
 
 def last_number(text):
     found = re.findall(r"-?\d+", text.replace(",", ""))
     return found[-1] if found else None
 
-def reward(completions, answer, **kwargs):
+def reward(completions, answer, completion_ids, **kwargs):
+    generated[0] += sum(len(ids) for ids in completion_ids)
     texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
     return [float(last_number(t) == a) for t, a in zip(texts, answer)]
 
 class Timer(TrainerCallback):
+    # on_step_begin/end bracket one optimizer step: its generation, rewards and every micro-batch
     def __init__(self):
-        self.times, self.t0 = [], None
+        self.rec = {"step_s": [], "generated": [], "trained": [], "cpu_s": []}
     def on_step_begin(self, args, state, control, **kw):
-        self.t0 = time.perf_counter()
+        self.t0, self.g0, self.n0 = time.perf_counter(), generated[0], state.num_input_tokens_seen
+        self.c0 = time.process_time()
     def on_step_end(self, args, state, control, **kw):
-        self.times.append(time.perf_counter() - self.t0)
-        print(f"  TRL step {len(self.times) - 1}: {self.times[-1]:.2f} s", file=sys.stderr, flush=True)
+        self.rec["step_s"].append(time.perf_counter() - self.t0)
+        self.rec["cpu_s"].append(time.process_time() - self.c0)  # all its threads: how much CPU it got
+        self.rec["generated"].append(generated[0] - self.g0)
+        self.rec["trained"].append(state.num_input_tokens_seen - self.n0)  # GRPOTrainer adds prompt + completion
+        print(f"  TRL step {len(self.rec['step_s']) - 1}: {self.rec['step_s'][-1]:.2f} s, CPU {self.rec['cpu_s'][-1]:.2f} s",
+              file=sys.stderr, flush=True)
 
 rows = [{"prompt": ([{"role": "system", "content": cfg["system"]}] if cfg["system"] else [])
                    + [{"role": "user", "content": p}], "answer": a} for p, a in zip(cfg["prompts"], cfg["answers"])]
-args = GRPOConfig(output_dir=cfg["out"], per_device_train_batch_size=cfg["prompts_per_step"] * cfg["group_size"],
+rows_per_step = cfg["prompts_per_step"] * cfg["group_size"]
+args = GRPOConfig(output_dir=cfg["out"], per_device_train_batch_size=cfg["micro_batch"],
+                  gradient_accumulation_steps=rows_per_step // cfg["micro_batch"],
                   num_generations=cfg["group_size"], max_completion_length=cfg["max_new_tokens"],
-                  temperature=cfg["temperature"], learning_rate=cfg["lr"], beta=0.0, loss_type="dr_grpo",
+                  temperature=cfg["temperature"], learning_rate=cfg["lr"], beta=0.0, **cfg["objective"],
                   max_steps=cfg["steps"], logging_steps=1, bf16=cfg["bf16"], use_cpu=True, report_to="none",
                   save_strategy="no", seed=0, dataloader_num_workers=0, shuffle_dataset=False,
+                  include_num_input_tokens_seen="no",  # only GRPOTrainer's own count (prompt + completion)
                   gradient_checkpointing=False)  # TRL's default recomputes activations; tgc-rl's learner does not
 timer = Timer()
 trainer = GRPOTrainer(model=cfg["model"], reward_funcs=reward, args=args, train_dataset=Dataset.from_list(rows),
                       callbacks=[timer])
 trainer.train()
-print(json.dumps({"step_s": timer.times}))
+print(json.dumps(timer.rec))
 """
 
 
 def ensure_trl_venv() -> Path:
     py = TRL_VENV / "bin" / "python"
-    if (
-        py.exists()
-        and subprocess.run(
-            [py, "-c", f"import trl; assert trl.__version__ == '{TRL_VERSION}'"], capture_output=True
-        ).returncode
-        == 0
-    ):
+    check = [py, "-c", f"import trl; assert trl.__version__ == '{TRL_VERSION}'"]
+    if py.exists() and subprocess.run(check, capture_output=True).returncode == 0:
         return py
     subprocess.run(["python3", "-m", "venv", str(TRL_VENV)], check=True)
     pip = [str(py), "-m", "pip", "install", "-q"]
@@ -89,19 +203,17 @@ def ensure_trl_venv() -> Path:
     return py
 
 
-def job_spec(args):
+def job_spec(cfg: Config, args):
     from services.config import JobSpec
 
-    spec = JobSpec.from_yaml(ROOT / "examples" / "default.yaml")
-    data = spec.model_dump()
+    data = JobSpec.from_yaml(ROOT / "examples" / "default.yaml").model_dump()
     data["name"] = "bench-vs-trl"
-    data["objective"] = {"name": "dr_grpo"}
-    data["sampling"]["temperature"] = 0.7
-    data["sampling"]["max_new_tokens"] = args.max_new_tokens
-    data["optim"]["lr"] = 1e-6
-    data["steps"] = args.steps
+    data["objective"] = {"name": cfg.objective}
+    data["sampling"]["temperature"] = cfg.temperature
+    data["optim"]["lr"] = cfg.lr
+    data["steps"] = args.warmup + args.steps
     data["checkpoint"]["every_steps"] = 0
-    if args.system_prompt_words:
+    if cfg.system_prompt:
         data["model"]["system_prompt"] = system_prompt(args.system_prompt_words)
     return JobSpec.parse(data)
 
@@ -114,84 +226,179 @@ def system_prompt(words: int) -> str:
     return " ".join(base[i % len(base)] for i in range(words))
 
 
-def run_ours(spec) -> dict:
-    from services.trainer.main import run
-
-    with tempfile.TemporaryDirectory() as d:
-        run(spec, Path(d), progress=False)
-        rows = [json.loads(ln) for ln in (Path(d) / "metrics.jsonl").read_text().splitlines()]
-    steps = [r["timing/step_s"] for r in rows]
-    for i, s in enumerate(steps):
-        print(f"  tgc-rl step {i}: {s:.2f} s", flush=True)
-    keys = ("timing/generate_s", "timing/train_s", "timing/reward_s", "timing/sync_s")
-    return {"step_s": steps, **{k: statistics.median(r.get(k, 0.0) for r in rows[1:]) for k in keys}}
-
-
-def run_trl(py: Path, spec, args) -> list[float]:
-    from services.config import resolve_dtype
-    from services.models import model_dir
+def step_items(spec, n_steps: int) -> list[list]:
+    """The task items of each step, in the order the job takes them (its prompt stream from position 0)."""
     from services.tasks import load_task
     from services.tasks.params import job_grants
 
     task = load_task(spec.task.name, spec.task.params, spec.seed, job_grants())
-    items = [task.item(i) for i in range(spec.prompts_per_step * args.steps)]
+    k = spec.prompts_per_step
+    return [[task.item(s * k + i) for i in range(k)] for s in range(n_steps)]
+
+
+def run_ours(spec, items: list[list]) -> list[Step]:
+    from services.models import load_tokenizer
+    from services.trainer.data import encode_item
+    from services.trainer.main import run
+
+    tok = load_tokenizer(spec.model)
+    prompt_tokens = [sum(len(encode_item(tok, spec.model, it)) for it in step) for step in items]
     with tempfile.TemporaryDirectory() as d:
-        cfg = {
+        run(spec, Path(d), progress=False)
+        rows = [json.loads(ln) for ln in (Path(d) / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "timing/step_s" in r]
+    for i, r in enumerate(rows):
+        print(
+            f"  tgc-rl step {i}: {r['timing/step_s']:.2f} s (generate {r['timing/generate_s']:.2f}, "
+            f"train {r['timing/train_s']:.2f}, sync {r['timing/sync_s']:.2f})",
+            flush=True,
+        )
+    return ours_steps(rows, prompt_tokens, spec.group_size)
+
+
+def run_trl(
+    py: Path, spec, items: list[list], cfg: Config, threads: int, micro_batch: int
+) -> tuple[list[Step], list[float]]:
+    """TRL's steps, and its CPU seconds a step (all threads; against `threads` x wall: how much CPU it got)."""
+    from services.config import resolve_dtype
+    from services.models import model_dir
+
+    flat = [it for step in items for it in step]
+    with tempfile.TemporaryDirectory() as d:
+        child = {
             "model": str(model_dir(spec.model, spec.seed)),
-            "prompts": [i.prompt for i in items],
-            "answers": [i.answer for i in items],
+            "prompts": [i.prompt for i in flat],
+            "answers": [i.answer for i in flat],
             "system": spec.model.system_prompt or "",
             "prompts_per_step": spec.prompts_per_step,
             "group_size": spec.group_size,
+            "micro_batch": micro_batch,
             "max_new_tokens": spec.sampling.max_new_tokens,
             "temperature": spec.sampling.temperature,
             "lr": spec.optim.lr,
-            "steps": args.steps,
+            "objective": cfg.trl,
+            "steps": len(items),
             "bf16": resolve_dtype(spec.model.dtype, on_gpu=False) == "bfloat16",
-            "threads": args.threads,
+            "threads": threads,
             "out": d,
         }
         res = subprocess.run(
-            [str(py), "-c", _TRL_CHILD, json.dumps(cfg)],
+            [str(py), "-c", _TRL_CHILD, json.dumps(child)],
             stdout=subprocess.PIPE,
             text=True,
             check=True,
             env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
         )
-    return json.loads(res.stdout.strip().splitlines()[-1])["step_s"]
+    record = json.loads(res.stdout.strip().splitlines()[-1])
+    return trl_steps(record), record["cpu_s"]
+
+
+def report(
+    name: str, spec, args, trl: list[Step], ours: list[Step], loads: list[float], seconds: float
+) -> dict:
+    from services.config import resolve_dtype
+
+    s_trl, s_ours = summarise(trl, args.warmup), summarise(ours, args.warmup)
+    r = ratios(s_ours, s_trl)
+    rows = spec.prompts_per_step * spec.group_size
+    print(
+        f"\n# {name}: tgc-rl ({spec.objective.name}) vs TRL {TRL_VERSION} GRPOTrainer "
+        f"({CONFIGS[name].trl['loss_type']}); SmolLM2-135M {resolve_dtype(spec.model.dtype, False)}, "
+        f"{spec.prompts_per_step} prompts x G={spec.group_size}, {spec.sampling.max_new_tokens} new tokens, "
+        f"temperature {spec.sampling.temperature}, lr {spec.optim.lr:g}, micro-batch {spec.optim.micro_batch_size}, "
+        f"system prompt {args.system_prompt_words if CONFIGS[name].system_prompt else 0} words; "
+        f"{args.warmup} warm-up + {args.steps} timed steps each, back to back in {seconds:.0f} s; "
+        f"load average (1 min) {', '.join(f'{x:.1f}' for x in loads)} (start, between, end)"
+    )
+    print(
+        f"{'':10s} {'median s':>9s} {'tokens/s':>9s} {'gen tok':>8s} {'trained tok':>12s} {'prompt/row':>11s}  steps"
+    )
+    for tool, s, steps in (("TRL", s_trl, trl), ("tgc-rl", s_ours, ours)):
+        per_row = (s["trained"] - s["generated"]) / rows
+        timed = ", ".join(f"{x.seconds:.1f}" for x in steps[args.warmup :])
+        warm = ", ".join(f"{x.seconds:.1f}" for x in steps[: args.warmup])
+        print(
+            f"{tool:10s} {s['step_s']:9.2f} {s['tokens_per_s']:9.1f} {s['generated']:8.0f} {s['trained']:12.0f} "
+            f"{per_row:11.1f}  {timed} (warm-up {warm})"
+        )
+    verdict = "met" if r["step_s"] <= TARGET_STEP_RATIO else "NOT met"
+    print(
+        f"ratio tgc-rl / TRL: step time {r['step_s']:.3f} (target <= {TARGET_STEP_RATIO}: {verdict}), "
+        f"tokens/s {r['tokens_per_s']:.2f}x"
+    )
+    return {
+        "config": name,
+        "trl": s_trl,
+        "tgc_rl": s_ours,
+        "ratio": r,
+        "load": loads,
+        "trl_steps": [asdict(x) for x in trl],
+        "tgc_rl_steps": [asdict(x) for x in ours],
+    }
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=4, help="steps each (the first is warm-up)")
-    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--config", choices=sorted(CONFIGS), default="issue")
+    p.add_argument("--steps", type=int, default=6, help="timed steps each, after the warm-up")
+    p.add_argument("--warmup", type=int, default=1, help="steps each before the timed ones")
     p.add_argument("--threads", type=int, default=2, help="TRL's torch threads (tgc-rl: the job's 2 CPUs)")
-    p.add_argument("--system-prompt-words", type=int, default=0)
+    p.add_argument("--system-prompt-words", type=int, default=110, help="the `long` config's system prompt")
+    p.add_argument("--json", type=Path, help="also write the figures and every step here")
+    p.add_argument("--update", action="store_true", help="store TRL step / ours as the config's baseline")
+    p.add_argument(
+        "--trl-micro-batch",
+        type=int,
+        help="TRL's per-device batch (default: the job's; 64 = no accumulation)",
+    )
     args = p.parse_args()
     py = ensure_trl_venv()
-    spec = job_spec(args)
-    t0 = time.time()
-    trl = run_trl(py, spec, args)
-    ours = run_ours(spec)
-    trl_med, ours_med = statistics.median(trl[1:]), statistics.median(ours["step_s"][1:])
-    from services.config import resolve_dtype
+    cfg = CONFIGS[args.config]
+    spec = job_spec(cfg, args)
+    items = step_items(spec, args.warmup + args.steps)
+    t0, loads = time.time(), [os.getloadavg()[0]]
+    trl_mb = args.trl_micro_batch or spec.optim.micro_batch_size
+    trl, trl_cpu = run_trl(py, spec, items, cfg, args.threads, trl_mb)
+    loads.append(os.getloadavg()[0])
+    ours = run_ours(spec, items)
+    loads.append(os.getloadavg()[0])
+    out = report(args.config, spec, args, trl, ours, loads, time.time() - t0)
+    cpu_share = statistics.median(
+        c / (s.seconds * args.threads)
+        for c, s in zip(trl_cpu[args.warmup :], trl[args.warmup :], strict=True)
+    )
+    print(f"TRL's CPU seconds / ({args.threads} threads x wall seconds), median: {cpu_share:.2f}")
+    out["trl_cpu_share"] = cpu_share
+    print(
+        f"TRL micro-batch {trl_mb} x {spec.prompts_per_step * spec.group_size // trl_mb} accumulation steps"
+    )
+    out["trl_micro_batch"] = trl_mb
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
+    if trl_mb != spec.optim.micro_batch_size:
+        print("TRL's micro-batch differs from the job's: no baseline check")
+    elif not guard(f"vs_trl_{args.config}_speedup", 1 / out["ratio"]["step_s"], args.update):
+        sys.exit(1)
 
-    print(
-        f"\n# tgc-rl vs TRL {TRL_VERSION} GRPOTrainer: SmolLM2-135M {resolve_dtype(spec.model.dtype, False)}, "
-        f"{spec.prompts_per_step} "
-        f"prompts x G={spec.group_size}, {spec.sampling.max_new_tokens} new tokens, dr_grpo, no KL, "
-        f"temperature 0.7, lr 1e-6, system prompt {args.system_prompt_words} words; {args.steps - 1} steps "
-        f"after warm-up each, back to back in {time.time() - t0:.0f} s; load average {os.getloadavg()[0]:.1f}"
-    )
-    print(
-        f"TRL GRPOTrainer median step   {trl_med:8.2f} s   (steps {', '.join(f'{s:.1f}' for s in trl[1:])})"
-    )
-    print(
-        f"tgc-rl median step            {ours_med:8.2f} s   (steps "
-        f"{', '.join(f'{s:.1f}' for s in ours['step_s'][1:])}; generate {ours['timing/generate_s']:.2f}, "
-        f"train {ours['timing/train_s']:.2f}, reward {ours['timing/reward_s']:.2f}, sync {ours['timing/sync_s']:.2f})"
-    )
-    print(f"ratio tgc-rl / TRL            {ours_med / trl_med:8.3f}   (target <= 0.33)")
+
+def guard(key: str, speedup: float, update: bool, path: Path | None = None) -> bool:
+    """Checks TRL's median step over ours against its baseline in `path` (regression_guard.py's
+    benchmarks/baselines.json and 20% tolerance); `update` stores it instead. False on a regression."""
+    from regression_guard import BASELINES, TOLERANCE
+
+    path = path or BASELINES
+    base = json.loads(path.read_text()) if path.exists() else {}
+    ref = base.get(key)
+    if update:
+        path.write_text(json.dumps({**base, key: round(speedup, 3)}, indent=2) + "\n")
+        print(f"{key} = {speedup:.3f} written to {path} (was {ref})")
+        return True
+    if ref is None:
+        print(f"{key} = {speedup:.3f}: no baseline stored (--update stores it)")
+        return True
+    slower = speedup < TOLERANCE * ref
+    print(f"{key} = {speedup:.3f}, baseline {ref:.3f}, {speedup / ref:.2f}x{'  SLOWER' if slower else ''}")
+    return not slower
 
 
 if __name__ == "__main__":
