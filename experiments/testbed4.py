@@ -182,15 +182,22 @@ def job_spec(
 class Prober:
     """Teacher-forced measurements of a model against the initial one (transformers, float32, CPU)."""
 
-    def __init__(self, base_path: Path, tokenizer, heldout: Sequence[dict[str, Any]]):
+    def __init__(
+        self,
+        base_path: Path,
+        tokenizer,
+        heldout: Sequence[dict[str, Any]],
+        phrase_prompts: int = PHRASE_PROMPTS,
+        probe_prompts: Sequence[str] = PROBE_PROMPTS,
+    ):
         import torch
 
         self.torch, self.tok = torch, tokenizer
         self.rows = {r["id"]: r for r in heldout}
-        self.phrase_rows = list(heldout)[:PHRASE_PROMPTS]
+        self.phrase_rows = list(heldout)[:phrase_prompts]
         self.end = tokenizer.convert_tokens_to_ids("<|im_end|>")
         base = self._load(base_path)
-        self.probe_seqs = [self._greedy(base, self._chat(p)) for p in PROBE_PROMPTS]
+        self.probe_seqs = [self._greedy(base, self._chat(p)) for p in probe_prompts]
         self.base_probe = self._answer_logprobs(base, self.probe_seqs)
         self.base_phrases = self._phrase_logprobs(base)
 
@@ -449,13 +456,14 @@ def base_model_path() -> Path:
     return model_dir(ModelSpec.model_validate(PLAN["model"]))
 
 
-def make_prober() -> Prober:
+def make_prober(**sizes: Any) -> Prober:
+    """The study's prober (`sizes`: smaller probe sets, for tests)."""
     from services.config import ModelSpec
     from services.models import load_tokenizer
 
     tok = load_tokenizer(ModelSpec.model_validate(PLAN["model"]))
     heldout = [json.loads(x) for x in write_data()[1].read_text().splitlines()]
-    return Prober(base_model_path(), tok, heldout)
+    return Prober(base_model_path(), tok, heldout, **sizes)
 
 
 Run = tuple[str, int, float | None, int | None]  # objective, seed, lr (None: the plan's), steps

@@ -148,7 +148,7 @@ def test_probes_of_the_initial_model_read_zero_drift_and_a_changed_model_reads_s
     import torch
     from transformers import AutoModelForCausalLM
 
-    prober = testbed4.make_prober()
+    prober = testbed4.make_prober(phrase_prompts=2, probe_prompts=testbed4.PROBE_PROMPTS[:2])
     base = testbed4.base_model_path()
     same = prober.probe(base, None)
     assert same["phrase/kl_from_start"] == pytest.approx(0.0, abs=1e-9)
