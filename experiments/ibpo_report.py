@@ -222,6 +222,12 @@ def _accuracy_table(ok: dict[str, list[dict[str, Any]]], steps: int, samples: in
 
 
 def _credit_table(ok: dict[str, list[dict[str, Any]]]) -> list[str]:
+    blind = [  # IBPO runs recorded before runs kept their commit (6727f73): the learner's D2 then predates c1c261e
+        r["spec"]["name"]
+        for runs in ok.values()
+        for r in runs
+        if "code" not in r and any("ibpo/revisions" in x for x in r["steps"])
+    ]
     head = ["arm", "D2 (learner)", *[f"D2, {m} mask (same batches)" for m in MASKS], "revisions/step"]
     head += ["revision success", "edited share of a repaired response", "masked tokens"]
     head += ["revision pass s/step (share of step)"]
@@ -247,11 +253,17 @@ def _credit_table(ok: dict[str, list[dict[str, Any]]]) -> list[str]:
         )
     return [
         "Credit and the revision pass, means over steps then seeds. D2 (docs/diagnostics.md) is the "
-        "cancellation residual on shared prefix nodes. The learner's D2 reads the per-token advantages it "
-        "trains on, so it cannot see an edit mask (a masked copy looks like an advantage of 0); for the IBPO "
-        "arms the trainer also computes D2 with the unmasked advantages and each mask as a coefficient, for all "
-        "three masks on the same batches. Revision success = revisions the verifier accepts / revisions "
-        "attempted; the revision pass is generation plus scoring of the revisions.",
+        "cancellation residual on shared prefix nodes. For the IBPO arms the trainer computes D2 with the "
+        "unmasked advantages and each mask as a coefficient, for all three masks on the same batches (first "
+        "on-policy pass); the learner's D2 does the same for the trained mask since c1c261e"
+        + (
+            f", but runs before it ({', '.join(blind)}) read the masked per-token advantages, in which a masked "
+            "copy looks like an advantage of 0: blind to a mask"
+            if blind
+            else ""
+        )
+        + ". Revision success = revisions the verifier accepts / revisions attempted; the revision pass is "
+        "generation plus scoring of the revisions.",
         "",
         _table(rows),
         "",
@@ -323,6 +335,23 @@ def _findings(ok: dict[str, list[dict[str, Any]]]) -> list[str]:
             f"- Accuracy of {what}, steps after the first update: {ca.fmt()}, per seed (paired) "
             f"{', '.join(paired) or 'n/a'}: **{verdict}** (rule: permutation p < {ALPHA}; with "
             f"{ca.n_a} and {ca.n_b} seeds the smallest possible p is {_min_p(ca.n_a, ca.n_b):.2g}).{paper}"
+        )
+    if "cp_grpo" in ok and len(ok) > 1:
+        ent = {
+            a: _per_run(runs, lambda rows: mean(rows[1:], "diag/d7_entropy_mean")) for a, runs in ok.items()
+        }
+        drop = {
+            a: _per_run(runs, lambda rows: rows[-1]["diag/d7_entropy_mean"] - rows[0]["diag/d7_entropy_mean"])
+            for a, runs in ok.items()
+        }
+        vs = {a: compare(ent[a], ent["cp_grpo"]) for a in ok if a != "cp_grpo"}
+        out.append(
+            "- Mean token entropy, steps after the first update, and its change from the first to the last step: "
+            + "; ".join(f"{a} {summarize(ent[a]).fmt()} ({summarize(drop[a]).fmt()})" for a in ok)
+            + ". Against cp_grpo: "
+            + ", ".join(f"{a} {c.fmt()}" for a, c in vs.items())
+            + f": **{'a difference' if any(c.p_value < ALPHA for c in vs.values()) else 'no difference detected'}**"
+            f" (rule: permutation p < {ALPHA})."
         )
     if "ibpo_cp" in ok:
         edited = _per_run(ok["ibpo_cp"], lambda rows: mean(rows, "ibpo/edited_frac_mean"))

@@ -118,3 +118,15 @@ def test_results_file_lists_every_run_and_the_failed_seeds_of_each_condition(tmp
     text = results_markdown(runs, PLAN)
     assert text.count("| tgc-ibpo-") == 9
     assert "| grpo | 1,2 | 0 |" in text and "| cp_grpo | 0,1,2 | - |" in text
+
+
+def test_entropy_of_every_arm_is_compared_with_cp_grpo(tmp_path):
+    line = next(ln for ln in section(_study(tmp_path)) if ln.startswith("- Mean token entropy"))
+    assert all(f"{arm} 2 " in line for arm in ("grpo", "cp_grpo", "ibpo_cp"))
+    assert "**no difference detected**" in line
+
+
+def test_learner_d2_of_runs_before_it_saw_the_mask_is_named(tmp_path):
+    text = "\n".join(section(_study(tmp_path)))
+    # hand-built runs carry no `code` record, as the runs made before runs recorded their commit
+    assert "runs before it (tgc-ibpo-ibpo_cp-arithmetic-s0" in text
