@@ -24,7 +24,10 @@ def verify_math(answer: str, response: str) -> Score:
     if not gold:  # a plain-text gold answer math-verify cannot read; try it as inline LaTeX
         gold = parse(f"${answer}$", parsing_timeout=None)
     pred = parse(response, parsing_timeout=None)
-    if gold and pred and verify(gold, pred, timeout_seconds=None):
+    # A number is answered by a number: math-verify keeps "75 + 58" unevaluated and finds it equal to 133, so
+    # restating the question ("75 + 58 =") would score as solving it (a policy learns that in ten steps).
+    restated = bool(gold and pred and _is_number(gold[0]) and not _is_number(pred[0]))
+    if gold and pred and not restated and verify(gold, pred, timeout_seconds=None):
         return Score(1.0, detail="math-verify")
     got, want = last_number(response), last_number(answer)
     if got is not None and got == want:
@@ -32,6 +35,10 @@ def verify_math(answer: str, response: str) -> Score:
     if not pred and got is None:
         return Score(0.0, detail="no answer found")
     return Score(0.0, detail="wrong answer")
+
+
+def _is_number(parsed: object) -> bool:
+    return bool(getattr(parsed, "is_Number", False))
 
 
 def warm_up() -> None:

@@ -25,6 +25,9 @@ def test_equal_answers_score_one(answer, response):
         ("\\frac{1}{2}", "so the probability is 0.25"),
         ("7", "\\boxed{8}"),
         ("(x+1)^2", "$x^2 + 1$"),
+        # the question restated, not answered: math-verify alone finds "75 + 58" equal to 133
+        ("133", "To add 75 and 58, you simply add them together: 75 + 58 ="),
+        ("5", "x = 2+3"),
     ],
 )
 def test_different_answers_score_zero(answer, response):
