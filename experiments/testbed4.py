@@ -37,7 +37,7 @@ OBJECTIVES = ("grpo", "gspo", "dr_grpo", "dfpo_min", "cp_grpo", "ibpo_cp")
 SEEDS = (0, 1, 2)
 DATA = RESULTS / "testbed4"
 RUNS = RESULTS / "testbed4_runs"
-MAX_OPERAND = 30
+MAX_OPERAND = 99
 HELDOUT_PAIRS = 64  # unordered pairs {a, b}: both orders of a pair are in the same split
 TEMPLATE = "What is {a} + {b}? Reply with just the number."
 

@@ -13,7 +13,7 @@ from services.config import JobSpec
 
 def test_held_out_pairs_are_held_out_in_both_orders_and_the_split_is_fixed():
     train, held = testbed4.addition_rows()
-    assert len(train) + len(held) == 31 * 31
+    assert len(train) + len(held) == (testbed4.MAX_OPERAND + 1) ** 2
     held_pairs = {frozenset((r["a"], r["b"])) for r in held}
     assert len(held_pairs) == testbed4.HELDOUT_PAIRS
     assert not held_pairs & {frozenset((r["a"], r["b"])) for r in train}
