@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from experiments.stats import compare, summarize
-from experiments.testbed4 import OBJECTIVES, PLAN, run_name
+from experiments.testbed4 import HELDOUT_PAIRS, MAX_OPERAND, OBJECTIVES, PLAN, run_name
 
 COUPLED = ("grpo", "gspo")  # response-coupled coefficients; the other four are exchangeable
 FIGURE = "testbed4_curves.png"
@@ -201,7 +201,9 @@ def figure(runs: dict[str, list[dict[str, Any]]], path: Path) -> Path:
         if log:
             ax.set_yscale("log")
     axes.flat[0].legend(fontsize=8)
-    fig.suptitle("Testbed 4: SmolLM2-135M-Instruct, a + b (0-30), 8 x 8 a step; dashed: response-coupled")
+    fig.suptitle(
+        f"Testbed 4: SmolLM2-135M-Instruct, a + b (0-{MAX_OPERAND}), 8 x 8 a step; dashed: response-coupled"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -238,10 +240,11 @@ def section(runs_dir: Path, fig_dir: Path, report_dir: Path) -> list[str]:
     lines = [
         "## Testbed 4: outcomes of 150-step runs through the real trainer",
         "",
-        f"SmolLM2-135M-Instruct on `a + b` (operands 0-30; 64 unordered pairs held out), {PLAN['steps']} steps "
+        f"SmolLM2-135M-Instruct on `a + b` (operands 0-{MAX_OPERAND}; {HELDOUT_PAIRS} unordered pairs held out), "
+        f"{PLAN['steps']} steps "
         f"of {PLAN['prompts_per_step']} prompts x {PLAN['group_size']} samples at T = {PLAN['temperature']}, "
         f"lr {PLAN['lr']:g}, one epoch a batch; plan and budget: `experiments/testbed4_plan.md`. "
-        f"{done} of {planned} planned runs have finished "
+        f"Runs finished: {done} of the {planned} planned "
         f"({seeds}). "
         "Verdicts compare the response-coupled arms (grpo, gspo) with the exchangeable ones (dr_grpo, "
         "dfpo_min, cp_grpo, ibpo_cp), runs pooled, by a permutation test at 0.05; with three seeds an arm "

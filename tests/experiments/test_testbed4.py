@@ -133,7 +133,7 @@ def test_report_section_tabulates_claims_by_class_and_draws_the_curves(tmp_path)
     lines = testbed4_report.section(runs_dir, tmp_path, tmp_path)
     text = "\n".join(lines)
     assert (tmp_path / testbed4_report.FIGURE).stat().st_size > 10_000
-    assert "12 of 18 planned runs" in text and "cp_grpo: seeds 0, 1, 2" in text
+    assert "Runs finished: 12 of the 18 planned" in text and "cp_grpo: seeds 0, 1, 2" in text
     drift_row = next(ln for ln in lines if ln.startswith("| Reward-irrelevant drift"))
     assert drift_row.endswith("| as the paper predicts |")  # coupled arms drift by ~1, exchangeable ~0
     tax_row = next(ln for ln in lines if ln.startswith("| Learning tax"))
