@@ -1068,6 +1068,7 @@ def render(
             f"nice -n 10 .venv/bin/{res['command'].replace('python', 'python', 1)}   # {TESTBEDS[res['testbed']]}"
         )
     lines += [
+        ".venv/bin/python -m experiments testbed4 --commit   # Testbed 4 (~35 min a run; finished runs are skipped)",
         ".venv/bin/python -m experiments report   # figures and this report from experiments/results/",
         ".venv/bin/python -m experiments ci       # the CI-sized version of testbeds 1-2 (minutes)",
         "```",
