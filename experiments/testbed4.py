@@ -373,10 +373,10 @@ def summarise_run(
 ) -> dict[str, Any]:
     """One run's compact record: per-step curves, the evaluations with their probes, and headline numbers."""
     steps = [int(m["step"]) for m in metrics if m["step"] > 0]
-    curves = {k: [_num(m.get(k)) for m in metrics if m["step"] > 0] for k in CURVES}
+    curves = {k: [as_float(m.get(k)) for m in metrics if m["step"] > 0] for k in CURVES}
     evals = {
         int(m["step"]): {
-            **{k: _num(m.get(k)) for k in EVAL_KEYS},
+            **{k: as_float(m.get(k)) for k in EVAL_KEYS},
             **probes.get(int(m["step"]), {}),
         }
         for m in metrics
@@ -399,7 +399,8 @@ def summarise_run(
     }
 
 
-def _num(v: Any) -> float:
+def as_float(v: Any) -> float:
+    """A logged number as a float; anything else (missing, None, text) as NaN."""
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else math.nan
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from experiments.stats import compare, summarize
-from experiments.testbed4 import HELDOUT_PAIRS, MAX_OPERAND, OBJECTIVES, PLAN, run_name
+from experiments.testbed4 import HELDOUT_PAIRS, MAX_OPERAND, OBJECTIVES, PLAN, as_float, run_name
 
 COUPLED = ("grpo", "gspo")  # response-coupled coefficients; the other four are exchangeable
 FIGURE = "testbed4_curves.png"
@@ -32,11 +32,7 @@ def load_runs(runs_dir: Path) -> dict[str, list[dict[str, Any]]]:
 
 def _evals(run: dict[str, Any], key: str) -> tuple[list[int], list[float]]:
     steps = sorted(int(s) for s in run["evals"])
-    return steps, [_f(run["evals"][str(s)].get(key)) for s in steps]
-
-
-def _f(v: Any) -> float:
-    return float(v) if isinstance(v, int | float) and v is not None else math.nan
+    return steps, [as_float(run["evals"][str(s)].get(key)) for s in steps]
 
 
 def last_eval(key: str) -> Callable[[dict[str, Any]], float]:
