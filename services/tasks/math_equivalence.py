@@ -2,7 +2,7 @@
 
 math-verify's own timeouts use `signal.alarm`, which only works in a main thread; we turn them off
 (`parsing_timeout=None`, `timeout_seconds=None`) and rely on the reward pool, which kills a worker
-stuck on one sample (e.g. `9^{9^{9^9}}`) at its deadline.
+stuck on one sample (e.g. `9^{9^{9^9}}` against a square root) at its deadline.
 """
 
 from __future__ import annotations

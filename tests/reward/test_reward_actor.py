@@ -7,6 +7,7 @@ import pytest
 from services.config import TaskSpec
 from services.tasks import TaskItem, load_task
 from tests.proc_helpers import alive, wait_until
+from tests.reward.reward_fixtures import HANGING_MATH
 
 pytestmark = pytest.mark.slow
 
@@ -42,8 +43,8 @@ def test_the_actor_is_found_by_its_name(ray_cluster, actor):
 
 def test_timeouts_are_reported_through_the_actor(ray_cluster, actor):
     ray_cluster.get(actor.stats.remote())
-    item = TaskItem(id="x", prompt="?", answer="5", kind="math")
-    score = ray_cluster.get(actor.score.remote([item], ["\\boxed{9^{9^{9^{9}}}}"]))[0]
+    item = TaskItem(id="x", prompt="?", answer=HANGING_MATH[0], kind="math")
+    score = ray_cluster.get(actor.score.remote([item], [HANGING_MATH[1]]))[0]
     assert score.status == "timeout"
     assert ray_cluster.get(actor.stats.remote())["reward/timeouts"] == 1.0
 

@@ -9,10 +9,10 @@ from services.config import TaskSpec
 from services.reward import RewardPool, RewardPoolError
 from services.tasks import TaskItem, load_task
 from tests.proc_helpers import alive, wait_until
+from tests.reward.reward_fixtures import HANGING_MATH
 
 FIXTURES = "tests.reward.reward_fixtures"
 JUDGE = f"{FIXTURES}:judge"
-HANGS_MATH_VERIFY = "\\boxed{9^{9^{9^{9}}}}"  # sympy never finishes comparing this power tower
 
 
 def math_item(answer: str, i: int = 0) -> TaskItem:
@@ -57,7 +57,7 @@ def test_math_items_equal_symbolically_score_one(arith_pool):
 def test_hung_verification_is_killed_marked_timeout_and_its_worker_replaced(arith_pool):
     before_pids = set(arith_pool.worker_pids)
     before = counter("arithmetic", "timeout")
-    scores = arith_pool.score([math_item("5"), math_item("7", 1)], [HANGS_MATH_VERIFY, "7"])
+    scores = arith_pool.score([math_item(HANGING_MATH[0]), math_item("7", 1)], [HANGING_MATH[1], "7"])
     assert scores[0].status == "timeout" and scores[0].reward == 0.0
     assert "killed and replaced" in scores[0].detail
     assert scores[1].status == "ok" and scores[1].reward == 1.0
