@@ -134,7 +134,7 @@ def bench_throughput(args) -> dict[str, float]:
     dtype = compute_dtype(args.dtype, torch.device("cpu"))
     lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     policy = PolicyLogprobs(lm, spec.optim.logprob_chunk_tokens, spec.sampling.temperature).train()
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=spec.optim.lr)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=spec.optim.lr, fused=True)  # as the learner's
     objective = rlcore.get_objective("cp_grpo")
     # the same computation as the plain loop (one forward per row), and the default (shared prompts)
     learners = {
@@ -148,9 +148,7 @@ def bench_throughput(args) -> dict[str, float]:
     }
     plain_s, times, fwd_bwd_s = [], {False: [], True: []}, []
     for i, b in enumerate(batches):
-        rows = plan_minibatches(group_spans(b), 1, 1, spec.optim.micro_batch_size)[0].for_rank(
-            0
-        )  # the learner's
+        rows = plan_minibatches(group_spans(b), 1, 1, learners[False].micro_limit)[0].for_rank(0)
         t0 = time.perf_counter()
         plain_loop_step(policy, optimizer, objective, b, rows, spec.sampling.max_new_tokens, dtype)
         t1 = time.perf_counter()

@@ -41,11 +41,12 @@ def gemm_peak(dtype: torch.dtype, n: int = 2048) -> float:
 def step_work(cfg, batch, micro_batch_size: int, shared: bool) -> dict[str, int]:
     """What one learner step on `batch` computes, as the learner's plan cuts it: tokens through the decoder,
     causal query-key pairs, rows through the head, and the model FLOPs (forward + backward)."""
-    from services.learner.plan import group_spans, plan_minibatches, trim_padding
+    from services.learner.plan import MicroBatchLimit, group_spans, plan_minibatches, trim_padding
     from services.learner.prefix_tree import pack_trees
 
     tokens = pairs = head_rows = 0
-    for rows in plan_minibatches(group_spans(batch), 1, 1, micro_batch_size)[0].for_rank(0):
+    limit = MicroBatchLimit(micro_batch_size, tree=shared)
+    for rows in plan_minibatches(group_spans(batch), 1, 1, limit)[0].for_rank(0):
         m = trim_padding(batch.select(rows))
         trees = pack_trees(m.input_ids, m.attention_mask, m.prompt_len, m.response_mask) if shared else None
         if trees is None:
@@ -155,7 +156,7 @@ def run_shape(args, name: str, prompt: int, peak: float, path) -> list[str]:
             f"{work[shared][0]['tokens']:13d} {work[shared][0]['flops'] / 1e9:12.1f} {rate / 1e9:8.1f} "
             f"{rate / peak:6.1%} {full_flops / secs / 1e9:19.1f}"
         )
-    n_micro = len(plan_minibatches(group_spans(b), 1, 1, 16)[0].for_rank(0))
+    n_micro = len(plan_minibatches(group_spans(b), 1, 1, learners[False].micro_limit)[0].for_rank(0))
     dtype = learners[False].compute_dtype
     for shared in (False, True):
         w = work[shared][0]

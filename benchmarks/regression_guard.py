@@ -62,12 +62,12 @@ def measure(steps: int, threads: int) -> dict[str, float]:
     }
     lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     policy = PolicyLogprobs(lm, spec.optim.logprob_chunk_tokens, spec.sampling.temperature).train()
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=spec.optim.lr)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=spec.optim.lr, fused=True)  # as the learner's
     objective = rlcore.get_objective("cp_grpo")
     ratios: dict[str, list[float]] = {"learner_vs_plain": [], "shared_prompt_speedup": []}
     for i in range(steps + 1):
         batch = make_batch(shape, seed=i)
-        rows = plan_minibatches(group_spans(batch), 1, 1, spec.optim.micro_batch_size)[0].for_rank(0)
+        rows = plan_minibatches(group_spans(batch), 1, 1, learners[False].micro_limit)[0].for_rank(0)
         t = {}
         t0 = time.process_time()
         plain_loop_step(

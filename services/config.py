@@ -310,6 +310,16 @@ class OptimSpec(_Strict):
     schedule: Literal["constant", "cosine", "linear"] = Field("constant", description="LR after warm-up.")
     grad_clip: float = Field(1.0, gt=0, le=1e6, description="Max global grad norm.")
     micro_batch_size: int = Field(8, ge=1, le=4096, description="Sequences per forward/backward per rank.")
+    micro_batch_tokens: int | None = Field(
+        None,
+        ge=16,
+        le=1_048_576,
+        description="Also at most this many tokens per forward/backward per rank, padding included, counted as "
+        "the forward computes them (with shared_prompt_forward each group's prompt once); a group is never "
+        "split, so one group larger than this runs alone. With shared prompts a row costs a fraction of its "
+        "length, so a token budget with a large micro_batch_size makes fewer, larger (faster) micro-batches "
+        "than a row count sized for one forward per row. null: rows only.",
+    )
     ppo_epochs: int = Field(1, ge=1, le=16, description="Optimizer passes over each rollout batch.")
     mini_batches: int = Field(
         1, ge=1, le=256, description="Optimizer steps per epoch; groups are never split across them."

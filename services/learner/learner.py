@@ -31,7 +31,7 @@ from services.batch import SampledBatch, TrainBatch
 from services.config import resolve_dtype
 from services.learner import checkpoint, sharding
 from services.learner.logprobs import PolicyLogprobs
-from services.learner.plan import MiniBatch, group_spans, plan_minibatches, trim_padding
+from services.learner.plan import MicroBatchLimit, MiniBatch, group_spans, plan_minibatches, trim_padding
 from services.learner.schedule import lr_factor
 from services.learner.spec import LearnerSpec
 from services.learner.step_metrics import StepMetrics, rollout_mismatch
@@ -67,11 +67,14 @@ class Learner:
         self.objective = rlcore.get_objective(spec.objective, **spec.objective_overrides)
         cfg = self.objective.config
         self.policy = self._build_policy(trainable=True)
+        self.micro_limit = MicroBatchLimit(
+            spec.optim.micro_batch_size, spec.optim.micro_batch_tokens, tree=self.policy.prefix_tree
+        )
         # The frozen reference is only loaded when the loss uses it (kl_coef > 0).
         self.reference = self._build_policy(trainable=False) if cfg.kl_coef > 0 else None
         o = spec.optim
         self.optimizer = torch.optim.AdamW(
-            self.policy.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay
+            self.policy.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, fused=True
         )
         self.stages_per_batch = 2 if cfg.lopti_eta != 0 else 1
         self.total_optimizer_steps = spec.steps * o.ppo_epochs * o.mini_batches * self.stages_per_batch
@@ -137,9 +140,7 @@ class Learner:
         for stage, stage_mask in enumerate(stage_masks):
             for epoch in range(o.ppo_epochs):
                 order = self._group_order(len(groups), epoch + stage * o.ppo_epochs)
-                for mb in plan_minibatches(
-                    groups, o.mini_batches, self.world_size, o.micro_batch_size, order
-                ):
+                for mb in plan_minibatches(groups, o.mini_batches, self.world_size, self.micro_limit, order):
                     self._optimizer_step(batch, mb, old, ref, stage_mask, metrics, first_pass=first)
                 first = False
         self.train_steps += 1
@@ -166,7 +167,7 @@ class Learner:
         """The full-batch gradient of the objective at the current weights (HF names, full tensors, CPU),
         without an update: one on-policy pass, same plan as train_step's first update. Collective."""
         groups = group_spans(batch)
-        mb = plan_minibatches(groups, 1, self.world_size, self.spec.optim.micro_batch_size)[0]
+        mb = plan_minibatches(groups, 1, self.world_size, self.micro_limit)[0]
         self.optimizer.zero_grad(set_to_none=True)
         self._accumulate(batch, mb, None, None, None, StepMetrics(), first_pass=True)
         grads = {}
@@ -186,8 +187,9 @@ class Learner:
                 continue
             full = sharding.full_tensor(t)
             if self.rank == 0:
-                out[name] = (
-                    full.detach().to("cpu", dtype=dtype if full.is_floating_point() else full.dtype).clone()
+                # one copy: a cast already makes a new tensor (a following clone would copy it again)
+                out[name] = full.detach().to(
+                    "cpu", dtype=dtype if full.is_floating_point() else full.dtype, copy=True
                 )
         return out
 
@@ -260,7 +262,7 @@ class Learner:
         was_training = policy.training
         policy.eval()
         out = torch.zeros(batch.response_mask.shape, dtype=torch.float32, device=self.device)
-        mb = plan_minibatches(group_spans(batch), 1, self.world_size, self.spec.optim.micro_batch_size)[0]
+        mb = plan_minibatches(group_spans(batch), 1, self.world_size, self.micro_limit)[0]
         for rows in mb.for_rank(self.rank):
             micro = trim_padding(batch.select(mb.rows[:1] if rows is None else rows))
             lp, _ = self._forward(policy, micro)

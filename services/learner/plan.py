@@ -25,11 +25,32 @@ BatchT = TypeVar("BatchT", bound=SampledBatch)
 class Group:
     start: int  # first row in the batch
     stop: int  # one past the last row
-    tokens: int  # non-padding tokens (prompt + response): the compute cost of the group
+    tokens: int  # non-padding tokens (prompt + response) of all rows: the full forward's cost
+    longest: int = 0  # the longest row's non-padding tokens
+    tree_tokens: int = 0  # the prompt once plus every response: the shared-prompt forward's cost (at most)
 
     @property
     def rows(self) -> range:
         return range(self.start, self.stop)
+
+
+@dataclass(frozen=True)
+class MicroBatchLimit:
+    """How large one forward/backward may be: at most `rows` sequences and, when `tokens` is set, at most that
+    many tokens as the forward computes them (padding counted: `tree` forwards pad each group's token tree to
+    the longest in the micro-batch, row forwards each row to the longest row)."""
+
+    rows: int
+    tokens: int | None = None
+    tree: bool = False
+
+    def fits(self, groups: list[Group]) -> bool:
+        rows = sum(g.stop - g.start for g in groups)
+        if rows > self.rows or self.tokens is None:
+            return rows <= self.rows
+        if self.tree:
+            return len(groups) * max(g.tree_tokens for g in groups) <= self.tokens
+        return rows * max(g.longest for g in groups) <= self.tokens
 
 
 @dataclass(frozen=True)
@@ -48,19 +69,30 @@ class MiniBatch:
 def group_spans(batch: SampledBatch) -> list[Group]:
     """The batch's groups as contiguous row spans; a group id that reappears later is an error."""
     tokens = batch.attention_mask.sum(1).tolist()
-    return [Group(start, stop, int(sum(tokens[start:stop]))) for start, stop in group_bounds(batch.group_ids)]
+    prompt = batch.attention_mask[:, : batch.prompt_len].sum(1).tolist()
+    response = batch.response_mask.sum(1).tolist()
+    return [
+        Group(
+            start,
+            stop,
+            int(sum(tokens[start:stop])),
+            longest=int(max(tokens[start:stop])),
+            tree_tokens=int(prompt[start] + sum(response[start:stop])),
+        )
+        for start, stop in group_bounds(batch.group_ids)
+    ]
 
 
 def plan_minibatches(
     groups: list[Group],
     mini_batches: int,
     world_size: int,
-    micro_batch_size: int,
+    limit: MicroBatchLimit,
     order: list[int] | None = None,
 ) -> list[MiniBatch]:
     """Split `groups` (taken in `order`) into `mini_batches` optimizer steps of whole groups, each shared
-    out to `world_size` ranks and cut into micro-batches of at most `micro_batch_size` rows (at least one
-    group each: a group larger than the micro-batch stays whole)."""
+    out to `world_size` ranks and cut into micro-batches within `limit` (at least one group each: a group
+    larger than the limit stays whole)."""
     if len(groups) < mini_batches:
         raise ValueError(
             f"optim.mini_batches ({mini_batches}) exceeds the number of groups in the batch "
@@ -71,7 +103,7 @@ def plan_minibatches(
     for k in range(mini_batches):
         part = seq[k * len(seq) // mini_batches : (k + 1) * len(seq) // mini_batches]
         rows = torch.tensor([r for g in part for r in g.rows], dtype=torch.long)
-        micro = [_micro_batches(share, micro_batch_size) for share in _share_out(part, world_size)]
+        micro = [_micro_batches(share, limit) for share in _share_out(part, world_size)]
         plans.append(MiniBatch(rows, micro))
     return plans
 
@@ -88,21 +120,15 @@ def _share_out(groups: list[Group], world_size: int) -> list[list[Group]]:
     return shares
 
 
-def _micro_batches(groups: list[Group], micro_batch_size: int) -> list[torch.Tensor]:
+def _micro_batches(groups: list[Group], limit: MicroBatchLimit) -> list[torch.Tensor]:
     # Similar lengths together: less padding inside each micro-batch.
-    out: list[torch.Tensor] = []
-    current: list[int] = []
-    size = 0
+    cuts: list[list[Group]] = []
     for g in sorted(groups, key=lambda g: (g.tokens, g.start)):
-        n = g.stop - g.start
-        if current and size + n > micro_batch_size:
-            out.append(torch.tensor(current, dtype=torch.long))
-            current, size = [], 0
-        current.extend(g.rows)
-        size += n
-    if current:
-        out.append(torch.tensor(current, dtype=torch.long))
-    return out
+        if cuts and limit.fits([*cuts[-1], g]):
+            cuts[-1].append(g)
+        else:
+            cuts.append([g])
+    return [torch.tensor([r for g in cut for r in g.rows], dtype=torch.long) for cut in cuts]
 
 
 def trim_padding(batch: BatchT) -> BatchT:

@@ -101,6 +101,8 @@ def shard(module: nn.Module, layers: list[nn.Module], mesh: DeviceMesh, dtype: t
     for layer in layers:
         fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
     fully_shard(module, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+    if mesh.size() == 1:  # nothing to reduce; a divide factor (even 1.0) would add a divide and a copy
+        return
     for m in module.modules():
         if isinstance(m, FSDPModule):
             m.set_gradient_divide_factor(1.0)

@@ -6,6 +6,7 @@ import torch
 import rlcore
 from services.learner import Learner
 from services.learner.logprobs import PolicyLogprobs
+from services.learner.plan import group_spans, plan_minibatches
 from services.learner.sharding import bf16_supported
 
 pytestmark = pytest.mark.slow
@@ -133,6 +134,21 @@ def test_micro_batches_sum_to_the_full_batch_gradient(learner_spec, tiny_model_p
     assert g_whole.keys() == g_split.keys()
     for name in g_whole:
         torch.testing.assert_close(g_split[name], g_whole[name], rtol=1e-4, atol=1e-7)
+
+
+def test_a_token_budget_cuts_micro_batches_and_keeps_the_gradient(learner_spec, tiny_model_path, make_batch):
+    batch = make_batch(n_groups=4)
+    widest = max(g.tree_tokens for g in group_spans(batch))
+    budgeted = Learner(
+        learner_spec(**{"optim.micro_batch_size": 64, "optim.micro_batch_tokens": 2 * widest}),
+        tiny_model_path,
+    )
+    passes = plan_minibatches(group_spans(batch), 1, 1, budgeted.micro_limit)[0].for_rank(0)
+    assert len(passes) == 2  # the budget, not the 64 rows, cuts the 4 groups: two token trees a pass
+    whole = Learner(learner_spec(**{"optim.micro_batch_size": 64}), tiny_model_path)
+    g_whole, g_budget = whole.gradients(batch), budgeted.gradients(batch)
+    for name in g_whole:
+        torch.testing.assert_close(g_budget[name], g_whole[name], rtol=1e-4, atol=1e-7)
 
 
 def test_prefix_entropies_pool_over_micro_batches_by_the_positions_they_average(

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from services.learner.plan import group_spans, plan_minibatches, trim_padding
+from services.learner.plan import MicroBatchLimit, group_spans, plan_minibatches, trim_padding
 
 
 def _groups_of(rows: torch.Tensor, batch) -> set[int]:
@@ -14,7 +14,7 @@ def _groups_of(rows: torch.Tensor, batch) -> set[int]:
 def test_every_split_keeps_groups_whole_and_rows_once(make_batch, mini_batches, world_size, micro):
     batch = make_batch(n_groups=6, group_size=4)
     groups = group_spans(batch)
-    plans = plan_minibatches(groups, mini_batches, world_size, micro)
+    plans = plan_minibatches(groups, mini_batches, world_size, MicroBatchLimit(micro))
     assert len(plans) == mini_batches
     seen = []
     for mb in plans:
@@ -30,7 +30,7 @@ def test_every_split_keeps_groups_whole_and_rows_once(make_batch, mini_batches, 
 
 def test_ranks_run_the_same_number_of_passes(make_batch):
     batch = make_batch(n_groups=5, group_size=4)
-    mb = plan_minibatches(group_spans(batch), 1, 2, 4)[0]
+    mb = plan_minibatches(group_spans(batch), 1, 2, MicroBatchLimit(4))[0]
     passes = [mb.for_rank(r) for r in range(2)]
     assert len(passes[0]) == len(passes[1]) == 3  # 5 groups of 4 over 2 ranks with 4 rows per micro-batch
     assert sum(p is None for p in passes[0] + passes[1]) == 1  # one padding pass on the lighter rank
@@ -38,14 +38,52 @@ def test_ranks_run_the_same_number_of_passes(make_batch):
 
 def test_micro_batch_smaller_than_a_group_keeps_the_group_whole(make_batch):
     batch = make_batch(n_groups=2, group_size=4)
-    mb = plan_minibatches(group_spans(batch), 1, 1, 3)[0]
+    mb = plan_minibatches(group_spans(batch), 1, 1, MicroBatchLimit(3))[0]
     assert [len(r) for r in mb.for_rank(0)] == [4, 4]
+
+
+def test_groups_know_their_cost_in_either_forward(make_batch):
+    batch = make_batch(n_groups=3, group_size=4)
+    prompt = batch.attention_mask[:, : batch.prompt_len].sum(1)
+    response = batch.response_mask.sum(1)
+    for g in group_spans(batch):
+        rows = list(g.rows)
+        assert g.tokens == int((prompt[rows] + response[rows]).sum())
+        assert g.longest == int((prompt[rows] + response[rows]).max())
+        assert g.tree_tokens == int(prompt[g.start] + response[rows].sum())  # the prompt once
+
+
+@pytest.mark.parametrize("tree", [True, False])
+def test_a_token_budget_packs_whole_groups_up_to_it(make_batch, tree):
+    batch = make_batch(n_groups=8, group_size=4)
+    groups = group_spans(batch)
+    cost = max(g.tree_tokens for g in groups) if tree else 4 * max(g.longest for g in groups)
+    limit = MicroBatchLimit(rows=64, tokens=3 * cost, tree=tree)
+    micro = plan_minibatches(groups, 1, 1, limit)[0].for_rank(0)
+    assert [len(r) for r in micro] == [12, 12, 8]  # 3 groups fit the budget even at the widest group's size
+    for rows in micro:
+        mine = [g for g in groups if g.start in set(rows.tolist())]
+        assert limit.fits(mine)
+    assert (
+        len(
+            plan_minibatches(groups, 1, 1, MicroBatchLimit(rows=8, tokens=3 * cost, tree=tree))[0].for_rank(0)
+        )
+        == 4
+    )
+
+
+def test_a_group_over_the_token_budget_runs_alone(make_batch):
+    batch = make_batch(n_groups=3, group_size=4)
+    micro = plan_minibatches(group_spans(batch), 1, 1, MicroBatchLimit(64, tokens=16, tree=True))[0].for_rank(
+        0
+    )
+    assert [len(r) for r in micro] == [4, 4, 4]
 
 
 def test_more_mini_batches_than_groups_is_refused(make_batch):
     batch = make_batch(n_groups=2)
     with pytest.raises(ValueError, match="mini_batches"):
-        plan_minibatches(group_spans(batch), 3, 1, 8)
+        plan_minibatches(group_spans(batch), 3, 1, MicroBatchLimit(8))
 
 
 def test_trim_padding_drops_only_padding(make_batch):
