@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from experiments.paths import CACHE, RESULTS
+from services.trainer.metrics import read_metrics
 
 OBJECTIVES = ("grpo", "gspo", "dr_grpo", "dfpo_min", "cp_grpo", "ibpo_cp")
 SEEDS = (0, 1, 2)
@@ -335,16 +336,6 @@ def phrase_metrics(logp: np.ndarray, base: np.ndarray) -> dict[str, float]:
 # ---------------------------------------------------------------- one run, and the study
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """metrics.jsonl, one row per step: a step logged again after a resume replaces the earlier line."""
-    rows: dict[int, dict[str, Any]] = {}
-    for line in Path(path).read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            rows[int(row["step"])] = {**rows.get(int(row["step"]), {}), **row}
-    return [rows[k] for k in sorted(rows)]
-
-
 CURVES = (
     "reward/accuracy",
     "diag/d1_gcpr",
@@ -422,7 +413,7 @@ def run_one(
     if state != "succeeded":
         log(f"{spec.name}: {state}; checkpoints kept for a resume")
         return None
-    metrics = read_metrics(run_dir / "metrics.jsonl")
+    metrics = read_metrics(run_dir)
     prober = prober_for()
     probes: dict[int, dict[str, float]] = {}
     t1 = time.perf_counter()

@@ -21,6 +21,7 @@ import numpy as np
 from experiments.paths import CACHE
 from experiments.stats import summarize
 from experiments.studies import OBJECTIVES, Condition
+from services.trainer.metrics import read_metrics
 
 TASKS = {
     # 1-digit addition: SmolLM2-135M-Instruct samples ~0.46 correct at T=0.7, 11/12 groups mixed
@@ -202,11 +203,6 @@ def select_runs(
     ]
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The trainer's metrics.jsonl as a list of {step, ...metrics}."""
-    return [json.loads(ln) for ln in Path(path).read_text().splitlines() if ln.strip()]
-
-
 def summarise_metrics(points: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """Per-step metric dicts (each with `step`) -> {steps, curves, final} of one run."""
     pts = sorted(points, key=lambda p: p["step"])
@@ -351,7 +347,11 @@ def run_local(
                     log(f"[{plan['name']}] {spec_dict['name']}: {state}; left out of the results")
                     results.append((cond, seed, None))
                     continue
-                summary = {**summarise_metrics(read_metrics(metrics)), "seconds": seconds, "state": state}
+                summary = {
+                    **summarise_metrics(read_metrics(metrics.parent)),
+                    "seconds": seconds,
+                    "state": state,
+                }
                 summary_path.write_text(json.dumps(summary))
                 shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # ~0.6 GB a run, never read again
                 log(f"[{plan['name']}] {spec_dict['name']}: {state} in {seconds:.0f}s")

@@ -3,8 +3,9 @@ from the run's `metrics.jsonl` (written at the end of every run; `tgc plot RUN_D
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from services.trainer.metrics import read_metrics
 
 # (panel title, [(metric, label)]); a panel whose metrics never appear in the run is left out.
 PANELS: list[tuple[str, list[tuple[str, str]]]] = [
@@ -14,13 +15,6 @@ PANELS: list[tuple[str, list[tuple[str, str]]]] = [
     ("token entropy", [("diag/d7_entropy_mean", "mean entropy")]),
     ("seconds per step", [("timing/step_s", "step")]),
 ]  # fmt: skip
-
-
-def read_metrics(run_dir: Path) -> list[dict[str, float]]:
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no metrics (is {run_dir} a run directory?)")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def plot_run(run_dir: Path, out: Path | None = None) -> Path:

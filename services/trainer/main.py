@@ -216,7 +216,7 @@ def _write_curves(run_dir: Path) -> None:
 
 def summary(spec: JobSpec, run_dir: Path, state: str) -> str:
     """The closing lines of a run on the console: outcome, first and last figures, where things are."""
-    from services.trainer.curves import read_metrics
+    from services.trainer.metrics import read_metrics
 
     lines = [f"{spec.name}: {state} (run dir {run_dir})"]
     try:

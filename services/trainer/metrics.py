@@ -20,6 +20,21 @@ _PROGRESS = [
 ]
 
 
+def read_metrics(run_dir: Path) -> list[dict[str, float]]:
+    """A run's metrics.jsonl, one row per step in step order: lines of the same step (an evaluation logged
+    apart from its step's training metrics, or a step written again) merge, later values winning."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no metrics (is {run_dir} a run directory?)")
+    rows: dict[int, dict[str, float]] = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            step = int(row["step"])
+            rows[step] = {**rows.get(step, {}), **row}
+    return [rows[k] for k in sorted(rows)]
+
+
 class MetricsSink:
     def __init__(self, run_dir: Path, job_name: str, total_steps: int, progress: bool | None = None):
         self.path = run_dir / "metrics.jsonl"

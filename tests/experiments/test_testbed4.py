@@ -67,13 +67,6 @@ def test_phrase_metrics_see_a_shift_between_equivalent_answers_but_not_a_uniform
     assert m["phrase/top_share"] == pytest.approx(0.7) and m["phrase/share_0"] == pytest.approx(0.7)
 
 
-def test_metrics_logged_again_after_a_resume_keep_the_later_line(tmp_path):
-    lines = [{"step": 1, "loss": 1.0}, {"step": 2, "loss": 2.0}, {"step": 2, "loss": 2.5}, {"step": 3}]
-    path = tmp_path / "metrics.jsonl"
-    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    assert testbed4.read_metrics(path) == [{"step": 1, "loss": 1.0}, {"step": 2, "loss": 2.5}, {"step": 3}]
-
-
 def test_summary_has_curves_evaluations_with_probes_and_steps_to_the_threshold():
     metrics = [{"step": 0, "eval/accuracy": 0.2, "eval/pass@8": 0.5}]
     metrics += [

@@ -2,7 +2,9 @@
 
 import json
 
-from services.trainer.metrics import MetricsSink
+import pytest
+
+from services.trainer.metrics import MetricsSink, read_metrics
 
 
 def test_each_step_reaches_jsonl_and_tensorboard(tmp_path):
@@ -73,3 +75,20 @@ def test_curves_are_drawn_from_the_run_and_tgc_plot_redraws_them(tmp_path, capsy
     assert main(["plot", str(tmp_path)]) == 0 and png.exists()
     assert main(["plot", str(tmp_path / "nowhere")]) == 2
     assert "no metrics" in capsys.readouterr().err
+
+
+def test_reading_metrics_merges_lines_of_one_step_in_step_order(tmp_path):
+    lines = [
+        {"step": 2, "loss": 2.0},
+        {"step": 1, "loss": 1.0},
+        {"step": 2, "eval/accuracy": 0.5},
+        {"step": 3},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert read_metrics(tmp_path) == [
+        {"step": 1, "loss": 1.0},
+        {"step": 2, "loss": 2.0, "eval/accuracy": 0.5},
+        {"step": 3},
+    ]
+    with pytest.raises(FileNotFoundError, match="run directory"):
+        read_metrics(tmp_path / "missing")
