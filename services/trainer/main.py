@@ -89,6 +89,24 @@ def local_capacity() -> dict[str, float]:
     return {"CPU": float((os.cpu_count() or 1) * LOCAL_OVERSUBSCRIPTION), "GPU": float(gpus)}
 
 
+# glibc serves allocations over 32 MiB (logits chunks, gradients of the embedding, vLLM's activations) with a
+# fresh mmap and unmaps them on free, so every step page-faults them in again: a third of the learner's step
+# and a sixth of generation here went to the kernel (sys time 10.7 s of a 36 s learner run; minor faults 6.4M
+# -> 1.3M without). Serving them from the heap and keeping freed memory (a process's RSS then stays at its
+# peak, which the next step needs anyway) makes a learner step 1.2x and generation 1.15x faster on CPU.
+# glibc's own variables for glibc.malloc.mmap_max and .trim_threshold (GLIBC_TUNABLES would need a ':', which
+# Ray's runtime_env cuts off); set for the job's actors unless the environment sets them already.
+ALLOCATOR_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(16 * 2**30)}
+
+
+def actor_env() -> dict[str, str]:
+    """Environment variables of every actor of a job (Ray's runtime_env)."""
+    env = {"RAY_DEDUP_LOGS": "0"}
+    for key, value in ALLOCATOR_ENV.items():
+        env[key] = os.environ.get(key, value)
+    return env
+
+
 def init_ray(spec: JobSpec) -> bool:
     """Connect to the cluster this driver runs in, or start a local one. Returns True if we started it."""
     import ray
@@ -96,7 +114,7 @@ def init_ray(spec: JobSpec) -> bool:
     if ray.is_initialized():
         check_resources(spec, ray.cluster_resources())
         return False
-    env = {"RAY_DEDUP_LOGS": "0"}
+    env = actor_env()
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address="auto", runtime_env={"env_vars": env}, log_to_driver=True)
         check_resources(spec, ray.cluster_resources())

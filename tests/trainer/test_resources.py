@@ -21,3 +21,14 @@ def test_too_many_ranks_for_the_cluster_are_refused():
 
 def test_default_spec_fits_this_machine():
     check_resources(JobSpec(), local_capacity())
+
+
+def test_actors_keep_large_allocations_on_the_heap_unless_the_operator_says_otherwise(monkeypatch):
+    from services.trainer.main import actor_env
+
+    monkeypatch.delenv("MALLOC_MMAP_MAX_", raising=False)
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")  # an operator's own choice is kept
+    env = actor_env()
+    assert env["MALLOC_MMAP_MAX_"] == "0"
+    assert env["MALLOC_TRIM_THRESHOLD_"] == "131072"
+    assert all(":" not in v for v in env.values())  # Ray's runtime_env cuts values at ':'
