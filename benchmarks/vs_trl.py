@@ -261,9 +261,10 @@ def run_ours(spec, items: list[list]) -> list[Step]:
 
 
 def run_trl(
-    py: Path, spec, items: list[list], cfg: Config, threads: int, micro_batch: int
+    py: Path, spec, items: list[list], cfg: Config, threads: int, micro_batch: int, env: dict[str, str]
 ) -> tuple[list[Step], list[float]]:
-    """TRL's steps, and its CPU seconds a step (all threads; against `threads` x wall: how much CPU it got)."""
+    """TRL's steps, and its CPU seconds a step (all threads; against `threads` x wall: how much CPU it got);
+    `env` is added to TRL's environment."""
     from services.config import resolve_dtype
     from services.models import model_dir
 
@@ -291,7 +292,7 @@ def run_trl(
             stdout=subprocess.PIPE,
             text=True,
             check=True,
-            env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
+            env={**os.environ, "TOKENIZERS_PARALLELISM": "false", **env},
         )
     record = json.loads(res.stdout.strip().splitlines()[-1])
     return trl_steps(record), record["cpu_s"]
@@ -356,6 +357,12 @@ def main() -> None:
         type=int,
         help="TRL's per-device batch (default: the job's; 64 = no accumulation)",
     )
+    p.add_argument(
+        "--trl-heap",
+        action="store_true",
+        help="give TRL the allocator setting tgc-rl's actors run with (services.trainer.main.ALLOCATOR_ENV); "
+        "no baseline check",
+    )
     args = p.parse_args()
     py = ensure_trl_venv()
     cfg = CONFIGS[args.config]
@@ -363,7 +370,10 @@ def main() -> None:
     items = step_items(spec, args.warmup + args.steps)
     t0, loads = time.time(), [os.getloadavg()[0]]
     trl_mb = args.trl_micro_batch or spec.optim.micro_batch_size
-    trl, trl_cpu = run_trl(py, spec, items, cfg, args.threads, trl_mb)
+    from services.trainer.main import ALLOCATOR_ENV
+
+    trl_env = ALLOCATOR_ENV if args.trl_heap else {}
+    trl, trl_cpu = run_trl(py, spec, items, cfg, args.threads, trl_mb, trl_env)
     loads.append(os.getloadavg()[0])
     ours = run_ours(spec, items)
     loads.append(os.getloadavg()[0])
@@ -380,8 +390,9 @@ def main() -> None:
     out["trl_micro_batch"] = trl_mb
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
-    if trl_mb != spec.optim.micro_batch_size:
-        print("TRL's micro-batch differs from the job's: no baseline check")
+    out["trl_env"] = trl_env
+    if trl_mb != spec.optim.micro_batch_size or trl_env:
+        print("TRL runs with other settings than the job's (micro-batch or allocator): no baseline check")
     elif not guard(f"vs_trl_{args.config}_speedup", 1 / out["ratio"]["step_s"], args.update):
         sys.exit(1)
 
