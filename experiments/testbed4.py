@@ -34,7 +34,10 @@ import numpy as np
 from experiments.paths import CACHE, RESULTS
 from services.trainer.metrics import read_metrics
 
-OBJECTIVES = ("grpo", "gspo", "dr_grpo", "dfpo_min", "cp_grpo", "ibpo_cp")
+OBJECTIVES = ("grpo", "grpo_ar", "dr_grpo", "dfpo_min", "cp_grpo", "ibpo_cp")
+# Arms dropped after a run showed them to be another arm's run exactly, with that arm: one on-policy epoch makes
+# GSPO's sequence ratio 1 and its gradient GRPO's (tb4-gspo-s0 reproduced tb4-grpo-s0 to the last digit).
+SAME_AS = {"gspo": "grpo"}
 SEEDS = (0, 1, 2)
 DATA = RESULTS / "testbed4"
 RUNS = RESULTS / "testbed4_runs"

@@ -14,20 +14,44 @@ from typing import Any
 import numpy as np
 
 from experiments.stats import compare, summarize
-from experiments.testbed4 import HELDOUT_PAIRS, MAX_OPERAND, OBJECTIVES, PLAN, as_float, run_name
+from experiments.testbed4 import HELDOUT_PAIRS, MAX_OPERAND, OBJECTIVES, PLAN, SAME_AS, as_float, run_name
 
-COUPLED = ("grpo", "gspo")  # response-coupled coefficients; the other four are exchangeable
+COUPLED = ("grpo", "grpo_ar")  # response-coupled coefficients; the other four are exchangeable
 FIGURE = "testbed4_curves.png"
 
 
 def load_runs(runs_dir: Path) -> dict[str, list[dict[str, Any]]]:
-    """The plan's finished runs by objective (sweep and pilot runs, named otherwise, are left out)."""
+    """The plan's finished runs by objective (sweep and pilot runs, named otherwise, and dropped arms are left
+    out)."""
+    out = _named_runs(runs_dir)
+    return {obj: out[obj] for obj in OBJECTIVES if obj in out}
+
+
+def _named_runs(runs_dir: Path) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
     for path in sorted(Path(runs_dir).glob("*.json")):
         run = json.loads(path.read_text())
         if run.get("name") == run_name(run["objective"], run["seed"]):
             out.setdefault(run["objective"], []).append(run)
-    return {obj: out[obj] for obj in (*OBJECTIVES, *sorted(set(out) - set(OBJECTIVES))) if obj in out}
+    return out
+
+
+def dropped_arms(runs_dir: Path) -> list[str]:
+    """A sentence per dropped arm's finished run: whether it matched its twin's run of the same seed."""
+    out = _named_runs(runs_dir)
+    lines = []
+    for arm, twin in SAME_AS.items():
+        for run in out.get(arm, []):
+            other = next((r for r in out.get(twin, []) if r["seed"] == run["seed"]), None)
+            if other is None:
+                continue
+            same = [k for k in run["curves"] if run["curves"][k] == other["curves"].get(k)]
+            evals_same = run["evals"] == other["evals"]
+            lines.append(
+                f"{arm} seed {run['seed']} against {twin} seed {run['seed']}: {len(same)} of {len(run['curves'])} "
+                f"per-step curves and {'all' if evals_same else 'not all'} held-out evaluations identical."
+            )
+    return lines
 
 
 def _evals(run: dict[str, Any], key: str) -> tuple[list[int], list[float]]:
@@ -242,9 +266,14 @@ def section(runs_dir: Path, fig_dir: Path, report_dir: Path) -> list[str]:
         f"lr {PLAN['lr']:g}, one epoch a batch; plan and budget: `experiments/testbed4_plan.md`. "
         f"Runs finished: {done} of the {planned} planned "
         f"({seeds}). "
-        "Verdicts compare the response-coupled arms (grpo, gspo) with the exchangeable ones (dr_grpo, "
+        "Verdicts compare the response-coupled arms (grpo, grpo_ar) with the exchangeable ones (dr_grpo, "
         "dfpo_min, cp_grpo, ibpo_cp), runs pooled, by a permutation test at 0.05; with three seeds an arm "
-        "against one other arm cannot reach p < 0.1, so the grpo - cp_grpo column is an effect size.",
+        "against one other arm cannot reach p < 0.1, so the grpo - cp_grpo column is an effect size. "
+        "gspo was planned as the second coupled arm and dropped after its first run: with one on-policy epoch "
+        "its sequence ratio is 1 and its gradient is GRPO's, so it repeats grpo's run ("
+        + " ".join(dropped_arms(runs_dir))
+        + ") and pooling it would count grpo twice; grpo_ar (token-probability reweighting, coupled, different "
+        "on-policy) replaces it.",
         "",
         f"![testbed 4 curves]({fig.relative_to(report_dir) if fig.is_relative_to(report_dir) else fig})",
         "",

@@ -111,7 +111,7 @@ def test_report_section_tabulates_claims_by_class_and_draws_the_curves(tmp_path)
 
     runs_dir = tmp_path / "testbed4_runs"
     runs_dir.mkdir()
-    arms = {"grpo": 1.0, "gspo": 1.0, "cp_grpo": 0.0, "dfpo_min": 0.0}
+    arms = {"grpo": 1.0, "grpo_ar": 1.0, "cp_grpo": 0.0, "dfpo_min": 0.0}
     for objective, drift in arms.items():
         for seed in range(3):
             run = {**_fake_run(objective, seed, drift), "objective": objective, "seed": seed}
@@ -123,10 +123,18 @@ def test_report_section_tabulates_claims_by_class_and_draws_the_curves(tmp_path)
         "name": "tb4-cp-grpo-s0-lr1e-05",
     }
     (runs_dir / "sweep.json").write_text(json.dumps(sweep))  # not a planned run: left out
+    twin = {
+        **_fake_run("grpo", 0, 1.0),
+        "objective": "gspo",
+        "seed": 0,
+    }  # a dropped arm's run: left out, compared
+    twin["name"] = testbed4.run_name("gspo", 0)
+    (runs_dir / "gspo.json").write_text(json.dumps(twin))
     lines = testbed4_report.section(runs_dir, tmp_path, tmp_path)
     text = "\n".join(lines)
     assert (tmp_path / testbed4_report.FIGURE).stat().st_size > 10_000
     assert "Runs finished: 12 of the 18 planned" in text and "cp_grpo: seeds 0, 1, 2" in text
+    assert "gspo seed 0 against grpo seed 0:" in text and "gspo: seeds" not in text
     drift_row = next(ln for ln in lines if ln.startswith("| Reward-irrelevant drift"))
     assert drift_row.endswith("| as the paper predicts |")  # coupled arms drift by ~1, exchangeable ~0
     tax_row = next(ln for ln in lines if ln.startswith("| Learning tax"))
