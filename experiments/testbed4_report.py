@@ -45,11 +45,13 @@ def dropped_arms(runs_dir: Path) -> list[str]:
             other = next((r for r in out.get(twin, []) if r["seed"] == run["seed"]), None)
             if other is None:
                 continue
-            same = [k for k in run["curves"] if run["curves"][k] == other["curves"].get(k)]
+            keys = [k for k in run["curves"] if not k.startswith("timing/")]  # seconds always differ
+            same = [k for k in keys if run["curves"][k] == other["curves"].get(k)]
             evals_same = run["evals"] == other["evals"]
             lines.append(
-                f"{arm} seed {run['seed']} against {twin} seed {run['seed']}: {len(same)} of {len(run['curves'])} "
-                f"per-step curves and {'all' if evals_same else 'not all'} held-out evaluations identical."
+                f"{arm} seed {run['seed']} against {twin} seed {run['seed']}: {len(same)} of {len(keys)} "
+                f"per-step metrics (timings aside) and {'all' if evals_same else 'not all'} held-out "
+                "evaluations identical."
             )
     return lines
 
