@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 def learner_child(steps: int) -> list[float]:
     import torch
-    from learner import make_batch, make_spec  # benchmarks/learner.py
+    from learner import make_batch, make_spec, timed_steps  # benchmarks/learner.py
 
     from services.config import JobSpec
     from services.learner import Learner, LearnerSpec
@@ -48,12 +48,7 @@ def learner_child(steps: int) -> list[float]:
     spec = make_spec(shape, optim={**optim, "lr": 1e-6}, resources={"cpus_per_learner": 2})
     learner = Learner(LearnerSpec.of(spec), model_dir(spec.model, spec.seed))
     batches = [make_batch(shape, seed=s) for s in range(steps + 1)]
-    times = []
-    for i, b in enumerate(batches):
-        t0 = time.perf_counter()
-        learner.train_step(b)
-        if i:
-            times.append(time.perf_counter() - t0)
+    times = timed_steps(learner.train_step, batches)
     learner.close()
     return times
 

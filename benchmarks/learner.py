@@ -89,6 +89,17 @@ def make_batch(args, seed=0):
     )
 
 
+def timed_steps(train_step, batches) -> list[float]:
+    """Wall seconds of `train_step` on each batch after the first (a warm-up, not timed)."""
+    times = []
+    for i, b in enumerate(batches):
+        t0 = time.perf_counter()
+        train_step(b)
+        if i:
+            times.append(time.perf_counter() - t0)
+    return times
+
+
 # -- 1. step throughput ---------------------------------------------------------------------------------
 
 
@@ -200,12 +211,7 @@ def bench_throughput(args) -> dict[str, float]:
             path,
             "bench-learner",
         )
-        elapsed = []
-        for i, b in enumerate(batches):
-            t0 = time.perf_counter()
-            group.train_step(b)
-            if i:
-                elapsed.append(time.perf_counter() - t0)
+        elapsed = timed_steps(group.train_step, batches)
         results[f"fsdp{args.ranks}_tokens_per_s"] = sum(tokens[1:]) / sum(elapsed)
         group.shutdown()
         ray.shutdown()

@@ -26,8 +26,8 @@ class Group:
     start: int  # first row in the batch
     stop: int  # one past the last row
     tokens: int  # non-padding tokens (prompt + response) of all rows: the full forward's cost
-    longest: int = 0  # the longest row's non-padding tokens
-    tree_tokens: int = 0  # the prompt once plus every response: the shared-prompt forward's cost (at most)
+    longest: int  # the longest row's non-padding tokens
+    tree_tokens: int  # the prompt once plus every response: the shared-prompt forward's cost (at most)
 
     @property
     def rows(self) -> range:
@@ -46,8 +46,10 @@ class MicroBatchLimit:
 
     def fits(self, groups: list[Group]) -> bool:
         rows = sum(g.stop - g.start for g in groups)
-        if rows > self.rows or self.tokens is None:
-            return rows <= self.rows
+        if rows > self.rows:
+            return False
+        if self.tokens is None:
+            return True
         if self.tree:
             return len(groups) * max(g.tree_tokens for g in groups) <= self.tokens
         return rows * max(g.longest for g in groups) <= self.tokens

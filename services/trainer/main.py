@@ -90,10 +90,10 @@ def local_capacity() -> dict[str, float]:
 
 
 # glibc serves allocations over 32 MiB (logits chunks, gradients of the embedding, vLLM's activations) with a
-# fresh mmap and unmaps them on free, so every step page-faults them in again: a third of the learner's step
-# and a sixth of generation here went to the kernel (sys time 10.7 s of a 36 s learner run; minor faults 6.4M
-# -> 1.3M without). Serving them from the heap and keeping freed memory (a process's RSS then stays at its
-# peak, which the next step needs anyway) makes a learner step 1.2x and generation 1.15x faster on CPU.
+# fresh mmap and unmaps them on free, so every step page-faults them in again. Serving them from the heap and
+# keeping freed memory (a process's RSS then stays at its peak, which the next step needs anyway) made a
+# learner step 1.24x and generation 1.16x faster on CPU, system time 9.1 -> 2.9 s and 5.3 -> 2.7 s a run
+# (benchmarks/allocator.py).
 # glibc's own variables for glibc.malloc.mmap_max and .trim_threshold (GLIBC_TUNABLES would need a ':', which
 # Ray's runtime_env cuts off); set for the job's actors unless the environment sets them already.
 ALLOCATOR_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(16 * 2**30)}
