@@ -401,7 +401,8 @@ def as_float(v: Any) -> float:
 def run_one(
     spec_dict: dict[str, Any], prober_for: Callable[[], Prober], cache: Path, log: Callable[[str], None]
 ) -> dict[str, Any] | None:
-    """Train (or resume) one run, probe its checkpoints, return its summary (None: the run failed)."""
+    """Train (or resume) one run, probe its checkpoints, return its summary (None: the run failed; a
+    cancelled run exits the study)."""
     from services.config import JobSpec
     from services.trainer.checkpoints import Checkpoints
     from services.trainer.main import run as train
@@ -415,6 +416,8 @@ def run_one(
     seconds = time.perf_counter() - t0
     if state != "succeeded":
         log(f"{spec.name}: {state}; checkpoints kept for a resume")
+        if state == "cancelled":  # Ctrl-C or SIGTERM stops the study, not only this run
+            raise SystemExit(130)
         return None
     metrics = read_metrics(run_dir)
     prober = prober_for()

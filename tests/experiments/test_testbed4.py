@@ -167,3 +167,24 @@ def test_probes_of_the_initial_model_read_zero_drift_and_a_changed_model_reads_s
     changed = prober.probe(tmp_path / "changed", samples)
     assert changed["phrase/kl_from_start"] > 1e-6 and changed["probe/kl_from_start"] > 1e-6
     assert changed["entropy/all"] > 0 and changed["entropy/shared"] > 0 and changed["entropy/fork"] > 0
+
+
+def test_a_failed_run_moves_the_study_on_and_a_cancelled_one_stops_it(tmp_path, monkeypatch):
+    import ray
+
+    import services.trainer.main
+
+    states = iter(["failed", "cancelled", "succeeded"])
+    trained: list[str] = []
+
+    def train(spec, run_dir, resume=None, progress=True):
+        trained.append(spec.name)
+        return next(states)
+
+    monkeypatch.setattr(services.trainer.main, "run", train)
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)  # no cluster: training is replaced above
+    runs = testbed4.select(objectives=["grpo", "cp_grpo", "dr_grpo"], seeds=[0], steps=2)
+    with pytest.raises(SystemExit):
+        testbed4.run_study(runs, tmp_path / "runs", tmp_path / "cache", log=lambda _: None)
+    assert trained == ["tb4-grpo-s0-n2", "tb4-cp-grpo-s0-n2"]
+    assert not list((tmp_path / "runs").iterdir())
