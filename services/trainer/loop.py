@@ -84,6 +84,7 @@ class Trainer:
         position = 0
         model_path = model_dir(spec.model, spec.seed)
         state: dict[str, Any] = {}
+        self.resumed = resume is not None
         if resume is not None:
             state = read_state(resume)
             self.step, self.version, position = state["step"], state["version"], state["data_position"]
@@ -236,7 +237,8 @@ class Trainer:
         self.reporter.state("running", "resumed" if self.step else "started", self.step)
         finished = "completed all steps"
         try:
-            if self.evaluator is not None and self.evaluator.eval.at_start and self.step == 0:
+            # a checkpoint is only written after the baseline, so a run resumed at step 0 has it already
+            if self.evaluator is not None and self.evaluator.eval.at_start and not self.resumed:
                 baseline = self.evaluate()
                 self.metrics.log(0, baseline)
                 self.reporter.emit("step", step=0, metrics=baseline)

@@ -81,6 +81,21 @@ def test_resume_mid_epoch_continues_exactly(ray_cluster, tmp_path, data_file):
     assert _eval_rows(full, 5) == _eval_rows(part, 5)
 
 
+def test_a_run_resumed_at_step_zero_keeps_its_baseline_and_does_not_evaluate_it_again(
+    ray_cluster, tmp_path, data_file
+):
+    (tmp_path / "CANCEL").write_text("stopped before the first step")  # read after the baseline
+    assert run(_spec(data_file, steps=1, eval={}), tmp_path) == "cancelled"
+    assert (tmp_path / "checkpoints" / "step_0").is_dir()
+    (tmp_path / "CANCEL").unlink()
+    assert run(_spec(data_file, steps=1, eval={}), tmp_path, resume="latest") == "succeeded"
+    evaluated = [
+        e["step"] for e in read_events(tmp_path) if e["type"] == "step" and "eval/accuracy" in e["metrics"]
+    ]
+    assert evaluated == [0, 1]
+    assert [r["step"] for r in read_metrics(tmp_path)] == [0, 1]
+
+
 def test_steps_zero_evaluates_a_checkpoint_without_training(ray_cluster, tmp_path, data_file):
     trained = tmp_path / "trained"
     assert run(_spec(data_file, steps=1, eval={"at_start": False}), trained) == "succeeded"
