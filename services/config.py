@@ -23,7 +23,7 @@ from pydantic import (
     model_validator,
 )
 
-from services.tasks.dataset import DatasetParams
+from services.tasks.params import DatasetParams
 
 # Hard limits a submitted spec must respect (the control plane enforces them; the trainer too).
 MAX_STEPS = 1_000_000

@@ -1,6 +1,6 @@
-"""The import graph of the packages (rlcore, each services/<package>, each top-level services module): layers
-point one way, so no two packages import each other, directly or around a loop (imports inside functions
-count too)."""
+"""The import graph: layers point one way. No two packages (rlcore, each services/<package>, each top-level
+services module) import each other, and inside a package no two modules do, directly or around a loop.
+Imports inside functions count too; imports for type checking only (`if TYPE_CHECKING:`) do not."""
 
 import ast
 from collections import defaultdict
@@ -19,22 +19,57 @@ def _node(module: str) -> str | None:
     return None
 
 
+def _sources() -> dict[str, Path]:
+    """Every module of rlcore and services by dotted name (a package by its `__init__`)."""
+    out = {}
+    for path in [*ROOT.glob("rlcore/**/*.py"), *ROOT.glob("services/**/*.py")]:
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _runtime_nodes(tree: ast.AST):
+    """The tree's nodes, leaving out `if TYPE_CHECKING:` blocks (imports for annotations only)."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            yield from (n for child in node.orelse for n in [child, *_runtime_nodes(child)])
+            continue
+        yield node
+        yield from _runtime_nodes(node)
+
+
+def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The modules of `modules` that the file imports: `from a.b import c` is a.b.c when that is a module."""
+    out = set()
+    for node in _runtime_nodes(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            subs = {f"{node.module}.{a.name}" for a in node.names} & modules.keys()
+            out.update(subs)
+            if len(subs) < len(node.names):
+                out.add(node.module)
+    return out & modules.keys()
+
+
 def _graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = defaultdict(set)
-    for path in [*ROOT.glob("rlcore/**/*.py"), *ROOT.glob("services/**/*.py")]:
-        here = _node(".".join(path.relative_to(ROOT).with_suffix("").parts))
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                targets = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
-            else:
-                continue
-            for t in targets:
-                there = _node(t)
-                if here and there and there != here:
-                    graph[here].add(there)
+    modules = _sources()
+    for name, path in modules.items():
+        here = _node(name)
+        for there in map(_node, _imports(path, modules)):
+            if here and there and there != here:
+                graph[here].add(there)
     return graph
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Imports between modules of the same package (the package's `__init__` included)."""
+    modules = _sources()
+    return {
+        name: {t for t in _imports(path, modules) if t != name and _node(t) == _node(name)}
+        for name, path in modules.items()
+    }
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -74,3 +109,10 @@ def test_no_two_packages_import_each_other():
 
 def test_rlcore_imports_no_service():
     assert _graph()["rlcore"] == set()
+
+
+def test_no_two_modules_of_a_package_import_each_other():
+    graph = _module_graph()
+    assert "services.tasks.base" in graph["services.tasks.registry"]  # the walk sees imports
+    assert "services.rollout.vllm_engine" in graph["services.rollout.actor"]  # inside functions too
+    assert _cycles(graph) == []

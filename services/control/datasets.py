@@ -171,7 +171,8 @@ class DatasetStore:
 
 def inspect_file(path: Path, name: str) -> tuple[int, list[str]]:
     """(rows, columns) of an uploaded file, read by the `dataset` task's own loader."""
-    from services.tasks.dataset import DatasetParams, read_table
+    from services.tasks.dataset import read_table
+    from services.tasks.params import DatasetParams
 
     try:
         rows, columns, _ = read_table(DatasetParams(path=str(path)))

@@ -13,8 +13,14 @@ from dataclasses import dataclass
 
 from services.config import BUILTIN_MODEL_SOURCES, JobSpec
 from services.control.settings import ControlSettings
-from services.tasks.dataset import DatasetParams
-from services.tasks.params import CUSTOM_CODE, HOST_PATHS, PRIVILEGES, UNSAFE_SANDBOX, encode_grants
+from services.tasks.params import (
+    CUSTOM_CODE,
+    HOST_PATHS,
+    PRIVILEGES,
+    UNSAFE_SANDBOX,
+    DatasetParams,
+    encode_grants,
+)
 
 
 @dataclass(frozen=True)

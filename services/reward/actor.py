@@ -17,7 +17,7 @@ from ray.util import metrics as ray_metrics
 from services.config import TaskSpec
 from services.reward.pool import RewardPool
 from services.tasks.base import Score, TaskItem
-from services.tasks.params import LOCAL_GRANTS
+from services.tasks.params import LOCAL_GRANTS, job_grants
 
 DEFAULT_MAX_CONCURRENCY = 4
 DEFAULT_MAX_PENDING_CALLS = 64
@@ -133,6 +133,12 @@ class RewardPoolGroup:
             for i in range(actors)
         ]
         ray.get([h.ready.remote() for h in self.handles])
+
+    @classmethod
+    def for_job(cls, task: TaskSpec, seed: int, job_name: str) -> RewardPoolGroup:
+        """A job's reward client: one actor (verifier worker processes, sandboxed code) holding exactly the
+        grants the operator gave this job."""
+        return cls(task, seed, actors=1, name_prefix=f"{job_name}-reward", grants=job_grants())
 
     def score_refs(self, items: list[TaskItem], responses: list[str]) -> list[ray.ObjectRef]:
         """One object ref per non-empty chunk, in order; `ray.get` each for its Scores."""

@@ -14,7 +14,7 @@ import numbers
 from collections.abc import Callable
 from typing import Any
 
-from services.tasks.base import GrantError, Score, TaskItem, load_task
+from services.tasks import GrantError, Score, TaskItem, load_task
 from services.tasks.params import CUSTOM_CODE, LOCAL_GRANTS
 
 RewardFn = Callable[[TaskItem, str], Any]

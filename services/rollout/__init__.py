@@ -1,7 +1,8 @@
 """Generation for the RL loop: rollout engines (vLLM or transformers), the Ray actor that hosts one, and the
 pool of replicas the trainer drives. Weights arrive from the learner through services.weight_sync."""
 
-from services.rollout.engine import RolloutEngine, engine_kind, make_engine, sample_seed
+from services.rollout.actor import make_engine
+from services.rollout.engine import RolloutEngine, engine_kind, sample_seed
 from services.rollout.spec import RolloutSpec
 
 __all__ = ["RolloutEngine", "RolloutPool", "RolloutSpec", "engine_kind", "make_engine", "sample_seed"]

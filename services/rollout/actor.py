@@ -1,4 +1,5 @@
-"""The Ray actor that hosts one rollout engine: a thin wrapper that places the engine and times its calls."""
+"""The Ray actor that hosts one rollout engine: a thin wrapper that builds and places the engine and times its
+calls. `make_engine` is the one place that knows the engine modules (they import only engine.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,19 @@ import time
 from pathlib import Path
 
 from services.batch import Completion
-from services.rollout.engine import Sampling
+from services.rollout.engine import RolloutEngine, Sampling, engine_kind
 from services.rollout.spec import RolloutSpec
+
+
+def make_engine(spec: RolloutSpec, model_path: Path | str) -> RolloutEngine:
+    """The engine `spec.resources.rollout_engine` asks for, loaded from the HF directory `model_path`."""
+    if engine_kind(spec) == "vllm":
+        from services.rollout.vllm_engine import VLLMEngine
+
+        return VLLMEngine(spec, model_path)
+    from services.rollout.hf_engine import HFEngine
+
+    return HFEngine(spec, model_path)
 
 
 class RolloutActor:
@@ -16,8 +28,6 @@ class RolloutActor:
 
     def __init__(self, spec: RolloutSpec, model_path: str, job_name: str, replica: int, threads: int):
         import torch
-
-        from services.rollout.engine import engine_kind, make_engine
 
         torch.set_num_threads(min(threads, os.cpu_count() or threads))
         self.name = f"{job_name}-rollout-{replica}"

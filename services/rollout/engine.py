@@ -1,4 +1,4 @@
-"""The rollout engine interface and the choice between vLLM and transformers behind it.
+"""The rollout engine interface, and which engine (vLLM or transformers) a spec resolves to here.
 
 An engine holds one copy of the policy and turns prompts (token ids) into sampled completions with their
 sampling log-probs and the policy version that produced them. The Ray actor (`actor.py`) and the pool
@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from pathlib import Path
 
 from services.batch import Completion
 from services.rollout.spec import RolloutSpec
@@ -120,14 +119,3 @@ def engine_kind(spec: RolloutSpec) -> str:
             "weight_sync 'object_store'"
         )
     return kind
-
-
-def make_engine(spec: RolloutSpec, model_path: Path | str) -> RolloutEngine:
-    """The engine `spec.resources.rollout_engine` asks for, loaded from the HF directory `model_path`."""
-    if engine_kind(spec) == "vllm":
-        from services.rollout.vllm_engine import VLLMEngine
-
-        return VLLMEngine(spec, model_path)
-    from services.rollout.hf_engine import HFEngine
-
-    return HFEngine(spec, model_path)

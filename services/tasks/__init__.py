@@ -1,5 +1,6 @@
 """Tasks: deterministic prompt sources with their verifiers."""
 
-from services.tasks.base import Score, Task, TaskItem, load_task
+from services.tasks.base import GrantError, Score, Task, TaskItem
+from services.tasks.registry import load_task
 
-__all__ = ["Score", "Task", "TaskItem", "load_task"]
+__all__ = ["GrantError", "Score", "Task", "TaskItem", "load_task"]

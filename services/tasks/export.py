@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from services.tasks.answers import last_number
-from services.tasks.base import load_task
 from services.tasks.params import LOCAL_GRANTS
+from services.tasks.registry import load_task
 
 MAX_EXPORT_ROWS = 1_000_000
 

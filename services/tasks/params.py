@@ -17,9 +17,18 @@ import enum
 import os
 import types
 import typing
+from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.json_schema import JsonDict
 
 # Privileges a job spec can need; an admin token has all, operator settings grant some (see policy.py).
@@ -228,9 +237,144 @@ def check_gym_config(dataset: str, config: dict[str, Any]) -> None:
         ) from None
 
 
+VERIFIERS = ("math", "exact", "regex", "code")
+Verifier = Literal["math", "exact", "regex", "code"]
+MAX_ROWS = 10_000_000
+
+
+class DatasetParams(TaskParams):
+    """Where the rows are, which columns hold what, and how responses are verified."""
+
+    path: str | None = Field(
+        None,
+        min_length=1,
+        max_length=4096,
+        json_schema_extra=_needs(HOST_PATHS),
+        description="A file or `save_to_disk` directory on the workers' hosts (operators and admin tokens only; "
+        "tenants use `dataset_id` or `file`).",
+    )
+    file: str | None = Field(
+        None,
+        min_length=1,
+        max_length=1024,
+        description="A path relative to the server's data root (`TGC_DATA_ROOT`, set by the operator); it may "
+        "not leave that directory.",
+    )
+    dataset_id: str | None = Field(
+        None,
+        pattern=r"^ds_[0-9a-f]{32}$",
+        description="A dataset uploaded by this tenant (`tgc data upload`, `POST /v1/datasets`).",
+    )
+    hub_id: str | None = Field(
+        None,
+        max_length=193,
+        pattern=r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$",
+        description="A Hugging Face hub dataset `owner/name`; needs a hub the workers can reach.",
+    )
+    format: Literal["auto", "jsonl", "parquet", "csv", "arrow"] = Field(
+        "auto",
+        description="`auto`: from the file suffix (.jsonl/.json, .parquet, .csv) or a `save_to_disk` "
+        "directory (`arrow`).",
+    )
+    split: str | None = Field(
+        None,
+        max_length=128,
+        pattern=r"^[\w.-]+$",
+        description="Split of a `save_to_disk` DatasetDict or a hub dataset.",
+    )
+    prompt_column: str = Field("prompt", min_length=1, max_length=256, description="Prompt text.")
+    messages_column: str = Field(
+        "messages",
+        min_length=1,
+        max_length=256,
+        description="Chat messages [{role, content}, ...]; used when the prompt column "
+        "is absent (needs model.chat_template).",
+    )
+    answer_column: str = Field(
+        "answer",
+        min_length=1,
+        max_length=256,
+        description="Reference answer (math, exact) or pattern (regex).",
+    )
+    tests_column: str = Field(
+        "tests",
+        min_length=1,
+        max_length=256,
+        description="Code tests (a JSON object: {style: stdio, cases: [[stdin, stdout], "
+        "...]} or {style: function, entry_point, test}) for `code` rows.",
+    )
+    verifier_column: str = Field(
+        "verifier",
+        min_length=1,
+        max_length=256,
+        description="Per-row verifier name; rows without one use `verifier`.",
+    )
+    id_column: str | None = Field(
+        None, min_length=1, max_length=256, description="Row id (default: row number)."
+    )
+    metadata_columns: list[str] = Field(
+        [], max_length=64, description="Columns kept with each item as metadata."
+    )
+    verifier: Verifier = Field(
+        "math",
+        description="Default verifier: `math` (math-verify, then the last number), `exact` (normalised "
+        "exact match of the final answer), `regex` (the reference is a pattern searched in the response), "
+        "`code` (the row's tests in the sandbox).",
+    )
+    system_prompt: str | None = Field(
+        None,
+        max_length=16_384,
+        description="System message before each prompt (overrides model.system_prompt).",
+    )
+    shuffle: bool = Field(
+        True, description="A new permutation of the rows every epoch, drawn from the job seed."
+    )
+    epochs: int | None = Field(
+        None,
+        ge=1,
+        le=1_000_000,
+        description="Passes over the data; the job ends when they are done (default: `steps` decides).",
+    )
+    holdout: int = Field(
+        0,
+        ge=0,
+        le=MAX_ROWS,
+        description="Rows kept out of training for evaluation "
+        "(`eval` without a dataset); the same rows for every seed.",
+    )
+    max_rows: int | None = Field(
+        None, ge=1, le=MAX_ROWS, description="Use only the first N rows of the file."
+    )
+    timeout_s: float = Field(10.0, gt=0, le=120, description="Wall-clock limit of one code test run.")
+    sandbox: SandboxMode = Field(
+        "bwrap",
+        json_schema_extra=_needs(UNSAFE_SANDBOX),
+        description="Sandbox of `code` rows; `unsafe_local` (no isolation) is the operator's decision.",
+    )
+    memory_mb: int | None = Field(
+        None, ge=16, le=65_536, description="Address-space limit of a code test run."
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DatasetParams:
+        given = [k for k in ("path", "file", "dataset_id", "hub_id") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                f"give exactly one of path, file, dataset_id, hub_id (got {', '.join(given) or 'none'})"
+            )
+        if self.file is not None and (self.file.startswith(("/", "~")) or ".." in Path(self.file).parts):
+            raise ValueError("file: must be a relative path inside the data root, without '..'")
+        return self
+
+    def source(self) -> str:
+        """What the rows come from, for messages."""
+        return self.path or self.file or self.dataset_id or f"hub:{self.hub_id}"
+
+
 TASK_PARAMS: dict[str, type[TaskParams]] = {
     "arithmetic": ArithmeticParams,
     "code": CodeParams,
+    "dataset": DatasetParams,
     "humaneval": HumanEvalParams,
 }
 
@@ -239,10 +383,6 @@ def params_model(task_name: str) -> type[TaskParams] | None:
     """The params model of a built-in task; None for custom `module:function` tasks (free-form params)."""
     if task_name.startswith("reasoning_gym:"):
         return ReasoningGymParams
-    if task_name == "dataset":  # defined beside its task, which imports this module
-        from services.tasks.dataset import DatasetParams
-
-        return DatasetParams
     return TASK_PARAMS.get(task_name)
 
 

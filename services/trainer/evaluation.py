@@ -148,9 +148,9 @@ def run_eval_only(
     """Evaluate a model (the spec's, or `model_path`, e.g. a checkpoint's `model` dir) without training: rollout
     replicas and a reward pool only, no learner. Writes metrics.jsonl (step 0) and eval/step_0.jsonl."""
     from services.models import load_tokenizer, model_dir
+    from services.reward import RewardPoolGroup
     from services.rollout import RolloutPool
     from services.trainer.data import encode_item
-    from services.trainer.loop import job_rewards
     from services.trainer.metrics import MetricsSink
 
     tokenizer = load_tokenizer(spec.model)
@@ -159,7 +159,7 @@ def run_eval_only(
     sink = MetricsSink(run_dir, spec.name, 1, progress=False)
     rollout = rewards = None
     try:
-        rewards = job_rewards(spec, spec.name)
+        rewards = RewardPoolGroup.for_job(spec.task, spec.seed, spec.name)
         rollout = RolloutPool(spec, path, spec.name)
         metrics = evaluator.run(rollout, rewards, 0, tokenizer)
         sink.log(0, metrics)

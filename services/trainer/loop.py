@@ -49,17 +49,6 @@ class Rollout:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def job_rewards(spec: JobSpec, job_name: str):
-    """The job's reward client: one reward pool actor (verifier worker processes, sandboxed code) holding
-    exactly the grants the operator gave this job."""
-    from services.reward import RewardPoolGroup
-    from services.tasks.params import job_grants
-
-    return RewardPoolGroup(
-        spec.task, spec.seed, actors=1, name_prefix=f"{job_name}-reward", grants=job_grants()
-    )
-
-
 class Trainer:
     """Owns the actors of one job and drives them; `run()` returns the final state."""
 
@@ -107,13 +96,14 @@ class Trainer:
     # -- actors --------------------------------------------------------------------------------------
     def _start_actors(self, model_path: Path, resume: Path | None) -> None:
         from services.learner import LearnerGroup
+        from services.reward import RewardPoolGroup
         from services.rollout import RolloutPool
 
         name = self.spec.name
         engine_kind(
             RolloutSpec.of(self.spec)
         )  # an engine that cannot be built or receive a broadcast fails here
-        self.rewards = job_rewards(self.spec, name)
+        self.rewards = RewardPoolGroup.for_job(self.spec.task, self.spec.seed, name)
         self.learner = LearnerGroup(self.spec, model_path, name)
         if resume is not None:
             self.learner.load(resume)

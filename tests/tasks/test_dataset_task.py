@@ -10,9 +10,9 @@ import pytest
 
 from services.config import JobSpec, SpecError
 from services.tasks import load_task
-from services.tasks.dataset import DataError, DataExhausted, DatasetParams, DatasetTask, read_table, score_row
+from services.tasks.dataset import DataError, DataExhausted, DatasetTask, read_table, score_row
 from services.tasks.export import export_rows, write_rows
-from services.tasks.params import LOCAL_GRANTS
+from services.tasks.params import LOCAL_GRANTS, DatasetParams
 
 
 @pytest.fixture(scope="module")
