@@ -98,3 +98,16 @@ def compare(a: Sequence[float], b: Sequence[float]) -> Comparison:
         (sa.se if math.isfinite(sa.se) else 0.0) ** 2 + (sb.se if math.isfinite(sb.se) else 0.0) ** 2
     )
     return Comparison(sa.mean - sb.mean, se, permutation_p(a, b), sa.n, sb.n)
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment of a family of p-values (same order; NaN stays NaN and is not counted):
+    a claim is significant at alpha when its adjusted p is below alpha, with the family-wise error <= alpha."""
+    finite_at = sorted((p, i) for i, p in enumerate(p_values) if math.isfinite(p))
+    m = len(finite_at)
+    out = [float("nan")] * len(p_values)
+    running = 0.0
+    for rank, (p, i) in enumerate(finite_at):
+        running = max(running, min(1.0, (m - rank) * p))
+        out[i] = running
+    return out

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.stats import compare, summarize
+from experiments.stats import compare, holm, summarize
 from experiments.testbed4 import HELDOUT_PAIRS, MAX_OPERAND, OBJECTIVES, PLAN, SAME_AS, as_float, run_name
 
 COUPLED = ("grpo", "grpo_ar")  # response-coupled coefficients; the other four are exchangeable
@@ -153,23 +153,25 @@ CLAIMS = (
 
 def claim_rows(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """Per claim: each objective's mean ± s.e. over seeds, the class comparison (response-coupled minus
-    exchangeable, runs pooled) and grpo minus cp_grpo, and a plain verdict on the class comparison."""
+    exchangeable, runs pooled) with its p-value Holm-adjusted over the table's claims (one family: a verdict
+    at 0.05 keeps the chance of any false claim at 0.05), grpo minus cp_grpo, and a plain verdict."""
     rows = []
     for claim in CLAIMS:
         per = {obj: [claim.value(r) for r in rs] for obj, rs in runs.items()}
         coupled = [v for obj in COUPLED for v in per.get(obj, [])]
         exchangeable = [v for obj, vs in per.items() if obj not in COUPLED for v in vs]
-        cls = compare(coupled, exchangeable)
-        pair = compare(per.get("grpo", []), per.get("cp_grpo", []))
         rows.append(
             {
                 "claim": claim,
                 "per": {obj: summarize(vs) for obj, vs in per.items()},
-                "class": cls,
-                "pair": pair,
-                "verdict": verdict(cls.diff, cls.p_value, claim.worse_if_coupled, cls.n_a, cls.n_b),
+                "class": compare(coupled, exchangeable),
+                "pair": compare(per.get("grpo", []), per.get("cp_grpo", [])),
             }
         )
+    for row, adjusted in zip(rows, holm([row["class"].p_value for row in rows]), strict=True):
+        cls = row["class"]
+        row["holm_p"] = adjusted
+        row["verdict"] = verdict(cls.diff, adjusted, row["claim"].worse_if_coupled, cls.n_a, cls.n_b)
     return rows
 
 
@@ -181,6 +183,10 @@ def verdict(diff: float, p: float, expected: int, n_a: int, n_b: int, alpha: flo
     if expected == 0:
         return "differs (no predicted direction)"
     return "as the paper predicts" if np.sign(diff) == expected else "opposite to the paper's prediction"
+
+
+def _p(p: float) -> str:
+    return f"{p:.2g}" if math.isfinite(p) else "n/a"
 
 
 def figure(runs: dict[str, list[dict[str, Any]]], path: Path) -> Path:
@@ -269,7 +275,8 @@ def section(runs_dir: Path, fig_dir: Path, report_dir: Path) -> list[str]:
         f"Runs finished: {done} of the {planned} planned "
         f"({seeds}). "
         "Verdicts compare the response-coupled arms (grpo, grpo_ar) with the exchangeable ones (dr_grpo, "
-        "dfpo_min, cp_grpo, ibpo_cp), runs pooled, by a permutation test at 0.05; with three seeds an arm "
+        f"dfpo_min, cp_grpo, ibpo_cp), runs pooled, by a permutation test whose p-values are Holm-adjusted over the "
+        f"{len(CLAIMS)} claims of the table (the verdict reads the adjusted p at 0.05); with three seeds an arm "
         "against one other arm cannot reach p < 0.1, so the grpo - cp_grpo column is an effect size. "
         "gspo was planned as the second coupled arm and dropped after its first run: with one on-policy epoch "
         "its sequence ratio is 1 and its gradient is GRPO's, so it repeats grpo's run ("
@@ -279,8 +286,10 @@ def section(runs_dir: Path, fig_dir: Path, report_dir: Path) -> list[str]:
         "",
         f"![testbed 4 curves]({fig.relative_to(report_dir) if fig.is_relative_to(report_dir) else fig})",
         "",
-        "| Claim | Measure | " + " | ".join(objs) + " | coupled - exchangeable | grpo - cp_grpo | Verdict |",
-        "|" + "---|" * (len(objs) + 5),
+        "| Claim | Measure | "
+        + " | ".join(objs)
+        + " | coupled - exchangeable | Holm p | grpo - cp_grpo | Verdict |",
+        "|" + "---|" * (len(objs) + 6),
     ]
     for row in claim_rows(runs):
         c: Claim = row["claim"]
@@ -288,7 +297,7 @@ def section(runs_dir: Path, fig_dir: Path, report_dir: Path) -> list[str]:
         lines.append(
             f"| {c.name} | {c.measure} | "
             + " | ".join(cells)
-            + f" | {row['class'].fmt()} | {row['pair'].fmt()} | "
+            + f" | {row['class'].fmt()} | {_p(row['holm_p'])} | {row['pair'].fmt()} | "
             f"{row['verdict']} |"
         )
     return [*lines, ""]

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from experiments.stats import compare, permutation_p, summarize
+from experiments.stats import compare, holm, permutation_p, summarize
 
 
 def test_summary_is_mean_and_standard_error():
@@ -35,3 +35,10 @@ def test_summary_keeps_significant_digits_of_a_small_standard_error():
     assert s.fmt() == "0.0039 ± 0.0039"
     assert summarize([0.052, 0.0525, 0.0515]).fmt() == "0.052 ± 2.9e-04"
     assert summarize([5e-9, 4e-9]).fmt() == "4.50e-09 ± 5.0e-10"
+
+
+def test_holm_adjusts_step_down_keeps_order_and_skips_missing_tests():
+    # sorted 0.01, 0.02, 0.04 of m = 3: 3 x 0.01, max(0.03, 2 x 0.02), max(0.04, 1 x 0.04)
+    assert holm([0.04, 0.01, float("nan"), 0.02]) == pytest.approx([0.04, 0.03, math.nan, 0.04], nan_ok=True)
+    assert holm([0.5, 0.6]) == [1.0, 1.0]  # capped at 1
+    assert holm([]) == []

@@ -137,6 +137,9 @@ def test_report_section_tabulates_claims_by_class_and_draws_the_curves(tmp_path)
     assert "gspo seed 0 against grpo seed 0:" in text and "gspo: seeds" not in text
     drift_row = next(ln for ln in lines if ln.startswith("| Reward-irrelevant drift"))
     assert drift_row.endswith("| as the paper predicts |")  # coupled arms drift by ~1, exchangeable ~0
+    header = next(ln for ln in lines if ln.startswith("| Claim"))
+    holm_p = float(drift_row.split(" | ")[header.split(" | ").index("Holm p")])
+    assert 2 / 924 < holm_p < 0.05  # 6 vs 6 fully apart: exact p 2 / C(12, 6), adjusted over the claims
     tax_row = next(ln for ln in lines if ln.startswith("| Learning tax"))
     assert tax_row.endswith("| no effect at this scale |")  # the same 0.01 everywhere
     assert testbed4_report.section(tmp_path / "none", tmp_path, tmp_path) == []
