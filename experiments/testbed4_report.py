@@ -84,6 +84,22 @@ def worst_drop(run: dict[str, Any]) -> float:
     return max([0.0, *(a - b for a, b in zip(values, values[1:], strict=False))])
 
 
+def late_mean(key: str, first_step: int = 100) -> Callable[[dict[str, Any]], float]:
+    """Mean of the evaluations from `first_step` on: less noisy than the last one alone (127 prompts)."""
+
+    def mean(run: dict[str, Any]) -> float:
+        late = [v for s, v in zip(*_evals(run, key), strict=True) if s >= first_step and math.isfinite(v)]
+        return float(np.mean(late)) if late else math.nan
+
+    return mean
+
+
+def peak_decline(run: dict[str, Any]) -> float:
+    """Best held-out greedy accuracy of the run minus its last (0: it ended at its best)."""
+    values = [v for v in _evals(run, "eval/greedy/accuracy")[1] if math.isfinite(v)]
+    return max(values) - values[-1] if values else math.nan
+
+
 def tail_mean(key: str, n: int = 25) -> Callable[[dict[str, Any]], float]:
     def mean(run: dict[str, Any]) -> float:
         values = np.asarray(run["curves"].get(key, [])[-n:], dtype=float)
@@ -117,7 +133,14 @@ CLAIMS = (
         lambda r: r["final"]["steps_to_threshold"],
         +1,
     ),
+    Claim(
+        "Late accuracy",
+        "held-out greedy accuracy, mean of steps 100-150",
+        late_mean("eval/greedy/accuracy"),
+        -1,
+    ),
     Claim("Stability", "largest drop of held-out greedy accuracy between evaluations", worst_drop, +1),
+    Claim("Decline after the peak", "best held-out greedy accuracy minus step 150's", peak_decline, +1),
     Claim(
         "Entropy collapse",
         "token entropy of held-out samples, step 150 minus step 0",

@@ -191,3 +191,13 @@ def test_a_failed_run_moves_the_study_on_and_a_cancelled_one_stops_it(tmp_path, 
         testbed4.run_study(runs, tmp_path / "runs", tmp_path / "cache", log=lambda _: None)
     assert trained == ["tb4-grpo-s0-n2", "tb4-cp-grpo-s0-n2"]
     assert not list((tmp_path / "runs").iterdir())
+
+
+def test_late_accuracy_averages_the_last_evaluations_and_the_decline_is_measured_from_the_peak():
+    from experiments import testbed4_report
+
+    accuracy = {"0": 0.2, "50": 0.7, "100": 0.6, "125": float("nan"), "150": 0.5}
+    run = {"evals": {s: {"eval/greedy/accuracy": v} for s, v in accuracy.items()}}
+    assert testbed4_report.late_mean("eval/greedy/accuracy")(run) == pytest.approx(0.55)  # NaN left out
+    assert testbed4_report.peak_decline(run) == pytest.approx(0.2)
+    assert testbed4_report.worst_drop(run) == pytest.approx(0.1)
