@@ -92,6 +92,15 @@ def permutation_p(a: Sequence[float], b: Sequence[float], seed: int = 0) -> floa
     return (hits + 1) / (MAX_EXACT + 1)
 
 
+def smallest_p(n_a: int, n_b: int) -> float:
+    """The smallest p-value `permutation_p` can give samples of these sizes (the observed split alone, or
+    with its mirror image when the sizes are equal): below alpha or no difference can be significant."""
+    splits = math.comb(n_a + n_b, n_a)
+    if splits > MAX_EXACT:
+        return 1 / (MAX_EXACT + 1)
+    return (2 if n_a == n_b else 1) / splits
+
+
 def compare(a: Sequence[float], b: Sequence[float]) -> Comparison:
     sa, sb = summarize(a), summarize(b)
     se = math.sqrt(

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.stats import compare, holm, summarize
+from experiments.stats import compare, holm, smallest_p, summarize
 from experiments.testbed4 import HELDOUT_PAIRS, MAX_OPERAND, OBJECTIVES, PLAN, SAME_AS, as_float, run_name
 
 COUPLED = ("grpo", "grpo_ar")  # response-coupled coefficients; the other four are exchangeable
@@ -194,13 +194,20 @@ def claim_rows(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     for row, adjusted in zip(rows, holm([row["class"].p_value for row in rows]), strict=True):
         cls = row["class"]
         row["holm_p"] = adjusted
-        row["verdict"] = verdict(cls.diff, adjusted, row["claim"].worse_if_coupled, cls.n_a, cls.n_b)
+        row["verdict"] = verdict(
+            cls.diff, adjusted, row["claim"].worse_if_coupled, cls.n_a, cls.n_b, family=len(rows)
+        )
     return rows
 
 
-def verdict(diff: float, p: float, expected: int, n_a: int, n_b: int, alpha: float = 0.05) -> str:
+def verdict(
+    diff: float, p: float, expected: int, n_a: int, n_b: int, family: int = 1, alpha: float = 0.05
+) -> str:
+    """The plain reading of one class comparison; `p` is Holm-adjusted over a family of `family` claims."""
     if n_a < 2 or n_b < 2 or not math.isfinite(p):
         return "not measured yet"
+    if smallest_p(n_a, n_b) * family >= alpha:  # even complete separation could not pass: no test yet
+        return f"too few runs to test ({n_a} vs {n_b})"
     if p >= alpha:
         return "no effect at this scale"
     if expected == 0:

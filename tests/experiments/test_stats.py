@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from experiments.stats import compare, holm, permutation_p, summarize
+from experiments.stats import compare, holm, permutation_p, smallest_p, summarize
 
 
 def test_summary_is_mean_and_standard_error():
@@ -42,3 +42,9 @@ def test_holm_adjusts_step_down_keeps_order_and_skips_missing_tests():
     assert holm([0.04, 0.01, float("nan"), 0.02]) == pytest.approx([0.04, 0.03, math.nan, 0.04], nan_ok=True)
     assert holm([0.5, 0.6]) == [1.0, 1.0]  # capped at 1
     assert holm([]) == []
+
+
+def test_smallest_p_is_what_complete_separation_gives():
+    assert smallest_p(5, 5) == pytest.approx(permutation_p([10, 11, 12, 13, 14], [0, 1, 2, 3, 4]))
+    assert smallest_p(2, 3) == pytest.approx(permutation_p([10, 11], [0, 1, 2]))
+    assert smallest_p(6, 12) == pytest.approx(1 / 18_564)

@@ -145,6 +145,8 @@ def test_report_section_tabulates_claims_by_class_and_draws_the_curves(tmp_path)
     assert testbed4_report.section(tmp_path / "none", tmp_path, tmp_path) == []
     assert testbed4_report.verdict(-1.0, 0.01, +1, 6, 12) == "opposite to the paper's prediction"
     assert testbed4_report.verdict(1.0, 0.01, +1, 1, 12) == "not measured yet"
+    assert testbed4_report.verdict(1.0, 1.0, +1, 2, 2, family=16) == "too few runs to test (2 vs 2)"
+    assert testbed4_report.verdict(1.0, 0.5, +1, 6, 12, family=16) == "no effect at this scale"
 
 
 @pytest.mark.slow
