@@ -64,6 +64,8 @@ class Comparison:
     def fmt(self) -> str:
         if self.n_a == 0 or self.n_b == 0:
             return "n/a"
+        if self.n_a == 1 or self.n_b == 1:  # no spread on that side: a difference, not a test
+            return f"{_num(self.diff, 3)} (one run)"
         return f"{_num(self.diff, 3)} ± {_num(self.se, 2)} (p={self.p_value:.2g})"
 
 

@@ -48,3 +48,7 @@ def test_smallest_p_is_what_complete_separation_gives():
     assert smallest_p(5, 5) == pytest.approx(permutation_p([10, 11, 12, 13, 14], [0, 1, 2, 3, 4]))
     assert smallest_p(2, 3) == pytest.approx(permutation_p([10, 11], [0, 1, 2]))
     assert smallest_p(6, 12) == pytest.approx(1 / 18_564)
+
+
+def test_a_comparison_with_one_run_on_a_side_is_a_difference_without_a_test():
+    assert compare([2.0], [1.0, 1.5]).fmt() == "0.75 (one run)"
