@@ -1,6 +1,7 @@
 """The import graph: layers point one way. No two packages (rlcore, each services/<package>, each top-level
 services module) import each other, and inside a package no two modules do, directly or around a loop.
-Imports inside functions count too; imports for type checking only (`if TYPE_CHECKING:`) do not."""
+Imports inside functions count too; imports for type checking only (`if TYPE_CHECKING:`) count between
+packages but not between the modules of one package (a handle may name its client's type)."""
 
 import ast
 from collections import defaultdict
@@ -38,10 +39,12 @@ def _runtime_nodes(tree: ast.AST):
         yield from _runtime_nodes(node)
 
 
-def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
-    """The modules of `modules` that the file imports: `from a.b import c` is a.b.c when that is a module."""
+def _imports(path: Path, modules: dict[str, Path], type_checking: bool) -> set[str]:
+    """The modules of `modules` that the file imports (with `type_checking`, those under `if TYPE_CHECKING:`
+    too): `from a.b import c` is a.b.c when that is a module."""
     out = set()
-    for node in _runtime_nodes(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree) if type_checking else _runtime_nodes(tree):
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -57,7 +60,7 @@ def _graph() -> dict[str, set[str]]:
     modules = _sources()
     for name, path in modules.items():
         here = _node(name)
-        for there in map(_node, _imports(path, modules)):
+        for there in map(_node, _imports(path, modules, type_checking=True)):
             if here and there and there != here:
                 graph[here].add(there)
     return graph
@@ -67,7 +70,9 @@ def _module_graph() -> dict[str, set[str]]:
     """Imports between modules of the same package (the package's `__init__` included)."""
     modules = _sources()
     return {
-        name: {t for t in _imports(path, modules) if t != name and _node(t) == _node(name)}
+        name: {
+            t for t in _imports(path, modules, type_checking=False) if t != name and _node(t) == _node(name)
+        }
         for name, path in modules.items()
     }
 
