@@ -996,9 +996,11 @@ def render(
     preamble: str = "",
     notes: str = "",
     sections: list[str] | None = None,
+    columns: dict[str, dict[str, str]] | None = None,
 ) -> str:
     """`sections`: markdown lines of studies outside the claim table (IBPO, testbed 4), placed before the
-    figures."""
+    figures; `columns`: more summary-table columns (testbed name -> claim ident -> cell) from such studies."""
+    columns = {name: cells for name, cells in (columns or {}).items() if cells}
     views = {t: View(r) for t, r in results.items()}
     lines = [
         "# Token gradient cancellation at small scale: experiment report",
@@ -1019,16 +1021,23 @@ def render(
     lines += [
         "## Summary",
         "",
-        "| claim | " + " | ".join(TESTBEDS[t].split(" (")[0] for t in views) + " |",
-        "|---|" + "---|" * len(views),
+        "| claim | " + " | ".join([*(TESTBEDS[t].split(" (")[0] for t in views), *columns]) + " |",
+        "|---|" + "---|" * (len(views) + len(columns)),
     ]
     for claim in CLAIMS:
         cells = []
         for t in views:
             f = next((f for f in findings[claim.ident] if f.testbed == t), None)
             cells.append("—" if f is None else f"{f.verdict}{f.note}")
+        cells += [extra.get(claim.ident, "—") for extra in columns.values()]
         lines.append(f"| {claim.ident}: {claim.title} | " + " | ".join(cells) + " |")
     lines += ["", "— : not measured on that testbed (no such metric or condition there)."]
+    if "Testbed 4" in columns:
+        lines += [
+            "Testbed 4 (150-step runs through the real trainer) reads each claim from its own measure, named in "
+            "parentheses: response-coupled against exchangeable arms, Holm-adjusted over its table (its section "
+            "below)."
+        ]
     for t, v in views.items():
         if v.missing_runs() > 0:
             lines += [
@@ -1092,5 +1101,6 @@ def write_report(
     sections += testbed4_report.section(
         Path(results_dir) / "testbed4_runs", Path(results_dir), report_path.parent
     )
-    report_path.write_text(render(results, figs, report_path.parent, preamble, notes, sections))
+    columns = {"Testbed 4": testbed4_report.summary_cells(Path(results_dir) / "testbed4_runs")}
+    report_path.write_text(render(results, figs, report_path.parent, preamble, notes, sections, columns))
     return report_path

@@ -174,6 +174,44 @@ CLAIMS = (
 )
 
 
+# The report's claims (C1-C12) this testbed measures, and its claim that measures each: the report's summary
+# table gains a testbed-4 column from them. Final accuracy and stability are outcomes no C-claim names; they
+# stay in this section's own table.
+SUMMARY_CLAIMS = {
+    "C1": "Mechanism: residual on shared tokens",
+    "C2": "Reward-irrelevant drift",
+    "C5": "Learning tax",
+    "C6": "Entropy on shared prefixes",
+    "C7": "Collapse onto one phrasing",
+    "C8": "Sample efficiency",
+}
+EXACT_D2 = 1e-4  # C12's threshold for "cancels" (float rounding sits far below it)
+_SUMMARY_WORDS = {
+    "as the paper predicts": "reproduced",
+    "opposite to the paper's prediction": "opposite",
+    "no effect at this scale": "no effect at this scale",
+    "not measured yet": "not run yet",
+}
+
+
+def summary_cells(runs_dir: Path) -> dict[str, str]:
+    """The summary table's testbed-4 cell per C-claim it measures (none when no run has finished)."""
+    runs = load_runs(runs_dir)
+    if not runs:
+        return {}
+    by_name = {row["claim"].name: row["verdict"] for row in claim_rows(runs)}
+    cells = {}
+    for ident, name in SUMMARY_CLAIMS.items():
+        said = by_name[name]
+        word = _SUMMARY_WORDS.get(said, "too few runs yet" if said.startswith("too few") else said)
+        cells[ident] = f"{word} ({name.split(':')[0].lower()})"
+    if "grpo" in runs and "cp_grpo" in runs:  # C12's own rule, read run by run (no test needed)
+        d2 = {obj: [r["final"]["d2_residual_mean"] for r in runs[obj]] for obj in ("grpo", "cp_grpo")}
+        held = max(d2["cp_grpo"]) <= EXACT_D2 < min(d2["grpo"])
+        cells["C12"] = f"{'reproduced' if held else 'not reproduced'} (D2 of every grpo and cp_grpo run)"
+    return cells
+
+
 def claim_rows(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """Per claim: each objective's mean ± s.e. over seeds, the class comparison (response-coupled minus
     exchangeable, runs pooled) with its p-value Holm-adjusted over the table's claims (one family: a verdict

@@ -143,6 +143,11 @@ def test_report_section_tabulates_claims_by_class_and_draws_the_curves(tmp_path)
     tax_row = next(ln for ln in lines if ln.startswith("| Learning tax"))
     assert tax_row.endswith("| no effect at this scale |")  # the same 0.01 everywhere
     assert testbed4_report.section(tmp_path / "none", tmp_path, tmp_path) == []
+    cells = testbed4_report.summary_cells(runs_dir)  # the report summary's testbed-4 column
+    assert cells["C2"] == "reproduced (reward-irrelevant drift)"
+    assert cells["C5"] == "no effect at this scale (learning tax)"
+    assert cells["C12"].startswith("reproduced")  # cp_grpo's D2 0 <= 1e-4 < grpo's 0.1
+    assert "C3" not in cells and testbed4_report.summary_cells(tmp_path / "none") == {}
     assert testbed4_report.verdict(-1.0, 0.01, +1, 6, 12) == "opposite to the paper's prediction"
     assert testbed4_report.verdict(1.0, 0.01, +1, 1, 12) == "not measured yet"
     assert testbed4_report.verdict(1.0, 1.0, +1, 2, 2, family=16) == "too few runs to test (2 vs 2)"
