@@ -253,6 +253,41 @@ def verdict(
     return "as the paper predicts" if np.sign(diff) == expected else "opposite to the paper's prediction"
 
 
+PHASE = 25  # steps per column of the phase table
+
+
+def window_mean(run: dict[str, Any], values: list[float | None], first: int) -> float:
+    """Mean of a per-step series over steps first .. first + PHASE - 1 (NaN and missing steps left out)."""
+    picked = [v for s, v in zip(run["steps"], values, strict=True) if first <= s < first + PHASE]
+    finite = [v for v in picked if v is not None and math.isfinite(v)]
+    return float(np.mean(finite)) if finite else float("nan")
+
+
+def length_gap_series(run: dict[str, Any]) -> list[float | None]:
+    """|mean length of positive-advantage responses - of negative ones| per step: what the 1/|o| coefficient
+    of a response-coupled objective acts on (equal lengths leave GRPO's per-token weights exchangeable)."""
+    pos, neg = run["curves"]["diag/d11_len_pos_mean"], run["curves"]["diag/d11_len_neg_mean"]
+    return [abs(p - n) if p is not None and n is not None else None for p, n in zip(pos, neg, strict=True)]
+
+
+def phase_lines(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """A table per arm and 25-step window: the mean D2 residual and the length gap it feeds on."""
+    last = max(max(r["steps"]) for rs in runs.values() for r in rs)
+    starts = list(range(1, last + 1, PHASE))
+    lines = [
+        "| arm | " + " | ".join(f"steps {a}-{min(a + PHASE - 1, last)}" for a in starts) + " |",
+        "|---|" + "---|" * len(starts),
+    ]
+    for obj, rs in runs.items():
+        cells = []
+        for a in starts:
+            d2 = summarize([window_mean(r, r["curves"]["diag/d2_residual"], a) for r in rs])
+            gap = summarize([window_mean(r, length_gap_series(r), a) for r in rs])
+            cells.append(f"{d2.mean:.2g} / {gap.mean:.2f}")
+        lines.append(f"| {obj} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def _p(p: float) -> str:
     return f"{p:.2g}" if math.isfinite(p) else "n/a"
 
@@ -268,14 +303,17 @@ def figure(runs: dict[str, list[dict[str, Any]]], path: Path) -> Path:
         ("training accuracy (10-step mean)", lambda r: _smooth(r, "reward/accuracy"), False),
         ("held-out greedy accuracy", lambda r: _evals(r, "eval/greedy/accuracy"), False),
         ("held-out pass@8", lambda r: _evals(r, "eval/pass@8"), False),
-        ("D2 residual", lambda r: _smooth(r, "diag/d2_residual"), True),
+        ("held-out sampled accuracy (T = 0.7)", lambda r: _evals(r, "eval/accuracy"), False),
+        ("D1 residual (10-step mean)", lambda r: _smooth(r, "diag/d1_gcpr"), True),
+        ("D2 residual (10-step mean)", lambda r: _smooth(r, "diag/d2_residual"), True),
         ("token entropy (training, 10-step mean)", lambda r: _smooth(r, "diag/d7_entropy_mean"), False),
         ("entropy on shared prefixes (held-out)", lambda r: _evals(r, "entropy/shared"), False),
         ("phrasing drift: KL from step 0", lambda r: _evals(r, "phrase/kl_from_start"), False),
         ("learning tax: probe KL from step 0", lambda r: _evals(r, "probe/kl_from_start"), False),
         ("held-out length, incorrect - correct", lambda r: _gap_curve(r), False),
+        ("training response length (10-step mean)", lambda r: _smooth(r, "response/length_mean"), False),
     ]
-    fig, axes = plt.subplots(3, 3, figsize=(15, 11))
+    fig, axes = plt.subplots(4, 3, figsize=(15, 14.5))
     colours = plt.get_cmap("tab10")
     for ax, (title, curve, log) in zip(axes.flat, panels, strict=True):
         for i, (obj, rs) in enumerate(runs.items()):
@@ -294,8 +332,8 @@ def figure(runs: dict[str, list[dict[str, Any]]], path: Path) -> Path:
             ax.fill_between(x, mean - se, mean + se, color=colours(i), alpha=0.15)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
-        if log:
-            ax.set_yscale("log")
+        if log and any((np.asarray(line.get_ydata(), dtype=float) > 0).any() for line in ax.get_lines()):
+            ax.set_yscale("log")  # (a log axis with nothing above zero on it cannot be drawn)
     axes.flat[0].legend(fontsize=8)
     fig.suptitle(
         f"Testbed 4: SmolLM2-135M-Instruct, a + b (0-{MAX_OPERAND}), 8 x 8 a step; dashed: response-coupled"
@@ -368,4 +406,13 @@ def section(runs_dir: Path, fig_dir: Path, report_dir: Path) -> list[str]:
             + f" | {row['class'].fmt()} | {_p(row['holm_p'])} | {row['pair'].fmt()} | "
             f"{row['verdict']} |"
         )
+    lines += [
+        "",
+        "**Where the residual lives.** Mean D2 residual / mean gap in tokens between the lengths of positive- and "
+        "negative-advantage responses, per 25-step window (means over seeds). The response-coupled "
+        "coefficient 1/|o_i| differs between a group's responses only as much as their lengths differ, so a "
+        "coupled arm's residual can only be as large as that gap allows.",
+        "",
+        *phase_lines(runs),
+    ]
     return [*lines, ""]

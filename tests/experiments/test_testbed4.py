@@ -208,3 +208,19 @@ def test_late_accuracy_averages_the_last_evaluations_and_the_decline_is_measured
     assert testbed4_report.late_mean("eval/greedy/accuracy")(run) == pytest.approx(0.55)  # NaN left out
     assert testbed4_report.peak_decline(run) == pytest.approx(0.2)
     assert testbed4_report.worst_drop(run) == pytest.approx(0.1)
+
+
+def test_phase_table_shows_the_residual_and_the_length_gap_it_feeds_on_per_window():
+    from experiments import testbed4_report
+
+    run = {
+        "steps": list(range(1, 51)),
+        "curves": {
+            "diag/d2_residual": [0.1] * 25 + [0.0] * 24 + [None],  # a step without mixed groups: left out
+            "diag/d11_len_pos_mean": [12.0] * 50,
+            "diag/d11_len_neg_mean": [10.0] * 25 + [12.0] * 24 + [None],
+        },
+    }
+    lines = testbed4_report.phase_lines({"grpo": [run]})
+    assert lines[0] == "| arm | steps 1-25 | steps 26-50 |"
+    assert lines[2] == "| grpo | 0.1 / 2.00 | 0 / 0.00 |"
