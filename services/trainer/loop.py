@@ -224,7 +224,7 @@ class Trainer:
         asynchronous = spec.async_.mode == "one_step_off"
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout") if asynchronous else None
         pending: Future | None = None
-        self.reporter.state("running", "resumed" if self.step else "started", self.step)
+        self.reporter.state("running", "resumed" if self.resumed else "started", self.step)
         finished = "completed all steps"
         try:
             # a checkpoint is only written after the baseline, so a run resumed at step 0 has it already

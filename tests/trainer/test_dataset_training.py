@@ -94,6 +94,8 @@ def test_a_run_resumed_at_step_zero_keeps_its_baseline_and_does_not_evaluate_it_
     ]
     assert evaluated == [0, 1]
     assert [r["step"] for r in read_metrics(tmp_path)] == [0, 1]
+    reasons = [e["reason"] for e in read_events(tmp_path) if e["type"] == "state" and e["state"] == "running"]
+    assert reasons == ["started", "resumed"]  # a resume from step 0 is still a resume
 
 
 def test_steps_zero_evaluates_a_checkpoint_without_training(ray_cluster, tmp_path, data_file):
