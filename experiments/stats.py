@@ -11,6 +11,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 
@@ -122,3 +123,23 @@ def holm(p_values: Sequence[float]) -> list[float]:
         running = max(running, min(1.0, (m - rank) * p))
         out[i] = running
     return out
+
+
+def pooled_sd(groups: Sequence[Sequence[float]]) -> float:
+    """The within-group standard deviation pooled over groups (each about its own mean): the seed-to-seed noise
+    of a measure when the groups are arms that may differ. NaN when no group has two finite values."""
+    arrays = [finite(g) for g in groups]
+    dof = sum(a.size - 1 for a in arrays if a.size > 1)
+    if dof == 0:
+        return float("nan")
+    return math.sqrt(sum(float(((a - a.mean()) ** 2).sum()) for a in arrays if a.size > 1) / dof)
+
+
+def detectable_difference(sd: float, n_a: int, n_b: int, alpha: float, power: float = 0.8) -> float:
+    """The smallest true difference of means that a two-sided test at level `alpha` detects with probability
+    `power`, for samples of these sizes with standard deviation `sd` (normal approximation). A "no effect"
+    verdict rules out effects about this large, not smaller ones."""
+    if n_a < 1 or n_b < 1 or not math.isfinite(sd):
+        return float("nan")
+    z = NormalDist().inv_cdf
+    return (z(1 - alpha / 2) + z(power)) * sd * math.sqrt(1 / n_a + 1 / n_b)

@@ -13,10 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from experiments.stats import compare, holm, smallest_p, summarize
+from experiments.stats import compare, detectable_difference, holm, pooled_sd, smallest_p, summarize
 from experiments.testbed4 import HELDOUT_PAIRS, MAX_OPERAND, OBJECTIVES, PLAN, SAME_AS, as_float, run_name
 
 COUPLED = ("grpo", "grpo_ar")  # response-coupled coefficients; the other four are exchangeable
+ALPHA = 0.05  # the family-wise error rate of the table's verdicts
 FIGURE = "testbed4_curves.png"
 
 
@@ -221,10 +222,16 @@ def claim_rows(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
         per = {obj: [claim.value(r) for r in rs] for obj, rs in runs.items()}
         coupled = [v for obj in COUPLED for v in per.get(obj, [])]
         exchangeable = [v for obj, vs in per.items() if obj not in COUPLED for v in vs]
+        # the noise is seed-to-seed spread within an arm; the strictest Holm level (alpha / claims) is the
+        # level a claim must pass when it has the smallest p, so this is the effect the table can vouch for
+        noise = pooled_sd(list(per.values()))
         rows.append(
             {
                 "claim": claim,
                 "per": {obj: summarize(vs) for obj, vs in per.items()},
+                "detectable": detectable_difference(
+                    noise, len(coupled), len(exchangeable), ALPHA / len(CLAIMS)
+                ),
                 "class": compare(coupled, exchangeable),
                 "pair": compare(per.get("grpo", []), per.get("cp_grpo", [])),
             }
@@ -239,7 +246,7 @@ def claim_rows(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
 
 
 def verdict(
-    diff: float, p: float, expected: int, n_a: int, n_b: int, family: int = 1, alpha: float = 0.05
+    diff: float, p: float, expected: int, n_a: int, n_b: int, family: int = 1, alpha: float = ALPHA
 ) -> str:
     """The plain reading of one class comparison; `p` is Holm-adjusted over a family of `family` claims."""
     if n_a < 2 or n_b < 2 or not math.isfinite(p):
@@ -290,6 +297,10 @@ def phase_lines(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
 
 def _p(p: float) -> str:
     return f"{p:.2g}" if math.isfinite(p) else "n/a"
+
+
+def _num(x: float) -> str:
+    return f"{x:.2g}" if math.isfinite(x) else "n/a"
 
 
 def figure(runs: dict[str, list[dict[str, Any]]], path: Path) -> Path:
@@ -382,8 +393,12 @@ def section(runs_dir: Path, fig_dir: Path, report_dir: Path) -> list[str]:
         f"({seeds}). "
         "Verdicts compare the response-coupled arms (grpo, grpo_ar) with the exchangeable ones (dr_grpo, "
         f"dfpo_min, cp_grpo, ibpo_cp), runs pooled, by a permutation test whose p-values are Holm-adjusted over the "
-        f"{len(CLAIMS)} claims of the table (the verdict reads the adjusted p at 0.05); with three seeds an arm "
-        "against one other arm cannot reach p < 0.1, so the grpo - cp_grpo column is an effect size. "
+        f"{len(CLAIMS)} claims of the table (the verdict reads the adjusted p at {ALPHA}). *Detectable* is the "
+        "class difference these runs would find with 80% power at the strictest Holm level "
+        f"({ALPHA} / {len(CLAIMS)}), given the measure's seed-to-seed spread within an arm (pooled s.d.; normal "
+        'approximation): a "no effect at this scale" rules out differences about that large, not smaller ones. '
+        "With three seeds an arm against one other arm cannot reach p < 0.1, so the grpo - cp_grpo column is an "
+        "effect size. "
         "gspo was planned as the second coupled arm and dropped after its first run: with one on-policy epoch "
         "its sequence ratio is 1 and its gradient is GRPO's, so it repeats grpo's run ("
         + " ".join(dropped_arms(runs_dir))
@@ -394,8 +409,8 @@ def section(runs_dir: Path, fig_dir: Path, report_dir: Path) -> list[str]:
         "",
         "| Claim | Measure | "
         + " | ".join(objs)
-        + " | coupled - exchangeable | Holm p | grpo - cp_grpo | Verdict |",
-        "|" + "---|" * (len(objs) + 6),
+        + " | coupled - exchangeable | Holm p | detectable | grpo - cp_grpo | Verdict |",
+        "|" + "---|" * (len(objs) + 7),
     ]
     for row in claim_rows(runs):
         c: Claim = row["claim"]
@@ -403,7 +418,7 @@ def section(runs_dir: Path, fig_dir: Path, report_dir: Path) -> list[str]:
         lines.append(
             f"| {c.name} | {c.measure} | "
             + " | ".join(cells)
-            + f" | {row['class'].fmt()} | {_p(row['holm_p'])} | {row['pair'].fmt()} | "
+            + f" | {row['class'].fmt()} | {_p(row['holm_p'])} | {_num(row['detectable'])} | {row['pair'].fmt()} | "
             f"{row['verdict']} |"
         )
     lines += [

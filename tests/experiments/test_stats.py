@@ -4,7 +4,15 @@ import math
 
 import pytest
 
-from experiments.stats import compare, holm, permutation_p, smallest_p, summarize
+from experiments.stats import (
+    compare,
+    detectable_difference,
+    holm,
+    permutation_p,
+    pooled_sd,
+    smallest_p,
+    summarize,
+)
 
 
 def test_summary_is_mean_and_standard_error():
@@ -52,3 +60,11 @@ def test_smallest_p_is_what_complete_separation_gives():
 
 def test_a_comparison_with_one_run_on_a_side_is_a_difference_without_a_test():
     assert compare([2.0], [1.0, 1.5]).fmt() == "0.75 (one run)"
+
+
+def test_pooled_sd_removes_each_groups_mean_and_the_detectable_difference_shrinks_with_runs():
+    assert pooled_sd([[1.0, 3.0], [11.0, 13.0], [5.0]]) == pytest.approx(math.sqrt(2.0))  # group gaps ignored
+    assert math.isnan(pooled_sd([[1.0], [2.0]]))
+    d = detectable_difference(1.0, 6, 12, 0.05)
+    assert d == pytest.approx((1.959964 + 0.841621) * math.sqrt(1 / 6 + 1 / 12), rel=1e-5)
+    assert detectable_difference(1.0, 60, 120, 0.05) < d < detectable_difference(1.0, 6, 12, 0.05 / 16)
