@@ -22,9 +22,11 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 import shutil
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -295,6 +297,25 @@ class Prober:
         return {f"entropy/{k}": float(np.mean(v)) if v else math.nan for k, v in kinds.items()}
 
 
+def answer_format(response: str) -> str:
+    """An answer's form with its numbers blanked: "75 + 58 = 133" and "12 + 9 = 21" are both "N + N = N"."""
+    return " ".join(re.sub(r"\d+", "N", response).split())
+
+
+def format_metrics(samples: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """How far the held-out answers have settled on one form (a reward-irrelevant choice; the verifier reads
+    the last number): the share of the most common form among the greedy and among the sampled answers, and
+    how many forms the sampled answers take."""
+    out = {}
+    for mode in ("greedy", "sampled"):
+        forms = Counter(answer_format(s["response"]) for s in samples if s.get("mode", "sampled") == mode)
+        total = sum(forms.values())
+        out[f"format/{mode}_top_share"] = forms.most_common(1)[0][1] / total if total else math.nan
+        if mode == "sampled":
+            out["format/sampled_forms"] = float(len(forms)) if total else math.nan
+    return out
+
+
 def position_kinds(answers: Sequence[Sequence[int]]) -> list[list[str]]:
     """Per answer and position: 'shared' when another answer has the same tokens up to and including it,
     'fork' when another answer shares the prefix before it but not it, else ''."""
@@ -432,7 +453,7 @@ def run_one(
         samples = (
             [json.loads(x) for x in samples_file.read_text().splitlines()] if samples_file.exists() else None
         )
-        probes[step] = prober.probe(path, samples)
+        probes[step] = {**prober.probe(path, samples), **(format_metrics(samples) if samples else {})}
     summary = {
         **summarise_run(metrics, probes),
         "name": spec.name,

@@ -295,6 +295,31 @@ def phase_lines(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
     return lines
 
 
+def format_sentence(runs: dict[str, list[dict[str, Any]]], settled: float = 0.9) -> str:
+    """How soon the held-out answers settle on one form (digits blanked), the range over every run."""
+
+    def values(key: str, step: str) -> list[float]:
+        found = (r["evals"].get(step, {}).get(key, math.nan) for rs in runs.values() for r in rs)
+        return [v for v in found if math.isfinite(v)]
+
+    def spread(key: str, step: str) -> str:
+        v = values(key, step)
+        return f"{min(v):.2f}-{max(v):.2f}" if v else "n/a"
+
+    last, early = str(PLAN["steps"]), str(PLAN["eval_every"])
+    reading = (
+        f"Every run answers {settled:.0%} or more of the held-out questions in one form by step {early}."
+        if (v := values("format/greedy_top_share", early)) and min(v) >= settled
+        else f"Not every run has settled on one form by step {early}."
+    )
+    return (
+        "Greedy held-out answers in their most common form (numbers blanked: `N + N = N`), range over all runs: "
+        f"{spread('format/greedy_top_share', '0')} at step 0, {spread('format/greedy_top_share', early)} at step "
+        f"{early}, {spread('format/greedy_top_share', last)} at step {last}; sampled answers at step {last}: "
+        f"{spread('format/sampled_top_share', last)} in the most common form. {reading}"
+    )
+
+
 def _p(p: float) -> str:
     return f"{p:.2g}" if math.isfinite(p) else "n/a"
 
@@ -322,7 +347,11 @@ def figure(runs: dict[str, list[dict[str, Any]]], path: Path) -> Path:
         ("phrasing drift: KL from step 0", lambda r: _evals(r, "phrase/kl_from_start"), False),
         ("learning tax: probe KL from step 0", lambda r: _evals(r, "probe/kl_from_start"), False),
         ("held-out length, incorrect - correct", lambda r: _gap_curve(r), False),
-        ("training response length (10-step mean)", lambda r: _smooth(r, "response/length_mean"), False),
+        (
+            "held-out sampled answers in their most common form",
+            lambda r: _evals(r, "format/sampled_top_share"),
+            False,
+        ),
     ]
     fig, axes = plt.subplots(4, 3, figsize=(15, 14.5))
     colours = plt.get_cmap("tab10")
@@ -429,5 +458,7 @@ def section(runs_dir: Path, fig_dir: Path, report_dir: Path) -> list[str]:
         "coupled arm's residual can only be as large as that gap allows.",
         "",
         *phase_lines(runs),
+        "",
+        format_sentence(runs),
     ]
     return [*lines, ""]

@@ -224,3 +224,28 @@ def test_phase_table_shows_the_residual_and_the_length_gap_it_feeds_on_per_windo
     lines = testbed4_report.phase_lines({"grpo": [run]})
     assert lines[0] == "| arm | steps 1-25 | steps 26-50 |"
     assert lines[2] == "| grpo | 0.1 / 2.00 | 0 / 0.00 |"
+
+
+def test_answer_forms_blank_the_numbers_and_count_the_settled_share():
+    from experiments import testbed4_report
+
+    assert testbed4.answer_format("75 + 58  = 133\n") == "N + N = N"
+    samples = [
+        {"mode": "greedy", "response": "75 + 58 = 133"},
+        {"mode": "greedy", "response": "1 + 2 = 3"},
+        {"mode": "greedy", "response": "The answer is 3."},
+        {"mode": "sampled", "response": "3"},
+        {"mode": "sampled", "response": "4"},
+    ]
+    m = testbed4.format_metrics(samples)
+    assert m["format/greedy_top_share"] == pytest.approx(2 / 3)
+    assert m["format/sampled_top_share"] == 1.0 and m["format/sampled_forms"] == 1.0
+    assert math.isnan(testbed4.format_metrics(samples[:3])["format/sampled_top_share"])
+
+    def run(share_at_25):
+        share = {"format/greedy_top_share": share_at_25, "format/sampled_top_share": 0.9}
+        return {"evals": {"0": {"format/greedy_top_share": 0.7}, "25": share, "150": share}}
+
+    text = testbed4_report.format_sentence({"grpo": [run(0.95)], "cp_grpo": [run(1.0)]})
+    assert "0.70-0.70 at step 0, 0.95-1.00 at step 25" in text and "Every run answers 90%" in text
+    assert "Not every run" in testbed4_report.format_sentence({"grpo": [run(0.5)], "cp_grpo": [run(1.0)]})
