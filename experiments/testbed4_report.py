@@ -320,11 +320,7 @@ def format_sentence(runs: dict[str, list[dict[str, Any]]], settled: float = 0.9)
     )
 
 
-def _p(p: float) -> str:
-    return f"{p:.2g}" if math.isfinite(p) else "n/a"
-
-
-def _num(x: float) -> str:
+def _short(x: float) -> str:
     return f"{x:.2g}" if math.isfinite(x) else "n/a"
 
 
@@ -447,7 +443,7 @@ def section(runs_dir: Path, fig_dir: Path, report_dir: Path) -> list[str]:
         lines.append(
             f"| {c.name} | {c.measure} | "
             + " | ".join(cells)
-            + f" | {row['class'].fmt()} | {_p(row['holm_p'])} | {_num(row['detectable'])} | {row['pair'].fmt()} | "
+            + f" | {row['class'].fmt()} | {_short(row['holm_p'])} | {_short(row['detectable'])} | {row['pair'].fmt()} | "
             f"{row['verdict']} |"
         )
     lines += [
