@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from experiments import ibpo_report, plots, testbed4_report
+from experiments.diag import EXACT
 from experiments.stats import Summary, compare, summarize
 
 ALPHA = 0.05
-EXACT = 1e-4  # a D1 residual at or below this is cancellation up to floating-point rounding (float32 in testbed 2)
 TESTBEDS = {
     "tabular": "Testbed 1 (tabular toy)",
     "tinylm": "Testbed 2 (tiny LM)",
@@ -622,7 +622,7 @@ def check_trainer(view: View) -> Finding | None:
             g, cp = view.values("grpo", key, group), view.values("cp_grpo", key, group)
             if not (g and cp):
                 continue
-            oks.append(summarize(cp).mean <= 1e-4 < summarize(g).mean)
+            oks.append(summarize(cp).mean <= EXACT < summarize(g).mean)
             text = (
                 f"On {task}, {name} is {_fmt(summarize(g))} under grpo and {_fmt(summarize(cp))} under "
                 f"cp_grpo (mean over each run's steps; seeds as in the table)."
@@ -996,11 +996,12 @@ def render(
     preamble: str = "",
     notes: str = "",
     sections: list[str] | None = None,
-    columns: dict[str, dict[str, str]] | None = None,
+    columns: dict[str, tuple[dict[str, str], str]] | None = None,
 ) -> str:
     """`sections`: markdown lines of studies outside the claim table (IBPO, testbed 4), placed before the
-    figures; `columns`: more summary-table columns (testbed name -> claim ident -> cell) from such studies."""
-    columns = {name: cells for name, cells in (columns or {}).items() if cells}
+    figures; `columns`: more summary-table columns from such studies (name -> (claim ident -> cell, a note
+    printed under the table)); a column without cells is left out."""
+    columns = {name: column for name, column in (columns or {}).items() if column[0]}
     views = {t: View(r) for t, r in results.items()}
     lines = [
         "# Token gradient cancellation at small scale: experiment report",
@@ -1029,15 +1030,10 @@ def render(
         for t in views:
             f = next((f for f in findings[claim.ident] if f.testbed == t), None)
             cells.append("—" if f is None else f"{f.verdict}{f.note}")
-        cells += [extra.get(claim.ident, "—") for extra in columns.values()]
+        cells += [extra.get(claim.ident, "—") for extra, _ in columns.values()]
         lines.append(f"| {claim.ident}: {claim.title} | " + " | ".join(cells) + " |")
     lines += ["", "— : not measured on that testbed (no such metric or condition there)."]
-    if "Testbed 4" in columns:
-        lines += [
-            "Testbed 4 (150-step runs through the real trainer) reads each claim from its own measure, named in "
-            "parentheses: response-coupled against exchangeable arms, Holm-adjusted over its table (its section "
-            "below)."
-        ]
+    lines += [note for _, note in columns.values()]
     for t, v in views.items():
         if v.missing_runs() > 0:
             lines += [
@@ -1098,9 +1094,10 @@ def write_report(
     figs = figures(results, Path(results_dir))
     notes = notes_path.read_text() if notes_path is not None and notes_path.exists() else ""
     sections = ibpo_report.section(Path(results_dir) / "ibpo", Path(results_dir), report_path.parent)
-    sections += testbed4_report.section(
+    testbed4_lines, testbed4_cells = testbed4_report.section(
         Path(results_dir) / "testbed4_runs", Path(results_dir), report_path.parent
     )
-    columns = {"Testbed 4": testbed4_report.summary_cells(Path(results_dir) / "testbed4_runs")}
+    sections += testbed4_lines
+    columns = {"Testbed 4": (testbed4_cells, testbed4_report.SUMMARY_NOTE)}
     report_path.write_text(render(results, figs, report_path.parent, preamble, notes, sections, columns))
     return report_path

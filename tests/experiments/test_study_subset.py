@@ -67,9 +67,13 @@ def test_parts_accumulate_in_the_cache_and_the_report_says_what_has_not_run(tmp_
     assert "| C2: " in text and "(7 runs, partial)" in text  # summary verdicts carry their run counts
     assert "| C9: " in text and "not run yet" in text  # group-size ablation: planned, nothing ran
     assert "| dapo |" not in text  # a condition that has not run is never a table row
-    columns = {"Testbed 4": {"C2": "reproduced (reward-irrelevant drift)"}, "Empty": {}}
+    columns = {
+        "Testbed 4": ({"C2": "reproduced (reward-irrelevant drift)"}, "How testbed 4 reads the claims."),
+        "Empty": ({}, "A note of a column without cells."),
+    }
     text = render({"tinylm": res}, {}, report_dir=tmp_path, columns=columns)
     assert "| claim | Testbed 2 | Testbed 4 |" in text  # a study without cells adds no column
+    assert "How testbed 4 reads the claims." in text and "without cells" not in text
     c2 = next(ln for ln in text.splitlines() if ln.startswith("| C2: "))
     assert c2.endswith("| reproduced (reward-irrelevant drift) |")
     assert next(ln for ln in text.splitlines() if ln.startswith("| C9: ")).endswith("| — |")

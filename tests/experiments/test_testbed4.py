@@ -130,7 +130,7 @@ def test_report_section_tabulates_claims_by_class_and_draws_the_curves(tmp_path)
     }  # a dropped arm's run: left out, compared
     twin["name"] = testbed4.run_name("gspo", 0)
     (runs_dir / "gspo.json").write_text(json.dumps(twin))
-    lines = testbed4_report.section(runs_dir, tmp_path, tmp_path)
+    lines, cells = testbed4_report.section(runs_dir, tmp_path, tmp_path)
     text = "\n".join(lines)
     assert (tmp_path / testbed4_report.FIGURE).stat().st_size > 10_000
     assert "Runs finished: 12 of the 18 planned" in text and "cp_grpo: seeds 0, 1, 2" in text
@@ -142,12 +142,12 @@ def test_report_section_tabulates_claims_by_class_and_draws_the_curves(tmp_path)
     assert 2 / 924 < holm_p < 0.05  # 6 vs 6 fully apart: exact p 2 / C(12, 6), adjusted over the claims
     tax_row = next(ln for ln in lines if ln.startswith("| Learning tax"))
     assert tax_row.endswith("| no effect at this scale |")  # the same 0.01 everywhere
-    assert testbed4_report.section(tmp_path / "none", tmp_path, tmp_path) == []
-    cells = testbed4_report.summary_cells(runs_dir)  # the report summary's testbed-4 column
+    assert testbed4_report.section(tmp_path / "none", tmp_path, tmp_path) == ([], {})
+    # the report summary's testbed-4 column
     assert cells["C2"] == "reproduced (reward-irrelevant drift)"
     assert cells["C5"] == "no effect at this scale (learning tax)"
     assert cells["C12"].startswith("reproduced")  # cp_grpo's D2 0 <= 1e-4 < grpo's 0.1
-    assert "C3" not in cells and testbed4_report.summary_cells(tmp_path / "none") == {}
+    assert "C3" not in cells
     assert testbed4_report.verdict(-1.0, 0.01, +1, 6, 12) == "opposite to the paper's prediction"
     assert testbed4_report.verdict(1.0, 0.01, +1, 1, 12) == "not measured yet"
     assert testbed4_report.verdict(1.0, 1.0, +1, 2, 2, family=16) == "too few runs to test (2 vs 2)"
