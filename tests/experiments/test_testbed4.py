@@ -135,6 +135,7 @@ def test_report_section_tabulates_claims_by_class_and_draws_the_curves(tmp_path)
     assert (tmp_path / testbed4_report.FIGURE).stat().st_size > 10_000
     assert "Runs finished: 12 of the 18 planned" in text and "cp_grpo: seeds 0, 1, 2" in text
     assert "gspo seed 0 against grpo seed 0:" in text and "gspo: seeds" not in text
+    assert "With 3 and 3 seeds, grpo against cp_grpo cannot pass a test" in text
     drift_row = next(ln for ln in lines if ln.startswith("| Reward-irrelevant drift"))
     assert drift_row.endswith("| as the paper predicts |")  # coupled arms drift by ~1, exchangeable ~0
     header = next(ln for ln in lines if ln.startswith("| Claim"))
@@ -152,6 +153,32 @@ def test_report_section_tabulates_claims_by_class_and_draws_the_curves(tmp_path)
     assert testbed4_report.verdict(1.0, 0.01, +1, 1, 12) == "not measured yet"
     assert testbed4_report.verdict(1.0, 1.0, +1, 2, 2, family=16) == "too few runs to test (2 vs 2)"
     assert testbed4_report.verdict(1.0, 0.5, +1, 6, 12, family=16) == "no effect at this scale"
+
+
+def test_extra_seeds_of_grpo_and_cp_grpo_sharpen_their_pair_and_leave_the_class_test_balanced(tmp_path):
+    from experiments import testbed4_report
+
+    runs_dir = tmp_path / "testbed4_runs"
+    runs_dir.mkdir()
+    seeds = {"grpo": 5, "grpo_ar": 3, "cp_grpo": 5, "dfpo_min": 3}
+    for objective, n in seeds.items():
+        for seed in range(n):
+            drift = 1.0 if objective in testbed4_report.COUPLED else 0.0
+            run = {**_fake_run(objective, seed, drift), "objective": objective, "seed": seed}
+            (runs_dir / f"{run['name']}.json").write_text(json.dumps(run))
+    lines, _ = testbed4_report.section(runs_dir, tmp_path, tmp_path)
+    text = "\n".join(lines)
+    assert "Runs finished: 12 of the 18 planned, and 4 extra" in text and "grpo: seeds 0, 1, 2, 3, 4" in text
+    header = next(ln for ln in lines if ln.startswith("| Claim")).split(" | ")
+    mechanism = next(ln for ln in lines if ln.startswith("| Mechanism")).split(" | ")
+    # the class test stays 6 vs 6 (seeds 0-2): fully apart, exact p 2 / C(12, 6) before adjustment
+    assert mechanism[header.index("coupled - exchangeable")].endswith("(p=0.0022)")
+    # the pair uses all five seeds a side (p 2/252) and is Holm-adjusted over its five named claims
+    pair = mechanism[header.index("grpo - cp_grpo")]
+    assert "(p=0.0079), Holm p 0.04" in pair
+    assert "passes for mechanism: residual on shared tokens." in text
+    drift = next(ln for ln in lines if ln.startswith("| Reward-irrelevant drift")).split(" | ")
+    assert "Holm p" not in drift[header.index("grpo - cp_grpo")]  # outside the pair's family: an effect size
 
 
 @pytest.mark.slow
