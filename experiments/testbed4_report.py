@@ -396,8 +396,8 @@ def figure(runs: dict[str, list[dict[str, Any]]], path: Path) -> Path:
         ("held-out greedy accuracy", lambda r: _evals(r, "eval/greedy/accuracy"), False),
         ("held-out pass@8", lambda r: _evals(r, "eval/pass@8"), False),
         ("held-out sampled accuracy (T = 0.7)", lambda r: _evals(r, "eval/accuracy"), False),
-        ("D1 residual (10-step mean)", lambda r: _smooth(r, "diag/d1_gcpr"), True),
-        ("D2 residual (10-step mean)", lambda r: _smooth(r, "diag/d2_residual"), True),
+        ("D1 residual (10-step mean; band: seed range)", lambda r: _smooth(r, "diag/d1_gcpr"), True),
+        ("D2 residual (10-step mean; band: seed range)", lambda r: _smooth(r, "diag/d2_residual"), True),
         ("token entropy (training, 10-step mean)", lambda r: _smooth(r, "diag/d7_entropy_mean"), False),
         ("entropy on shared prefixes (held-out)", lambda r: _evals(r, "entropy/shared"), False),
         ("phrasing drift: KL from step 0", lambda r: _evals(r, "phrase/kl_from_start"), False),
@@ -423,9 +423,12 @@ def figure(runs: dict[str, list[dict[str, Any]]], path: Path) -> Path:
                 warnings.simplefilter("ignore", RuntimeWarning)
                 mean = np.nanmean(y, 0)
                 se = np.nanstd(y, 0, ddof=1) / math.sqrt(len(rs)) if len(rs) > 1 else np.zeros(n)
+                # mean ± s.e. reads on a linear axis; on a log axis its lower edge dives towards zero whenever
+                # one seed is far above the others, so there the band is the seeds' range
+                low, high = (np.nanmin(y, 0), np.nanmax(y, 0)) if log else (mean - se, mean + se)
             style = "-" if obj not in COUPLED else "--"
             ax.plot(x, mean, style, color=colours(i), label=f"{obj} (n={len(rs)})")
-            ax.fill_between(x, mean - se, mean + se, color=colours(i), alpha=0.15)
+            ax.fill_between(x, low, high, color=colours(i), alpha=0.15)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
         if log and any((np.asarray(line.get_ydata(), dtype=float) > 0).any() for line in ax.get_lines()):
