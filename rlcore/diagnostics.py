@@ -143,8 +143,9 @@ def cancellation_diagnostics(
     out.update(_row_families(rows, groups, group_size))
     if entropies is not None:
         out["diag/d7_entropy_mean"] = rows["entropy"].sum() / max(tokens.sum(), 1)
-        ent_head = to_host(entropies[:, : min(width + 1, shape[1])], F64)
+        ent_head = to_host(entropies[:, : min(depth + 1, shape[1])], F64)
         out.update(_d7(ent_head, in_prefix, row_prefix, tokens, groups))
+        out.update(_d7_shared(ent_head, shared_depth(lcp, groups.members, shape[0]), tokens, groups))
     if old_logprobs is not None:
         total = max(d9.sum(), 1e-30)
         out.update({f"diag/d9_absw_share_{k}": v / total for k, v in zip(_BUCKET_KEYS, d9, strict=True)})
@@ -433,6 +434,34 @@ def _d7(
         "diag/d7_entropy_divergent": (first_div * diverges).sum() / max(diverges.sum(), 1),
         "diag/d7_common_tokens": in_prefix.sum(),  # what the two means rest on (weights when pooling)
         "diag/d7_divergent_rows": diverges.sum(),
+    }
+
+
+def shared_depth(lcp: np.ndarray, members: np.ndarray, rows: int) -> np.ndarray:
+    """(rows,) how many leading tokens each response shares with some other response of its group: the depth
+    of its deepest prefix-tree node that two or more responses pass through."""
+    depth = np.zeros(rows, dtype=np.int64)
+    real = members >= 0
+    depth[members[real]] = lcp.max(axis=2)[real] if lcp.size else 0
+    return depth
+
+
+def _d7_shared(
+    ent_head: np.ndarray, depth: np.ndarray, tokens: np.ndarray, groups: HostGroups
+) -> dict[str, float]:
+    """D7 on shared nodes: mean entropy on positions a response shares with another of its group (t < depth_i)
+    and at its fork (t = depth_i, the first token it no longer shares), over responses in groups of two or
+    more that go on past their shared part. Unlike the group-common prefix, which real rollouts rarely have
+    (every response of a group starting alike), every group of two or more has shared nodes or forks."""
+    cols = np.arange(ent_head.shape[1])[None, :]
+    shared = cols < depth[:, None]
+    forks = (depth < tokens) & (groups.counts[groups.inverse] >= 2)
+    at_fork = ent_head[np.arange(len(depth)), np.minimum(depth, ent_head.shape[1] - 1)]
+    return {
+        "diag/d7_entropy_shared": (ent_head * shared).sum() / max(shared.sum(), 1),
+        "diag/d7_entropy_fork": (at_fork * forks).sum() / max(forks.sum(), 1),
+        "diag/d7_shared_tokens": shared.sum(),
+        "diag/d7_fork_rows": forks.sum(),
     }
 
 

@@ -4,10 +4,10 @@
 micro-batches (whole groups each) and ranks gets one dict per part; these rules combine them into the
 step's values (docs/diagnostics.md#pooling-over-micro-batches-and-ranks):
 
-- counts add up (`diag/d1_groups_measured`, `diag/d2_nodes`, `diag/d7_common_tokens`, `diag/d7_divergent_rows`);
+- counts add up (`diag/d1_groups_measured`, `diag/d2_nodes`, `diag/d7_*_tokens`, `diag/d7_*_rows`);
 - maxima take the largest value (`*_max`);
 - every other statistic is a weighted mean, weighted by what it averages: D1 by the groups it measured,
-  D2's node ratios by the shared nodes, D7's prefix entropies by the positions they cover, the common-prefix
+  D2's node ratios by the shared nodes, D7's position-class entropies by the positions they cover, the common-prefix
   clip fractions of D10 by the groups that have a common prefix, everything else by the part's groups.
 
 A part whose weight for a statistic is 0 holds no value of it (rlcore reports such undefined statistics as 0
@@ -25,7 +25,14 @@ from typing import Literal
 
 Rule = Literal["sum", "mean", "max"]
 
-COUNT_KEYS = ("diag/d1_groups_measured", "diag/d2_nodes", "diag/d7_common_tokens", "diag/d7_divergent_rows")
+COUNT_KEYS = (
+    "diag/d1_groups_measured",
+    "diag/d2_nodes",
+    "diag/d7_common_tokens",
+    "diag/d7_divergent_rows",
+    "diag/d7_shared_tokens",
+    "diag/d7_fork_rows",
+)
 _MEASURED = "diag/d1_groups_measured"
 # statistic -> the count it averages over (a weighted mean; a maximum is defined where the count is > 0)
 _WEIGHT_KEYS = {
@@ -36,6 +43,8 @@ _WEIGHT_KEYS = {
     "diag/d2_node_size_mean": "diag/d2_nodes",
     "diag/d7_entropy_common": "diag/d7_common_tokens",
     "diag/d7_entropy_divergent": "diag/d7_divergent_rows",
+    "diag/d7_entropy_shared": "diag/d7_shared_tokens",
+    "diag/d7_entropy_fork": "diag/d7_fork_rows",
 }
 # averaged over the groups that have a group-common prefix
 _PREFIX_GROUP_KEYS = ("diag/d10_clipfrac_common_pos", "diag/d10_clipfrac_common_neg")

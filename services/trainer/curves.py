@@ -12,7 +12,8 @@ PANELS: list[tuple[str, list[tuple[str, str]]]] = [
     ("reward", [("reward/mean", "train reward"), ("reward/accuracy", "train accuracy"),
                 ("eval/accuracy", "held-out accuracy")]),
     ("cancellation residual", [("diag/d1_gcpr", "D1 (group-common prefix)"), ("diag/d2_residual", "D2 (shared nodes)")]),
-    ("token entropy", [("diag/d7_entropy_mean", "mean entropy")]),
+    ("token entropy", [("diag/d7_entropy_mean", "all tokens"), ("diag/d7_entropy_shared", "shared tokens"),
+                       ("diag/d7_entropy_fork", "forks")]),
     ("seconds per step", [("timing/step_s", "step")]),
 ]  # fmt: skip
 

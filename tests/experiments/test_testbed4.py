@@ -54,6 +54,37 @@ def test_position_kinds_mark_shared_prefix_tokens_and_forks():
     assert testbed4.position_kinds([[5, 6], [5, 6]]) == [["shared", "shared"], ["shared", "shared"]]
 
 
+def test_position_kinds_agree_with_the_learners_per_step_d7_on_random_groups():
+    """The probe's labels and rlcore's D7 shared-node / fork entropies are one definition, computed twice."""
+    import torch
+
+    from rlcore.diagnostics import cancellation_diagnostics
+
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        # a vocabulary of 3: many shared nodes and forks
+        answers = [list(rng.integers(0, 3, rng.integers(1, 6))) for _ in range(6)]
+        width = max(map(len, answers))
+        ids = torch.zeros(6, width, dtype=torch.long)
+        mask = torch.zeros(6, width, dtype=torch.bool)
+        for i, a in enumerate(answers):
+            ids[i, : len(a)], mask[i, : len(a)] = torch.tensor(a), True
+        ent = torch.tensor(rng.random((6, width)))
+        w, one_group, adv = (
+            torch.zeros(6, width, dtype=torch.float64),
+            torch.zeros(6, dtype=torch.long),
+            torch.zeros(6),
+        )
+        d = cancellation_diagnostics(w, ids, mask, one_group, adv, entropies=ent)
+        labels = testbed4.position_kinds(answers)
+        for kind, count in (("shared", "shared_tokens"), ("fork", "fork_rows")):
+            picked = [
+                ent[i, t].item() for i, row in enumerate(labels) for t, k in enumerate(row) if k == kind
+            ]
+            assert d[f"diag/d7_{count}"] == len(picked)
+            assert d[f"diag/d7_entropy_{kind}"] == pytest.approx(np.mean(picked) if picked else 0.0)
+
+
 def test_phrase_metrics_see_a_shift_between_equivalent_answers_but_not_a_uniform_gain():
     base = np.log(np.full((3, 4), 0.25))
     same_split = base + 1.0  # every form more likely by the same factor: no drift, more mass

@@ -80,6 +80,8 @@ def test_step_reports_its_metrics(learner_spec, tiny_model_path, make_batch):
         "diag/d3_kappa_cv",
         "diag/d4_groups_complete_frac",
         "diag/d7_entropy_common",
+        "diag/d7_entropy_shared",
+        "diag/d7_entropy_fork",
         "diag/d9_absw_share_p00_10",
         "diag/d10_clipfrac_pos",
         "diag/d11_corr_len_adv",
@@ -154,15 +156,23 @@ def test_a_token_budget_cuts_micro_batches_and_keeps_the_gradient(learner_spec, 
 def test_prefix_entropies_pool_over_micro_batches_by_the_positions_they_average(
     learner_spec, tiny_model_path, make_batch
 ):
-    """D7's common-prefix and divergent entropies of a step split into micro-batches equal the whole batch's."""
+    """D7's position-class entropies of a step split into micro-batches equal the whole batch's."""
     batch = make_batch(n_groups=4)
     batch.response_ids[0, 0] += 1  # group 0 no longer shares a prefix: its micro-batch has no common position
     got = {
         mb: Learner(learner_spec(**{"optim.micro_batch_size": mb}), tiny_model_path).train_step(batch)
         for mb in (64, 4)
     }
-    assert got[64]["diag/d7_common_tokens"] > 0
-    for key in ("diag/d7_entropy_common", "diag/d7_entropy_divergent", "diag/d7_common_tokens"):
+    assert got[64]["diag/d7_common_tokens"] > 0 and got[64]["diag/d7_shared_tokens"] > 0
+    for key in (
+        "diag/d7_entropy_common",
+        "diag/d7_entropy_divergent",
+        "diag/d7_common_tokens",
+        "diag/d7_entropy_shared",
+        "diag/d7_entropy_fork",
+        "diag/d7_shared_tokens",
+        "diag/d7_fork_rows",
+    ):
         assert got[4][key] == pytest.approx(got[64][key], rel=1e-5), key
 
 

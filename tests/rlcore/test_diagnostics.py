@@ -88,6 +88,30 @@ def test_d7_splits_entropy_by_common_prefix_and_first_divergence():
     assert d["diag/d7_entropy_mean"] == pytest.approx(float(ent.mean()))
 
 
+def test_d7_shared_nodes_and_forks_need_only_two_responses_that_start_alike():
+    # rows 0 and 1 share two tokens, row 2 shares nothing: no group-common prefix, but shared nodes and forks
+    ent = torch.tensor(
+        [[0.1, 0.2, 0.9, 0.5], [0.3, 0.4, 0.7, 0.5], [0.6, 0.8, 0.2, 0.5], [1.0, 1.0, 1.0, 1.0]],
+        dtype=torch.float64,
+    )
+    ids = [[1, 2, 3, 4], [1, 2, 5, 4], [6, 2, 3, 4], [1, 2, 3, 4]]
+    mask = [[True] * 4, [True] * 4, [True] * 4, [True, True, False, False]]
+    gids = torch.tensor([0, 0, 0, 1])  # row 3 alone in its group: no node to share, no fork
+    adv = torch.tensor([1.0, -1.0, 0.0, 0.0], dtype=torch.float64)
+    d = diag([[1.0] * 4] * 4, ids, mask=mask, gids=gids, adv=adv, entropies=ent)
+    assert d["diag/d7_common_tokens"] == 0
+    assert d["diag/d7_shared_tokens"] == 4 and d["diag/d7_entropy_shared"] == pytest.approx(0.25)
+    assert d["diag/d7_fork_rows"] == 3  # rows 0 and 1 at t = 2, row 2 at its first token
+    assert d["diag/d7_entropy_fork"] == pytest.approx((0.9 + 0.7 + 0.6) / 3)
+
+
+def test_d7_identical_responses_are_shared_everywhere_and_never_fork():
+    ent = torch.tensor([[0.1, 0.2], [0.3, 0.4]], dtype=torch.float64)
+    d = diag([[1.0] * 2, [-1.0] * 2], [[1, 2], [1, 2]], entropies=ent)
+    assert d["diag/d7_shared_tokens"] == 4 and d["diag/d7_entropy_shared"] == pytest.approx(0.25)
+    assert d["diag/d7_fork_rows"] == 0 and d["diag/d7_entropy_fork"] == 0
+
+
 def test_d9_shares_follow_old_probability_buckets():
     old = torch.log(torch.tensor([[0.05, 0.3, 0.7, 0.95], [0.05, 0.3, 0.7, 0.95]], dtype=torch.float64))
     d = diag([[1.0] * 4, [-1.0] * 4], [[1, 2, 3, 4], [5, 6, 7, 8]], old_logprobs=old)

@@ -54,6 +54,10 @@ def test_micro_batches_of_whole_groups_pool_to_the_whole_batch():
         "diag/d4_groups_complete_frac",
         "diag/d7_entropy_common",
         "diag/d7_common_tokens",
+        "diag/d7_entropy_shared",
+        "diag/d7_shared_tokens",
+        "diag/d7_entropy_fork",
+        "diag/d7_fork_rows",
         "diag/d1_groups_with_prefix_frac",
     ):
         assert pooled[key] == pytest.approx(whole[key], rel=1e-9), key
