@@ -349,6 +349,27 @@ def phase_lines(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
     return lines
 
 
+def collapse_sentence(runs: dict[str, list[dict[str, Any]]], lost: float = 0.5) -> str:
+    """The runs, extra seeds included, that gave back more than `lost` of their gain in held-out greedy
+    accuracy (from step 0 to their best evaluation) by their last evaluation: a collapse, not noise around a
+    plateau (one evaluation's s.e. is ~0.044), and a single run of any arm is enough to show one can happen."""
+    found, total = [], 0
+    for obj, rs in runs.items():
+        for r in rs:
+            steps, acc = _evals(r, "eval/greedy/accuracy")
+            if len(acc) < 2 or not all(map(math.isfinite, acc)):
+                continue
+            total += 1
+            best = int(np.argmax(acc))
+            if acc[best] - acc[-1] > lost * (acc[best] - acc[0]) > 0:
+                found.append(
+                    f"{obj} seed {r['seed']} ({acc[0]:.2f} at step 0, {acc[best]:.2f} at its best at step "
+                    f"{steps[best]}, {acc[-1]:.2f} at step {steps[-1]})"
+                )
+    named = "; ".join(found) if found else "none"
+    return f"Runs that gave back more than {lost:.0%} of their gain in held-out greedy accuracy, of all {total}: {named}."
+
+
 def format_sentence(runs: dict[str, list[dict[str, Any]]], settled: float = 0.9) -> str:
     """How soon the held-out answers settle on one form (digits blanked), the range over every run."""
 
@@ -523,8 +544,10 @@ def section(runs_dir: Path, fig_dir: Path, report_dir: Path) -> tuple[list[str],
         "coefficient 1/|o_i| differs between a group's responses only as much as their lengths differ, so a "
         "coupled arm's residual can only be as large as that gap allows.",
         "",
-        *phase_lines(runs),
+        *phase_lines(design),
         "",
         format_sentence(runs),
+        "",
+        collapse_sentence(runs),
     ]
     return [*lines, ""], summary_cells(runs, rows)

@@ -194,7 +194,7 @@ def test_extra_seeds_of_grpo_and_cp_grpo_sharpen_their_pair_and_leave_the_class_
     seeds = {"grpo": 5, "grpo_ar": 3, "cp_grpo": 5, "dfpo_min": 3}
     for objective, n in seeds.items():
         for seed in range(n):
-            drift = 1.0 if objective in testbed4_report.COUPLED else 0.0
+            drift = (3.0 if seed > 2 else 1.0) if objective in testbed4_report.COUPLED else 0.0
             run = {**_fake_run(objective, seed, drift), "objective": objective, "seed": seed}
             (runs_dir / f"{run['name']}.json").write_text(json.dumps(run))
     lines, _ = testbed4_report.section(runs_dir, tmp_path, tmp_path)
@@ -208,6 +208,8 @@ def test_extra_seeds_of_grpo_and_cp_grpo_sharpen_their_pair_and_leave_the_class_
     pair = mechanism[header.index("grpo - cp_grpo")]
     assert "(p=0.0079), Holm p 0.04" in pair
     assert "passes for mechanism: residual on shared tokens." in text
+    phase = next(ln for ln in lines if ln.startswith("| grpo |"))  # seeds 0-2 only (3-4 have D2 0.3)
+    assert phase.split(" | ")[1] == "0.1 / nan"
     drift = next(ln for ln in lines if ln.startswith("| Reward-irrelevant drift")).split(" | ")
     assert "Holm p" not in drift[header.index("grpo - cp_grpo")]  # outside the pair's family: an effect size
 
@@ -282,6 +284,24 @@ def test_phase_table_shows_the_residual_and_the_length_gap_it_feeds_on_per_windo
     lines = testbed4_report.phase_lines({"grpo": [run]})
     assert lines[0] == "| arm | steps 1-25 | steps 26-50 |"
     assert lines[2] == "| grpo | 0.1 / 2.00 | 0 / 0.00 |"
+
+
+def test_a_run_that_gives_back_most_of_its_gain_is_named():
+    from experiments import testbed4_report
+
+    def run(seed, *acc):
+        evals = {str(25 * i): {"eval/greedy/accuracy": a} for i, a in enumerate(acc)}
+        return {"seed": seed, "evals": evals}
+
+    runs = {
+        "grpo": [run(0, 0.2, 0.7, 0.6), run(1, 0.2, 0.2, 0.2)],  # kept most of its gain; never gained
+        "cp_grpo": [run(4, 0.2, 0.6, 0.3, 0.25)],
+    }
+    assert testbed4_report.collapse_sentence(runs) == (
+        "Runs that gave back more than 50% of their gain in held-out greedy accuracy, of all 3: "
+        "cp_grpo seed 4 (0.20 at step 0, 0.60 at its best at step 25, 0.25 at step 75)."
+    )
+    assert testbed4_report.collapse_sentence({"grpo": runs["grpo"]}).endswith("of all 2: none.")
 
 
 def test_answer_forms_blank_the_numbers_and_count_the_settled_share():
