@@ -87,6 +87,11 @@ class Trainer:
             from services.trainer.ibpo import Reviser
 
             self.ibpo = Reviser(spec, self.tokenizer, self.objective)
+        # the job's claim, reported every step beside D2 so an alert can hold one against the other (an IBPO
+        # credit mask can break what the objective alone preserves)
+        self.preserves = (
+            self.ibpo.preserves if self.ibpo is not None else self.objective.preserves_cancellation
+        )
         if spec.eval is not None:
             from services.trainer.evaluation import Evaluator
 
@@ -209,6 +214,7 @@ class Trainer:
                 "timing/train_s": t2 - t1,
                 "timing/sync_s": t3 - t2,
                 "timing/prepare_s": t1 - t0,
+                "objective/preserves_cancellation": float(self.preserves),
                 "policy/version": float(self.version),
                 "policy/staleness_mean": staleness.mean().item(),
                 "policy/staleness_max": staleness.max().item(),

@@ -52,7 +52,10 @@ VARIANTS: dict[str, dict] = {
             "persistence": {"enabled": False},
         }
     },
-    "monitoring-off": {"metrics": {"serviceMonitor": {"enabled": False}}},
+    # a cluster without the Prometheus operator's CRDs
+    "monitoring-off": {
+        "metrics": {"serviceMonitor": {"enabled": False}, "prometheusRule": {"enabled": False}}
+    },
     "grafana-dashboard-off": {"metrics": {"grafanaDashboard": {"enabled": False}}},
     "sandbox-off": {"sandbox": {"enabled": False}},
     "no-autoscaling": {

@@ -65,13 +65,16 @@ def test_resume_continues_exactly(ray_cluster, tmp_path):
 def test_dynamic_sampling_replaces_groups_without_signal(ray_cluster, tmp_path):
     reward = {"task.reward": "tests.trainer.rewards:parity_on_odd_items", "checkpoint.every_steps": 0}
     plain, dynamic = tmp_path / "plain", tmp_path / "dynamic"
-    assert run(tiny_spec(steps=2, **reward), plain) == "succeeded"
+    # the plain run trains grpo, which does not preserve cancellation: each step says so beside its D2
+    assert run(tiny_spec(steps=2, objective={"name": "grpo"}, **reward), plain) == "succeeded"
     assert run(tiny_spec(steps=2, dynamic_sampling=True, **reward), dynamic) == "succeeded"
     # without it half of every step's groups (the even-indexed prompts) carry no signal
-    assert all(r["rollout/informative_groups"] <= 0.5 for r in read_metrics(plain))
+    for r in read_metrics(plain):
+        assert r["rollout/informative_groups"] <= 0.5 and r["objective/preserves_cancellation"] == 0.0
     for r in read_metrics(dynamic):
         assert r["rollout/groups_dropped"] >= 1 and r["rollout/informative_groups"] == 1.0
         assert r["response/tokens"] > 0 and r["grad_norm"] > 0
+        assert r["objective/preserves_cancellation"] == 1.0  # cp_grpo
 
 
 def test_one_step_off_async_trains_on_samples_one_version_old(ray_cluster, tmp_path):

@@ -76,6 +76,7 @@ def test_ibpo_cp_on_the_vllm_engine_revises_scores_and_reports_every_sink(ray_cl
         assert r["ibpo/tokens"] >= r["ibpo/revisions"]  # each revision generated at least one token
         assert 0.0 < r["ibpo/generate_s"] <= r["timing/generate_s"]
         assert r["ibpo/lambda"] == pytest.approx(0.6) and r["ibpo/preserves_cancellation"] == 1.0
+        assert r["objective/preserves_cancellation"] == 1.0  # the job's claim: the objective with its mask
         assert r["ibpo/symmetric/d2_residual"] <= 1e-6 and r["ibpo/none/d2_residual"] <= 1e-6
         assert 0.0 <= r["ibpo/masked_token_frac"] < 1.0
     # phi is rho (0.5) for each repaired response, averaged over all of the step's responses
