@@ -6,7 +6,8 @@ with its managed Ray head):
   tmp dir);
 - a real Prometheus (Debian's package) on loopback scrapes the control plane (with the metrics token), every
   Ray node (found through the dashboard's service discovery) and the sandbox service, and every query of
-  the Grafana dashboard (helm/tgc-rl/dashboards/tgc-rl.json) returns data.
+  the Grafana dashboard (helm/tgc-rl/dashboards/tgc-rl.json) returns data, and it evaluates the alert rules
+  (helm/tgc-rl/alerts) on the job's series without an error, the cancellation alert quiet for its cp_grpo.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from tests.proc_helpers import wait_for
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "helm" / "tgc-rl" / "dashboards" / "tgc-rl.json"
+RULES = ROOT / "helm" / "tgc-rl" / "alerts" / "tgc-rl.rules.yaml"
 PROMETHEUS = shutil.which("prometheus")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 JOB = "obs"
@@ -128,6 +130,7 @@ class Stack:
         port = urlparse_port(self.head.dashboard_url)
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "5s"},
+            "rule_files": [str(RULES)],
             "scrape_configs": [
                 {
                     "job_name": "tgc-control-plane",
@@ -357,3 +360,27 @@ def test_every_grafana_dashboard_query_returns_data(stack):
             f"targets: {[(t['scrapeUrl'], t['health'], t['lastError']) for t in targets]}"
         )
     assert stack.job.refresh().state.value == "running"
+
+
+def test_alert_rules_evaluate_on_the_running_job_and_cancellation_holds(stack):
+    wait_for(lambda: stack.step() >= 2, 600, "two steps")
+
+    def evaluated() -> list[dict]:
+        groups = httpx.get(f"{stack.prom}/api/v1/rules", timeout=30).json()["data"]["groups"]
+        return [r for g in groups for r in g["rules"]]
+
+    wait_for(lambda: all(r["lastEvaluation"][:4] != "0001" for r in evaluated()), 120, "every rule evaluated")
+    rules = {r["name"]: r for r in evaluated()}
+    assert len(rules) == 7 and {r["health"] for r in rules.values()} == {"ok"}, rules
+    # the cancellation rule's join holds on the job's real labels: with its threshold at 0 it finds the job
+    # (cp_grpo claims cancellation), with the shipped one (1e-4) it stays quiet: D2 is float rounding
+    expr = rules["TgcCancellationBroken"]["query"]
+    assert "> 0.0001" in expr
+    joined = httpx.get(
+        f"{stack.prom}/api/v1/query", timeout=30, params={"query": expr.replace("> 0.0001", ">= 0")}
+    )
+    assert [r["metric"]["job_id"] for r in joined.json()["data"]["result"]] == [stack.job.id]
+    assert (
+        rules["TgcCancellationBroken"]["state"] == "inactive"
+        and rules["TgcServerErrors"]["state"] == "inactive"
+    )
