@@ -11,9 +11,10 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from rlcore.config import RESIDUAL_TOLERANCE
 from rlcore.pooling import defined_diagnostics as defined
 
-EXACT = 1e-4  # a D1/D2 residual at or below this is cancellation up to floating-point rounding (float32 in testbed 2)
+EXACT = RESIDUAL_TOLERANCE  # a D1/D2 residual at or below this is cancellation up to floating-point rounding
 
 __all__ = ["defined", "mean_defined"]
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rlcore.config import ObjectiveConfig, cancellation_verdict, describe_knobs
+from rlcore.config import RESIDUAL_TOLERANCE, ObjectiveConfig, cancellation_verdict, describe_knobs
 from rlcore.pooling import pool_diagnostics, pooling_terms
 from rlcore.presets import PRESETS, list_objectives, preserves_cancellation, resolve
 from rlcore.step import StepNorm
@@ -47,6 +47,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "PRESETS",
+    "RESIDUAL_TOLERANCE",
     "LossOutput",
     "Objective",
     "ObjectiveConfig",

@@ -259,6 +259,11 @@ def _check_combination(cfg: ObjectiveConfig, preset: str) -> None:
         )
 
 
+# A D1/D2 residual at or below this is cancellation up to float rounding (float32 weights leave ~1e-8); above it,
+# an objective that claims cancellation has lost it (the trainer's warning, the TgcCancellationBroken alert).
+RESIDUAL_TOLERANCE = 1e-4
+
+
 def cancellation_verdict(cfg: ObjectiveConfig) -> tuple[bool, list[str]]:
     """Whether the policy-gradient weights cancel on group-common nodes for *any* ratio
     (docs/objectives.md#knobs-and-the-cancellation-verdict).

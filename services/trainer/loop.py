@@ -87,11 +87,10 @@ class Trainer:
             from services.trainer.ibpo import Reviser
 
             self.ibpo = Reviser(spec, self.tokenizer, self.objective)
-        # the job's claim, reported every step beside D2 so an alert can hold one against the other (an IBPO
-        # credit mask can break what the objective alone preserves)
-        self.preserves = (
-            self.ibpo.preserves if self.ibpo is not None else self.objective.preserves_cancellation
-        )
+        # the job's claim (an IBPO credit mask can break what the objective alone preserves), held against
+        # each step's D2 here and, through the step metrics, by the TgcCancellationBroken alert
+        preserves = self.ibpo.preserves if self.ibpo is not None else self.objective.preserves_cancellation
+        self.residuals = ResidualWatch(preserves, spec.objective.name, reporter)
         if spec.eval is not None:
             from services.trainer.evaluation import Evaluator
 
@@ -214,7 +213,7 @@ class Trainer:
                 "timing/train_s": t2 - t1,
                 "timing/sync_s": t3 - t2,
                 "timing/prepare_s": t1 - t0,
-                "objective/preserves_cancellation": float(self.preserves),
+                "objective/preserves_cancellation": float(self.residuals.preserves),
                 "policy/version": float(self.version),
                 "policy/staleness_mean": staleness.mean().item(),
                 "policy/staleness_max": staleness.max().item(),
@@ -260,6 +259,7 @@ class Trainer:
                     finished = self._data_done()
                 self.metrics.log(self.step, metrics)
                 self.reporter.emit("step", step=self.step, metrics=metrics)
+                self.residuals.check(self.step, metrics)
                 every = spec.checkpoint.every_steps
                 if every and self.step % every == 0 and self.step < spec.steps:
                     self.save()
@@ -316,6 +316,37 @@ class Trainer:
         )
         self.reporter.emit("checkpoint", step=self.step, path=str(path))
         return path
+
+
+@dataclass
+class ResidualWatch:
+    """Says so in the log (console and `tgc logs`) when a job that claims cancellation leaves a D2 residual
+    above rounding: on the first such step and every `every`-th after it (each step's D2 is in its metrics)."""
+
+    preserves: bool
+    objective: str
+    reporter: Reporter
+    every: int = 50
+    count: int = 0  # steps whose D2 broke the claim
+
+    def check(self, step: int, metrics: dict[str, float]) -> str | None:
+        d2 = metrics.get("diag/d2_residual", 0.0)
+        if not self.preserves or d2 <= rlcore.RESIDUAL_TOLERANCE:
+            return None
+        self.count += 1
+        if (self.count - 1) % self.every:
+            return None
+        complete = metrics.get("diag/d4_groups_complete_frac", 1.0)
+        split = f" (complete groups: {complete:.0%})" if complete < 1 else ""
+        message = (
+            f"step {step}: D2 residual {d2:.3g} > {rlcore.RESIDUAL_TOLERANCE:g} although objective "
+            f"{self.objective!r} preserves cancellation ({self.count} such step(s) so far): groups split across "
+            f"optimizer steps{split}, or a defect (the objective's weights disagree with its verdict: please "
+            "report it with the run directory); see docs/diagnostics.md (D2, D4)."
+        )
+        log.warning(message)
+        self.reporter.emit("log", message=message)
+        return message
 
 
 def _prefixed(prefix: str, stats: dict[str, float]) -> dict[str, float]:

@@ -5,6 +5,7 @@ A real Prometheus evaluating them against a running job is test_observability's.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import rlcore
 from tests.deploy.test_chart import render
 from tests.ops.exported import unexported
 
@@ -69,6 +71,14 @@ def test_every_alert_is_tested_and_reads_only_what_the_code_exports():
         assert rule["labels"]["severity"] in ("critical", "warning")
         assert {"summary", "description"} <= rule["annotations"].keys()
         assert unexported(rule["expr"]) == [], rule["alert"]
+
+
+def test_the_cancellation_alert_reads_d2_against_the_trainers_tolerance():
+    (rule,) = [r for r in rules() if r["alert"] == "TgcCancellationBroken"]
+    threshold = re.search(r'\{metric="diag/d2_residual"\} > ([0-9.e-]+)', rule["expr"])
+    assert (
+        threshold and float(threshold[1]) == rlcore.RESIDUAL_TOLERANCE
+    )  # the trainer warns at the same level
 
 
 def test_chart_ships_the_rules_as_a_prometheusrule():

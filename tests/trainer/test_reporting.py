@@ -80,3 +80,20 @@ def test_non_finite_metrics_are_reported_as_null(tmp_path, control_plane):
     assert sent == {"loss": None, "grad_norm": None, "lr": 1e-5} and not r._pending
     local = json.loads((tmp_path / "events.jsonl").read_text())
     assert local["metrics"]["loss"] is None
+
+
+def test_a_residual_on_a_cancelling_objective_is_logged_first_and_then_every_50th_step(tmp_path):
+    from services.trainer.loop import ResidualWatch
+
+    watch = ResidualWatch(True, "cp_grpo", Reporter(tmp_path))
+    assert watch.check(1, {"diag/d2_residual": 5e-9}) is None  # float rounding: cancellation holds
+    assert watch.check(2, {}) is None  # a step without shared nodes measures nothing
+    broken = {"diag/d2_residual": 0.01, "diag/d4_groups_complete_frac": 0.5}
+    said = [m for step in range(3, 106) if (m := watch.check(step, broken))]
+    assert len(said) == 3 and watch.count == 103  # steps 3, 53 and 103
+    assert said[0].startswith("step 3: D2 residual 0.01 > 0.0001 although objective 'cp_grpo' preserves")
+    assert "(1 such step(s) so far)" in said[0] and "(complete groups: 50%)" in said[0]
+    logged = [json.loads(ln) for ln in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [e["message"] for e in logged if e["type"] == "log"] == said  # what `tgc logs` shows
+    grpo = ResidualWatch(False, "grpo", Reporter(tmp_path / "grpo"))
+    assert grpo.check(1, {"diag/d2_residual": 0.02}) is None and grpo.count == 0  # it never claimed it
