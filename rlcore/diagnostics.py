@@ -145,7 +145,7 @@ def cancellation_diagnostics(
         out["diag/d7_entropy_mean"] = rows["entropy"].sum() / max(tokens.sum(), 1)
         ent_head = to_host(entropies[:, : min(depth + 1, shape[1])], F64)
         out.update(_d7(ent_head, in_prefix, row_prefix, tokens, groups))
-        out.update(_d7_shared(ent_head, shared_depth(lcp, groups.members, shape[0]), tokens, groups))
+        out.update(_d7_shared(ent_head, _shared_depth(lcp, groups.members, shape[0]), tokens, groups))
     if old_logprobs is not None:
         total = max(d9.sum(), 1e-30)
         out.update({f"diag/d9_absw_share_{k}": v / total for k, v in zip(_BUCKET_KEYS, d9, strict=True)})
@@ -437,7 +437,7 @@ def _d7(
     }
 
 
-def shared_depth(lcp: np.ndarray, members: np.ndarray, rows: int) -> np.ndarray:
+def _shared_depth(lcp: np.ndarray, members: np.ndarray, rows: int) -> np.ndarray:
     """(rows,) how many leading tokens each response shares with some other response of its group: the depth
     of its deepest prefix-tree node that two or more responses pass through."""
     depth = np.zeros(rows, dtype=np.int64)
@@ -451,8 +451,8 @@ def _d7_shared(
 ) -> dict[str, float]:
     """D7 on shared nodes: mean entropy on positions a response shares with another of its group (t < depth_i)
     and at its fork (t = depth_i, the first token it no longer shares), over responses in groups of two or
-    more that go on past their shared part. Unlike the group-common prefix, which real rollouts rarely have
-    (every response of a group starting alike), every group of two or more has shared nodes or forks."""
+    more that go on past their shared part. The group-common prefix needs every response of a group to start
+    alike; these need two."""
     cols = np.arange(ent_head.shape[1])[None, :]
     shared = cols < depth[:, None]
     forks = (depth < tokens) & (groups.counts[groups.inverse] >= 2)
