@@ -54,7 +54,7 @@ def test_the_unit_tests_can_fail(tmp_path):
     test["rule_files"] = [str(tmp_path / "rules.yaml")]
     (tmp_path / "test.yaml").write_text(yaml.safe_dump(test))
     out = subprocess.run(
-        [PROMTOOL, "test", "rules", str(tmp_path / "test.yaml")], capture_output=True, text=True
+        [PROMTOOL, "test", "rules", str(tmp_path / "test.yaml")], capture_output=True, text=True, timeout=120
     )
     assert out.returncode != 0 and "TgcCancellationBroken" in out.stdout + out.stderr
 
