@@ -7,8 +7,9 @@ step's values (docs/diagnostics.md#pooling-over-micro-batches-and-ranks):
 - counts add up (`diag/d1_groups_measured`, `diag/d2_nodes`, `diag/d7_*_tokens`, `diag/d7_*_rows`);
 - maxima take the largest value (`*_max`);
 - every other statistic is a weighted mean, weighted by what it averages: D1 by the groups it measured,
-  D2's node ratios by the shared nodes, D7's position-class entropies by the positions they cover, the common-prefix
-  clip fractions of D10 by the groups that have a common prefix, everything else by the part's groups.
+  D2's node ratios by the shared nodes, D7's position-class entropies by the positions they cover, the
+  common-prefix clip fractions of D10 by the groups that have a common prefix, everything else by the part's
+  groups.
 
 A part whose weight for a statistic is 0 holds no value of it (rlcore reports such undefined statistics as 0
 next to their count), so it is left out: it neither pulls a mean towards 0 nor sets a maximum.
@@ -25,14 +26,6 @@ from typing import Literal
 
 Rule = Literal["sum", "mean", "max"]
 
-COUNT_KEYS = (
-    "diag/d1_groups_measured",
-    "diag/d2_nodes",
-    "diag/d7_common_tokens",
-    "diag/d7_divergent_rows",
-    "diag/d7_shared_tokens",
-    "diag/d7_fork_rows",
-)
 _MEASURED = "diag/d1_groups_measured"
 # statistic -> the count it averages over (a weighted mean; a maximum is defined where the count is > 0)
 _WEIGHT_KEYS = {
@@ -46,6 +39,7 @@ _WEIGHT_KEYS = {
     "diag/d7_entropy_shared": "diag/d7_shared_tokens",
     "diag/d7_entropy_fork": "diag/d7_fork_rows",
 }
+COUNT_KEYS = tuple(dict.fromkeys(_WEIGHT_KEYS.values()))  # the counts, which add up
 # averaged over the groups that have a group-common prefix
 _PREFIX_GROUP_KEYS = ("diag/d10_clipfrac_common_pos", "diag/d10_clipfrac_common_neg")
 
