@@ -4,7 +4,20 @@ import os
 
 import pytest
 
+from tests import image_build
 from tests.proc_helpers import descendants, local_ray, wait_until
+
+
+def pytest_collection_modifyitems(items):
+    image_build.image_tests_last(items)
+
+
+def pytest_collection_finish(session):
+    image_build.start_if_selected(session.items)
+
+
+def pytest_sessionfinish(session):
+    image_build.stop()
 
 
 @pytest.fixture

@@ -14,7 +14,9 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05) -> bool:
+def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05) -> bool:
+    """True once `predicate()` is; False after `timeout` s (a bound for a failing test: generous, since a
+    slower or busier machine takes longer and a passing test returns at once)."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if predicate():

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import time
 import uuid
@@ -18,16 +17,8 @@ import yaml
 
 from services.control.local import free_port
 from services.sdk import Client
+from tests.image_build import ENGINE, ROOT, TAG, build_image
 
-ROOT = Path(__file__).resolve().parents[2]
-ENGINE = (
-    os.environ.get("TGC_IMAGE_ENGINE")
-    or shutil.which("podman")
-    and "podman"
-    or shutil.which("docker")
-    and "docker"
-)
-TAG = "localhost/tgc-rl:test"
 CACHE = Path(os.environ.get("TGC_CACHE_DIR", Path.home() / ".cache" / "tgc-rl"))
 
 pytestmark = [
@@ -65,8 +56,9 @@ def sandbox_options() -> list[str]:
 
 @pytest.fixture(scope="module")
 def image() -> str:
-    build = subprocess.run(["bash", "scripts/build-image.sh", "--debian-base", "--tag", TAG], cwd=ROOT,
-                           capture_output=True, text=True, timeout=1800)  # fmt: skip
+    build = build_image(
+        timeout=1800
+    )  # started in the background when collection ended (tests/image_build.py)
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-5000:]
     summary = re.search(r"built \S+ in \d+ s; image size \d+ MB", build.stderr)
     assert summary, build.stderr[-2000:]

@@ -75,7 +75,9 @@ def test_worker_killed_from_outside_while_idle_is_replaced(arith_pool):
     assert wait_until(lambda: arith_pool.stats()["reward/workers_alive"] == 2, timeout=60)
     victim = arith_pool.worker_pids[0]
     os.kill(victim, signal.SIGKILL)
-    assert wait_until(lambda: victim not in arith_pool.worker_pids and len(arith_pool.worker_pids) == 2)
+    assert wait_until(
+        lambda: victim not in arith_pool.worker_pids and len(arith_pool.worker_pids) == 2, timeout=60
+    )
     scores = arith_pool.score([math_item(str(i), i) for i in range(6)], [str(i) for i in range(6)])
     assert [s.reward for s in scores] == [1.0] * 6
 
@@ -183,7 +185,7 @@ def test_close_stops_every_worker_and_fails_queued_samples(no_new_children):
     pool = RewardPool(spec)
     pids = pool.worker_pids
     futures = [pool.submit(math_item("1"), "hang"), pool.submit(math_item("1"), "1")]
-    assert wait_until(lambda: pool.stats()["reward/queue_depth"] == 1)
+    assert wait_until(lambda: pool.stats()["reward/queue_depth"] == 1, timeout=60)  # the worker took "hang"
     pool.close()
     assert [f.result(timeout=10).status for f in futures] == ["error", "error"]
     assert all(not alive(p) for p in pids)

@@ -2,12 +2,12 @@
 and reward pool, shapes the advantages and trains with the cancellation-preserving edit mask."""
 
 import json
-import time
 import urllib.request
 
 import pytest
 
 from services.trainer.main import run
+from tests.proc_helpers import wait_until
 
 from .conftest import read_events, read_metrics, tiny_spec
 
@@ -99,19 +99,19 @@ def test_ibpo_cp_on_the_vllm_engine_revises_scores_and_reports_every_sink(ray_cl
         )
     # Ray's Prometheus export of the trainer's gauge: `ray_tgc_train_metric{job="ibpo-vllm",metric="ibpo/..."}`
     last = rows[-1]
-    exported = _ray_train_metrics(ray_cluster, "ibpo-vllm", set(IBPO_REPORTED))
-    assert exported == pytest.approx({k: last[k] for k in IBPO_REPORTED}, rel=1e-6)
+    _ray_exports(ray_cluster, "ibpo-vllm", {k: last[k] for k in IBPO_REPORTED})
 
 
-def _ray_train_metrics(ray, job: str, names: set[str], timeout: float = 60.0) -> dict[str, float]:
-    """The latest `ray_tgc_train_metric` values of `job` on this node's metrics export port (Ray reports every
-    10 s by default), once all of `names` are there."""
+def _ray_exports(ray, job: str, expected: dict[str, float], timeout: float = 90.0) -> None:
+    """Waits until this node's metrics export port (Ray reports every ~10 s) shows `ray_tgc_train_metric` of `job`
+    at the `expected` values: an earlier step's values are exported first, and a slow machine scrapes them."""
     from prometheus_client.parser import text_string_to_metric_families
 
     port = next(n["MetricsExportPort"] for n in ray.nodes() if n["Alive"])
-    deadline = time.monotonic() + timeout
     found: dict[str, float] = {}
-    while time.monotonic() < deadline:
+
+    def exported_as_expected() -> bool:
+        nonlocal found
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
             text = resp.read().decode()
         found = {
@@ -119,9 +119,9 @@ def _ray_train_metrics(ray, job: str, names: set[str], timeout: float = 60.0) ->
             for fam in text_string_to_metric_families(text)
             if fam.name == "ray_tgc_train_metric"
             for s in fam.samples
-            if s.labels.get("job") == job and s.labels.get("metric") in names
+            if s.labels.get("job") == job and s.labels.get("metric") in expected
         }
-        if set(found) == names:
-            return found
-        time.sleep(2)
-    raise AssertionError(f"Ray exported {json.dumps(found)} for {job} within {timeout} s, not all of {names}")
+        return found == pytest.approx(expected, rel=1e-6)
+
+    if not wait_until(exported_as_expected, timeout=timeout, interval=2.0):
+        raise AssertionError(f"Ray exported {json.dumps(found)} for {job} within {timeout} s, not {expected}")
