@@ -24,7 +24,7 @@ from pydantic import (
     model_validator,
 )
 
-from services.tasks.params import DatasetParams
+from services.tasks.params import DatasetParams, check_template
 
 # Hard limits a submitted spec must respect (the control plane enforces them; the trainer too).
 MAX_STEPS = 1_000_000
@@ -506,6 +506,7 @@ class EvalSpec(_Strict):
 
 
 IBPO_PRESET = "ibpo_cp"  # the objective that turns the `ibpo` section on by default
+REVISION_SLOTS = ("prompt", "response", "references")  # the slots of ibpo.revision_template, each required
 DEFAULT_REVISION_TEMPLATE = (
     "{prompt}\n\nHere is an attempt at this task:\n{response}\n\nHere is a correct solution:\n{references}\n\n"
     "Rewrite the attempt: keep what is right, fix what is wrong, and answer in the same format."
@@ -547,8 +548,8 @@ class IbpoSpec(_Strict):
         min_length=1,
         max_length=16_384,
         description="The revision prompt's user turn (through the chat template like a task prompt), with the "
-        "fields {prompt} (the task prompt), {response} (the incorrect response) and {references} (the correct "
-        "siblings, separated by a line `---`).",
+        "slots {prompt} (the task prompt), {response} (the incorrect response) and {references} (the correct "
+        "siblings, separated by a line `---`), each filled literally; no other braces.",
     )
     max_new_tokens: int | None = Field(
         None,
@@ -562,19 +563,8 @@ class IbpoSpec(_Strict):
     @field_validator("revision_template")
     @classmethod
     def _template_fields(cls, v: str) -> str:
-        import string
-
-        try:
-            names = {f for _, f, _, _ in string.Formatter().parse(v) if f is not None}
-        except ValueError as e:
-            raise ValueError(f"{e} (write a literal brace as {{{{ or }}}})") from None
-        want = {"prompt", "response", "references"}
-        if names != want:
-            raise ValueError(
-                f"must use exactly the fields {{prompt}}, {{response}} and "
-                f"{{references}}; got {sorted(names) or 'none'}"
-            )
-        return v
+        # filled by fill_template, like the task templates: never str.format (docs/security.md)
+        return check_template(v, REVISION_SLOTS, required=REVISION_SLOTS)
 
 
 class JobSpec(_Strict):

@@ -15,10 +15,11 @@ import dataclasses
 import datetime
 import enum
 import os
+import re
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -66,22 +67,50 @@ def _needs(privilege: str) -> JsonDict:
     return {"privilege": privilege}
 
 
-def _placeholders_only(template: str, allowed: tuple[str, ...]) -> str:
-    """A prompt template may hold only `{name}` slots of `allowed` (filled by `fill_template`, never format)."""
-    for name in allowed:
-        template = template.replace("{" + name + "}", "")
-    if "{" in template or "}" in template:
+# A slot is `{name}`; any other brace is matched too, so that check_template can name what it is. Linear.
+_BRACES = re.compile(r"\{([^{}]*)\}|[{}]")
+_AFTER_NAME = re.compile(r"\w*([:!.\[])")
+
+
+def check_template(template: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> str:
+    """Refuse anything in braces but a `{name}` slot of `allowed`, and a missing `required` slot.
+
+    Templates are filled by `fill_template` (literal substitution), never by `str.format`: a format spec
+    (`{prompt:>2000000000}`, a width chosen by a value) would cost unbounded memory and a conversion or an
+    attribute or index would reach Python objects, so each is refused here, with what to write instead.
+    """
+    slots = ", ".join("{" + a + "}" for a in allowed)
+    seen = set()
+    for m in _BRACES.finditer(template):
+        inner = m.group(1)
+        if inner in allowed:
+            seen.add(inner)
+            continue
+        at = f"{template[m.start() : m.start() + 40]!r} at character {m.start()}"
+        # what follows the slot's name says what str.format would have read there
+        after = _AFTER_NAME.match(template, m.start() + 1) if m.group(0)[0] == "{" else None
+        why = {":": "a format spec (no width, fill or precision: slots are filled literally)",
+               "!": "a conversion (slots are filled literally)",
+               ".": "attribute access (slots are filled literally)",
+               "[": "index access (slots are filled literally)"}.get(
+            after.group(1) if after else "", "a lone brace" if inner is None else "an unknown slot")  # fmt: skip
         raise ValueError(
-            f"only the placeholders {', '.join('{' + a + '}' for a in allowed)} may appear in braces"
+            f"{at}: {why}; braces may only enclose a slot ({slots}), written exactly so, "
+            "and there is no escape for a literal brace"
+        )
+    missing = [r for r in required if r not in seen]
+    if missing:
+        raise ValueError(
+            f"missing the slot(s) {', '.join('{' + r + '}' for r in missing)}; the slots are {slots}"
         )
     return template
 
 
 def fill_template(template: str, **values: object) -> str:
-    """Substitute `{name}` slots literally: a tenant's template can never reach attributes the way format() can."""
-    for name, value in values.items():
-        template = template.replace("{" + name + "}", str(value))
-    return template
+    """Substitute each `{name}` slot of `values` literally, in one pass over the template: a value is never
+    read as a template (a response holding `{references}` stays as written), a template never reaches
+    attributes or format specs the way `str.format` does, and anything else in braces stays as typed."""
+    return _BRACES.sub(lambda m: str(values[m.group(1)]) if m.group(1) in values else m.group(0), template)
 
 
 class ArithmeticParams(TaskParams):
@@ -98,7 +127,7 @@ class ArithmeticParams(TaskParams):
     @field_validator("template")
     @classmethod
     def _slots(cls, v: str) -> str:
-        _placeholders_only(v, ("a", "op", "b"))
+        check_template(v, ("a", "op", "b"))
         return v
 
     @field_validator("min_operand")
@@ -149,9 +178,7 @@ class HumanEvalParams(TaskParams):
     @field_validator("instruction")
     @classmethod
     def _slot(cls, v: str) -> str:
-        if "{prompt}" not in v:
-            raise ValueError("must contain '{prompt}' where the function goes")
-        _placeholders_only(v, ("prompt",))
+        check_template(v, ("prompt",), required=("prompt",))
         return v
 
 
@@ -312,7 +339,7 @@ class DatasetParams(TaskParams):
     id_column: str | None = Field(
         None, min_length=1, max_length=256, description="Row id (default: row number)."
     )
-    metadata_columns: list[str] = Field(
+    metadata_columns: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
         [], max_length=64, description="Columns kept with each item as metadata."
     )
     verifier: Verifier = Field(

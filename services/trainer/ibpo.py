@@ -24,6 +24,7 @@ from services.batch import SampledBatch, TrainBatch
 from services.config import JobSpec
 from services.rollout.engine import Sampling
 from services.tasks import TaskItem
+from services.tasks.params import fill_template
 from services.trainer.data import encode_item
 
 log = logging.getLogger("tgc.trainer")
@@ -80,8 +81,11 @@ class Reviser:
     def revision_prompt(self, item: TaskItem, response: str, references: list[str]) -> list[int]:
         """Token ids of the revision prompt: the template as the user turn, through the model's chat template
         (and system prompt) like a task prompt."""
-        text = self.cfg.revision_template.format(
-            prompt=item.prompt, response=response, references=_REFERENCE_SEPARATOR.join(references)
+        text = fill_template(
+            self.cfg.revision_template,
+            prompt=item.prompt,
+            response=response,
+            references=_REFERENCE_SEPARATOR.join(references),
         )
         return encode_item(self.tokenizer, self.spec.model, TaskItem(id=item.id, prompt=text))
 
