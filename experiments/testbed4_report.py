@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,7 +14,16 @@ from typing import Any
 import numpy as np
 
 from experiments.diag import EXACT
-from experiments.stats import compare, detectable_difference, holm, pooled_sd, smallest_p, summarize
+from experiments.stats import (
+    Comparison,
+    compare,
+    detectable_difference,
+    direction,
+    holm,
+    pooled_sd,
+    smallest_p,
+    summarize,
+)
 from experiments.testbed4 import (
     HELDOUT_PAIRS,
     MAX_OPERAND,
@@ -131,8 +140,9 @@ class Claim:
     name: str
     measure: str
     value: Callable[[dict[str, Any]], float]
-    worse_if_coupled: int  # +1: the paper expects response-coupled arms higher; -1: lower; 0: no direction
+    worse_if_coupled: int  # +1: the prediction is response-coupled arms higher; -1: lower; 0: no direction
     digits: int = 3
+    predicted_by: str = "the paper"  # whose argument gives the direction
 
 
 CLAIMS = (
@@ -188,7 +198,15 @@ CLAIMS = (
         last_eval("probe/kl_from_start"),
         +1,
     ),
-    Claim("Length bias", "incorrect minus correct answer length (tokens), step 150", length_gap, 0),
+    # GRPO's 1/|o_i| pushes a wrong answer's tokens down less the longer it is, and a right answer's up more the
+    # shorter it is: wrong answers lengthen relative to right ones (Dr. GRPO's length bias)
+    Claim(
+        "Length bias",
+        "incorrect minus correct answer length (tokens), step 150",
+        length_gap,
+        +1,
+        predicted_by="Dr. GRPO",
+    ),
 )
 
 # grpo - cp_grpo is tested on these five only (the plan, fixed before the extra seeds finished): with five seeds
@@ -215,24 +233,27 @@ SUMMARY_CLAIMS = {
 }
 SUMMARY_NOTE = (
     "Testbed 4 (150-step runs through the real trainer) reads each claim from its own measure, named in "
-    "parentheses: response-coupled against exchangeable arms, Holm-adjusted over its table (its section below)."
+    "parentheses: response-coupled minus exchangeable arms with its 95% CI, Holm-adjusted over its table; "
+    "n.s. means not significant at that standard, with the direction the difference points (its section "
+    "below, with the dose these runs gave the mechanism)."
 )
-_SUMMARY_WORDS = {
-    "as the paper predicts": "reproduced",
-    "opposite to the paper's prediction": "opposite",
-    "no effect at this scale": "no effect at this scale",
-    "not measured yet": "not run yet",
-}
 
 
 def summary_cells(runs: dict[str, list[dict[str, Any]]], rows: list[dict[str, Any]]) -> dict[str, str]:
     """The summary table's testbed-4 cell per C-claim it measures, from the table's rows (`claim_rows`)."""
-    by_name = {row["claim"].name: row["verdict"] for row in rows}
+    by_name = {row["claim"].name: row for row in rows}
     cells = {}
     for ident, name in SUMMARY_CLAIMS.items():
-        said = by_name[name]
-        word = _SUMMARY_WORDS.get(said, "too few runs yet" if said.startswith("too few") else said)
-        cells[ident] = f"{word} ({name.split(':')[0].lower()})"
+        row = by_name[name]
+        said, what = row["verdict"], name.split(":")[0].lower()
+        if said.startswith("as "):
+            cells[ident] = f"reproduced ({what})"
+        elif said.startswith("opposite"):
+            cells[ident] = f"opposite ({what})"
+        elif said.startswith("n.s."):
+            cells[ident] = f"{said} ({what}: {row['class'].fmt_ci()})"
+        else:
+            cells[ident] = f"{'too few runs yet' if said.startswith('too few') else said} ({what})"
     if "grpo" in runs and "cp_grpo" in runs:  # C12's own rule, read run by run (no test needed)
         d2 = {obj: [r["final"]["d2_residual_mean"] for r in runs[obj]] for obj in ("grpo", "cp_grpo")}
         held = max(d2["cp_grpo"]) <= EXACT < min(d2["grpo"])
@@ -252,9 +273,10 @@ def claim_rows(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
         coupled = [v for obj in COUPLED for v in per.get(obj, [])]
         exchangeable = [v for obj, vs in per.items() if obj not in COUPLED for v in vs]
         pair = [[claim.value(r) for r in runs.get(obj, [])] for obj in PAIR]
-        # the noise is seed-to-seed spread within an arm; the strictest Holm level (alpha / claims) is the
-        # level a claim must pass when it has the smallest p, so this is the effect the table can vouch for
-        noise = pooled_sd(list(per.values()))
+        # the noise the class test faces is the spread within each class, arms pooled: seed-to-seed noise
+        # and the arms' own differences (a class's arms are not one treatment); the strictest Holm level
+        # (alpha / claims) is the level a claim must pass when it has the smallest p
+        noise = pooled_sd([coupled, exchangeable])
         rows.append(
             {
                 "claim": claim,
@@ -273,7 +295,13 @@ def claim_rows(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
         cls = row["class"]
         row["holm_p"] = adjusted
         row["verdict"] = verdict(
-            cls.diff, adjusted, row["claim"].worse_if_coupled, cls.n_a, cls.n_b, family=len(rows)
+            cls.diff,
+            adjusted,
+            row["claim"].worse_if_coupled,
+            cls.n_a,
+            cls.n_b,
+            family=len(rows),
+            by=row["claim"].predicted_by,
         )
     return rows
 
@@ -300,28 +328,70 @@ def pair_sentence(rows: list[dict[str, Any]]) -> str:
 
 
 def verdict(
-    diff: float, p: float, expected: int, n_a: int, n_b: int, family: int = 1, alpha: float = ALPHA
+    diff: float,
+    p: float,
+    expected: int,
+    n_a: int,
+    n_b: int,
+    family: int = 1,
+    alpha: float = ALPHA,
+    by: str = "the paper",
 ) -> str:
-    """The plain reading of one class comparison; `p` is Holm-adjusted over a family of `family` claims."""
+    """The plain reading of one class comparison; `p` is Holm-adjusted over a family of `family` claims. A
+    difference that does not pass is "n.s." with the direction it points: not "no effect", which a few
+    seeds and a small dose cannot show."""
     if n_a < 2 or n_b < 2 or not math.isfinite(p):
         return "not measured yet"
     if smallest_p(n_a, n_b) * family >= alpha:  # even complete separation could not pass: no test yet
         return f"too few runs to test ({n_a} vs {n_b})"
     if p >= alpha:
-        return "no effect at this scale"
+        return f"n.s., {direction(diff, expected, by)}"
     if expected == 0:
         return "differs (no predicted direction)"
-    return "as the paper predicts" if np.sign(diff) == expected else "opposite to the paper's prediction"
+    return f"as {by} predicts" if np.sign(diff) == expected else f"opposite to {by}'s prediction"
 
 
 PHASE = 25  # steps per column of the phase table
 
 
-def window_mean(run: dict[str, Any], values: list[float | None], first: int) -> float:
-    """Mean of a per-step series over steps first .. first + PHASE - 1 (NaN and missing steps left out)."""
-    picked = [v for s, v in zip(run["steps"], values, strict=True) if first <= s < first + PHASE]
+def window_mean(
+    run: dict[str, Any], values: list[float | None], first: int, last: int | None = None
+) -> float:
+    """Mean of a per-step series over steps first .. last (default first + PHASE - 1; NaN and missing steps
+    left out)."""
+    last = first + PHASE - 1 if last is None else last
+    picked = [v for s, v in zip(run["steps"], values, strict=True) if first <= s <= last]
     finite = [v for v in picked if v is not None and math.isfinite(v)]
     return float(np.mean(finite)) if finite else float("nan")
+
+
+def dose_sentence(runs: dict[str, list[dict[str, Any]]], late: int = 76) -> str:
+    """How much of the mechanism these runs delivered: the coupled arms' residual, the length gap it feeds on,
+    how fast entropy went, and what one on-policy epoch switches off. Read with every n.s. verdict."""
+
+    def mean_over(
+        arms: Iterable[str], values: Callable[[dict[str, Any]], list[float | None]], a: int, b: int
+    ):
+        return summarize([window_mean(r, values(r), a, b) for o in arms for r in runs.get(o, [])]).mean
+
+    last = max(max(r["steps"]) for rs in runs.values() for r in rs)
+    d2 = lambda r: r["curves"]["diag/d2_residual"]  # noqa: E731
+    entropy = lambda r: r["curves"]["diag/d7_entropy_mean"]  # noqa: E731
+    coupled = [o for o in COUPLED if o in runs]
+    every = list(runs)
+    return (
+        "**Dose.** With one optimizer step per batch (on-policy) no clip can bite and a sequence ratio is 1, so "
+        "of the paper's mechanisms only GRPO's 1/|o_i| separates the classes here, and it feeds on the gap "
+        "between the lengths of positive- and negative-advantage responses. That gap averaged "
+        f"{mean_over(every, length_gap_series, 1, PHASE):.2f} tokens over steps 1-{PHASE} and "
+        f"{mean_over(every, length_gap_series, late, last):.2f} over steps {late}-{last} (all arms); the coupled "
+        f"arms' D2 averaged {mean_over(coupled, d2, 1, last):.2g} over the run and "
+        f"{mean_over(coupled, d2, late, last):.2g} over steps {late}-{last}. Training token entropy went from "
+        f"{mean_over(every, entropy, 1, 5):.2f} (steps 1-5) to {mean_over(every, entropy, 46, 50):.2f} "
+        f"(steps 46-50), and the first evaluation after step 0 is at step {PLAN['eval_every']}. A "
+        "non-significant outcome here is a test of a small dose, not evidence that the mechanism cannot "
+        "change outcomes."
+    )
 
 
 def length_gap_series(run: dict[str, Any]) -> list[float | None]:
@@ -399,6 +469,11 @@ def _pair_holm(row: dict[str, Any]) -> str:
     pair = row["pair"]
     tested = "pair_holm_p" in row and smallest_p(pair.n_a, pair.n_b) * len(PAIR_FAMILY) < ALPHA
     return f", Holm p {_short(row['pair_holm_p'])}" if tested else ""
+
+
+def _effect(c: Comparison) -> str:
+    """A difference with its 95% CI and raw p (the plain difference where a side has one run)."""
+    return f"{c.fmt_ci()}, p={c.p_value:.2g}" if c.n_a > 1 and c.n_b > 1 else c.fmt()
 
 
 def _short(x: float) -> str:
@@ -509,12 +584,13 @@ def section(runs_dir: Path, fig_dir: Path, report_dir: Path) -> tuple[list[str],
         f"{', '.join(map(str, SEEDS))} of every arm (a balanced design). "
         "Verdicts compare the response-coupled arms (grpo, grpo_ar) with the exchangeable ones (dr_grpo, "
         f"dfpo_min, cp_grpo, ibpo_cp), runs pooled, by a permutation test whose p-values are Holm-adjusted over the "
-        f"{len(CLAIMS)} claims of the table (the verdict reads the adjusted p at {ALPHA}). *Detectable* is the "
-        "class difference these runs would find with 80% power at the strictest Holm level "
-        f"({ALPHA} / {len(CLAIMS)}), given the measure's seed-to-seed spread within an arm (pooled s.d.; normal "
-        'approximation): a "no effect at this scale" rules out differences about that large, not smaller ones. '
-        + pair_sentence(rows)
-        + " "
+        f"{len(CLAIMS)} claims of the table (the verdict reads the adjusted p at {ALPHA}); a difference is given "
+        'with its 95% CI (Welch\'s t) and raw p. A verdict that does not pass reads "n.s." with the direction '
+        "the difference points against the prediction (the paper's; Dr. GRPO's for the length bias). "
+        "*Detectable* is the class difference these runs would find with 80% power at the strictest Holm level "
+        f"({ALPHA} / {len(CLAIMS)}), from the spread of the measure within each class, arms pooled (seed noise "
+        "and the arms' own differences; t quantiles): an n.s. verdict misses a true difference of that size "
+        "one time in five and says little about smaller ones. " + pair_sentence(rows) + " "
         "gspo was planned as the second coupled arm and dropped after its first run: with one on-policy epoch "
         "its sequence ratio is 1 and its gradient is GRPO's, so it repeats grpo's run ("
         + " ".join(dropped_arms(runs_dir))
@@ -534,7 +610,8 @@ def section(runs_dir: Path, fig_dir: Path, report_dir: Path) -> tuple[list[str],
         lines.append(
             f"| {c.name} | {c.measure} | "
             + " | ".join(cells)
-            + f" | {row['class'].fmt()} | {_short(row['holm_p'])} | {_short(row['detectable'])} | {row['pair'].fmt()}{_pair_holm(row)} | "
+            + f" | {_effect(row['class'])} | {_short(row['holm_p'])} | {_short(row['detectable'])} | "
+            f"{_effect(row['pair'])}{_pair_holm(row)} | "
             f"{row['verdict']} |"
         )
     lines += [
@@ -545,6 +622,8 @@ def section(runs_dir: Path, fig_dir: Path, report_dir: Path) -> tuple[list[str],
         "coupled arm's residual can only be as large as that gap allows.",
         "",
         *phase_lines(design),
+        "",
+        dose_sentence(design),
         "",
         format_sentence(runs),
         "",

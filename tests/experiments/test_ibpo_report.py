@@ -94,6 +94,17 @@ def test_cancellation_finding_follows_the_d2_of_each_mask(tmp_path):
     assert "**not reproduced**" in broken
 
 
+def test_the_mask_verdict_reaches_the_summary_of_results_that_hold_by_construction(tmp_path):
+    from experiments.ibpo_report import mask_summary
+
+    assert (
+        "keep cancellation, the naive mask breaks it: **reproduced**"
+        in mask_summary(_study(tmp_path / "a"))[0]
+    )
+    assert "**not reproduced**" in mask_summary(_study(tmp_path / "b", symmetric_d2=0.002))[0]
+    assert mask_summary(tmp_path / "none") == []
+
+
 def test_accuracy_difference_is_paired_by_seed_and_judged_by_its_permutation_p(tmp_path):
     text = "\n".join(section(_study(tmp_path)))
     line = next(ln for ln in text.splitlines() if "IBPO shaping (symmetric mask) over its base" in ln)

@@ -173,17 +173,21 @@ def test_report_section_tabulates_claims_by_class_and_draws_the_curves(tmp_path)
     holm_p = float(drift_row.split(" | ")[header.split(" | ").index("Holm p")])
     assert 2 / 924 < holm_p < 0.05  # 6 vs 6 fully apart: exact p 2 / C(12, 6), adjusted over the claims
     tax_row = next(ln for ln in lines if ln.startswith("| Learning tax"))
-    assert tax_row.endswith("| no effect at this scale |")  # the same 0.01 everywhere
+    assert tax_row.endswith("| n.s., no difference at all |")  # the same 0.01 everywhere
     assert testbed4_report.section(tmp_path / "none", tmp_path, tmp_path) == ([], {})
     # the report summary's testbed-4 column
     assert cells["C2"] == "reproduced (reward-irrelevant drift)"
-    assert cells["C5"] == "no effect at this scale (learning tax)"
+    assert cells["C5"] == "n.s., no difference at all (learning tax: 0 (95% CI 0 to 0))"
     assert cells["C12"].startswith("reproduced")  # cp_grpo's D2 0 <= 1e-4 < grpo's 0.1
     assert "C3" not in cells
     assert testbed4_report.verdict(-1.0, 0.01, +1, 6, 12) == "opposite to the paper's prediction"
     assert testbed4_report.verdict(1.0, 0.01, +1, 1, 12) == "not measured yet"
     assert testbed4_report.verdict(1.0, 1.0, +1, 2, 2, family=16) == "too few runs to test (2 vs 2)"
-    assert testbed4_report.verdict(1.0, 0.5, +1, 6, 12, family=16) == "no effect at this scale"
+    # not significant: the direction the difference points, never "no effect"
+    assert testbed4_report.verdict(1.0, 0.5, +1, 6, 12, family=16) == "n.s., the paper's direction"
+    assert testbed4_report.verdict(-1.0, 0.5, +1, 6, 12, family=16) == "n.s., against the paper's direction"
+    assert testbed4_report.verdict(1.0, 0.01, +1, 6, 12, by="Dr. GRPO") == "as Dr. GRPO predicts"
+    assert "rules out" not in text and "no effect at this scale" not in text
 
 
 def test_extra_seeds_of_grpo_and_cp_grpo_sharpen_their_pair_and_leave_the_class_test_balanced(tmp_path):
@@ -203,10 +207,12 @@ def test_extra_seeds_of_grpo_and_cp_grpo_sharpen_their_pair_and_leave_the_class_
     header = next(ln for ln in lines if ln.startswith("| Claim")).split(" | ")
     mechanism = next(ln for ln in lines if ln.startswith("| Mechanism")).split(" | ")
     # the class test stays 6 vs 6 (seeds 0-2): fully apart, exact p 2 / C(12, 6) before adjustment
-    assert mechanism[header.index("coupled - exchangeable")].endswith("(p=0.0022)")
+    assert mechanism[header.index("coupled - exchangeable")].endswith(
+        "+0.1 (95% CI +0.1 to +0.1), p=0.0022"
+    )  # no spread: the difference
     # the pair uses all five seeds a side (p 2/252) and is Holm-adjusted over its five named claims
     pair = mechanism[header.index("grpo - cp_grpo")]
-    assert "(p=0.0079), Holm p 0.04" in pair
+    assert "p=0.0079, Holm p 0.04" in pair
     assert "passes for mechanism: residual on shared tokens." in text
     phase = next(ln for ln in lines if ln.startswith("| grpo |"))  # seeds 0-2 only (3-4 have D2 0.3)
     assert phase.split(" | ")[1] == "0.1 / nan"
@@ -284,6 +290,45 @@ def test_phase_table_shows_the_residual_and_the_length_gap_it_feeds_on_per_windo
     lines = testbed4_report.phase_lines({"grpo": [run]})
     assert lines[0] == "| arm | steps 1-25 | steps 26-50 |"
     assert lines[2] == "| grpo | 0.1 / 2.00 | 0 / 0.00 |"
+
+
+def test_detectable_difference_counts_the_spread_between_arms_of_a_class(tmp_path):
+    from experiments import testbed4_report
+
+    # seeds agree within each arm (noise 0.01), but the coupled arms differ from each other by 2: the class
+    # test faces that spread, so what it can detect is of its order, not of the seed noise's
+    runs = {
+        objective: [
+            {**_fake_run(objective, seed, drift), "objective": objective, "seed": seed} for seed in range(3)
+        ]
+        for objective, drift in {"grpo": 1.0, "grpo_ar": 3.0, "cp_grpo": 0.0, "dfpo_min": 0.0}.items()
+    }
+    rows = testbed4_report.claim_rows(runs)
+    drift = next(r for r in rows if r["claim"].name == "Reward-irrelevant drift")
+    assert drift["detectable"] > 2.0
+    length = next(r for r in rows if r["claim"].name == "Length bias")
+    assert (length["claim"].worse_if_coupled, length["claim"].predicted_by) == (+1, "Dr. GRPO")
+
+
+def test_the_dose_note_reports_the_residual_the_length_gap_and_the_entropy_it_had():
+    from experiments import testbed4_report
+
+    def run(d2_early, d2_late):
+        return {
+            "steps": list(range(1, 101)),
+            "curves": {
+                "diag/d2_residual": [d2_early] * 25 + [d2_late] * 75,
+                "diag/d11_len_pos_mean": [10.0] * 100,
+                "diag/d11_len_neg_mean": [14.0] * 25 + [10.5] * 75,
+                "diag/d7_entropy_mean": [0.9] * 5 + [0.5] * 40 + [0.05] * 55,
+            },
+        }
+
+    text = testbed4_report.dose_sentence({"grpo": [run(0.1, 0.02)], "cp_grpo": [run(0.0, 0.0)]})
+    assert "averaged 4.00 tokens over steps 1-25 and 0.50 over steps 76-100" in text
+    assert "D2 averaged 0.04 over the run and 0.02 over steps 76-100" in text
+    assert "from 0.90 (steps 1-5) to 0.05 (steps 46-50)" in text
+    assert "not evidence" in text
 
 
 def test_a_run_that_gives_back_most_of_its_gain_is_named():
