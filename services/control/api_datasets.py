@@ -2,7 +2,8 @@
 
 `POST /v1/datasets?name=train.jsonl` with the file as the raw body (size-limited by the server setting
 max_dataset_bytes); a job then names it as `task.params.dataset_id` (or `eval.dataset.dataset_id`). A tenant
-sees only its own datasets (another's is a 404); an admin token sees all.
+sees only its own datasets (another's is a 404); an admin token sees all. What an upload may cost the server
+is bounded by the dataset_* settings (docs/security.md#dataset-uploads).
 """
 
 from __future__ import annotations
@@ -14,8 +15,17 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
 from services.control.auth import current_principal
-from services.control.datasets import DatasetRefused, DatasetRow, DatasetStore
+from services.control.datasets import (
+    DatasetRefused,
+    DatasetRow,
+    DatasetStore,
+    DatasetTooLarge,
+    QuotaExceeded,
+    TooManyUploads,
+    upload_policy,
+)
 from services.control.errors import ApiError
+from services.control.inspection import InspectorBusy
 from services.control.schemas import DatasetList, DatasetRecord, ErrorBody, ErrorDetail
 from services.control.tokens import Principal
 
@@ -44,7 +54,9 @@ def _record(row: DatasetRow) -> DatasetRecord:
 
 
 def _store(request: Request) -> DatasetStore:
-    return request.app.state.cp.datasets
+    cp = request.app.state.cp
+    cp.datasets.configure(upload_policy(cp.settings))
+    return cp.datasets
 
 
 @router.post(
@@ -53,8 +65,34 @@ def _store(request: Request) -> DatasetStore:
     response_model=DatasetRecord,
     responses={
         **_ERRORS,
-        200: {"model": DatasetRecord, "description": "The same content was uploaded before."},
+        200: {
+            "model": DatasetRecord,
+            "description": "The same content was uploaded before (also when "
+            "identical uploads race): the existing dataset.",
+        },
+        409: {
+            "model": ErrorBody,
+            "description": "The tenant's dataset quota (dataset_quota_count or "
+            "dataset_quota_bytes) would be passed; `message` names it. Delete datasets to make room.",
+        },
         413: {"model": ErrorBody, "description": "Larger than the server's max_dataset_bytes."},
+        422: {
+            "model": ErrorBody,
+            "description": "A name or file no job can use: `message` names the row and "
+            "column, or the cap the file passes (rows, columns, decoded bytes, nesting, the inspection's "
+            "CPU or memory).",
+        },
+        429: {
+            "model": ErrorBody,
+            "description": "The tenant already has dataset_uploads_per_tenant uploads in progress.",
+            "headers": {"Retry-After": {"schema": {"type": "integer"}}},
+        },
+        503: {
+            "model": ErrorBody,
+            "description": "Every inspection slot is busy (dataset_inspect_concurrency); "
+            "retry after `Retry-After` seconds.",
+            "headers": {"Retry-After": {"schema": {"type": "integer"}}},
+        },
     },  # fmt: skip
     summary="Upload a dataset file (the raw body: JSONL, Parquet or CSV)",
     openapi_extra={
@@ -78,22 +116,27 @@ async def upload_dataset(
     ],
 ) -> DatasetRecord:
     store = _store(request)
-    limit = request.app.state.cp.settings.max_dataset_bytes
     try:
-        upload = await run_in_threadpool(store.begin, name, limit)
-    except DatasetRefused as e:
-        raise ApiError(422, str(e), [ErrorDetail(field="name", msg=str(e))]) from None
-    try:
-        async for chunk in request.stream():
-            upload.write(chunk)
-    except DatasetRefused as e:
-        upload.discard()
+        with store.uploading(caller.tenant):
+            try:
+                upload = await run_in_threadpool(store.begin, name)
+            except DatasetRefused as e:
+                raise ApiError(422, str(e), [ErrorDetail(field="name", msg=str(e))]) from None
+            try:
+                async for chunk in request.stream():
+                    upload.write(chunk)
+            except BaseException:
+                upload.discard()
+                raise
+            row, created = await run_in_threadpool(store.commit, caller.tenant, upload)
+    except TooManyUploads as e:
+        raise ApiError(429, str(e), headers={"Retry-After": "5"}) from None
+    except InspectorBusy as e:
+        raise ApiError(503, str(e), headers={"Retry-After": str(e.retry_after_s)}) from None
+    except DatasetTooLarge as e:
         raise ApiError(413, str(e)) from None
-    except BaseException:
-        upload.discard()
-        raise
-    try:
-        row, created = await run_in_threadpool(store.commit, caller.tenant, upload)
+    except QuotaExceeded as e:
+        raise ApiError(409, str(e), code="quota_exceeded") from None
     except DatasetRefused as e:
         raise ApiError(422, f"dataset refused: {e}", [ErrorDetail(field="body", msg=str(e))]) from None
     if not created:

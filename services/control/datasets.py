@@ -1,34 +1,70 @@
 """Datasets uploaded by tenants: the files under `<datasets_dir>/<id>/`, their records in the `datasets` table.
 
-An upload is streamed to a staging file (size-limited, SHA-256 as it goes), read once by the same loader the
-`dataset` task uses (a file that cannot be read is refused now, naming the row, not when a job starts), then
-moved into place and recorded. The same content uploaded again by the same tenant is the same dataset. A
-tenant sees, uses and deletes only its own datasets; another tenant's is a 404.
+An upload is streamed to a staging folder (size-limited, SHA-256 as it goes), inspected by the bounded
+reader in a child process with rlimits (services/control/inspection.py: a file that cannot be read, or
+would cost more than the server's caps, is refused now, naming the row and column, not when a job starts),
+then moved into place and recorded. The same content uploaded again by the same tenant is the same dataset,
+and nothing of the second copy stays behind, also when identical uploads race. Per-tenant quotas bound the
+datasets a tenant keeps (count, bytes) and its uploads in flight; staging folders that outlive an upload (a
+crash) are swept. A tenant sees, uses and deletes only its own datasets; another tenant's is a 404.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
+import logging
 import re
 import secrets
 import shutil
+import threading
 import time
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from services.bounded_read import DataError, DataLimits
 from services.control import db
-from services.tasks.dataset import FORMATS, DataError
+from services.control.inspection import InspectionLimits, Inspector
+from services.control.settings import ControlSettings
+from services.tasks.dataset import FORMATS
 
+log = logging.getLogger(__name__)
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+_STAGING = ".staging-"
 
 
 class DatasetRefused(ValueError):
     """An upload that cannot become a dataset (name, size, format or content); the message says why."""
+
+
+class DatasetTooLarge(DatasetRefused):
+    """The body is larger than the server's max_dataset_bytes."""
+
+
+class QuotaExceeded(DatasetRefused):
+    """The tenant's datasets would exceed a quota (count or bytes); the message names it."""
+
+
+class TooManyUploads(DatasetRefused):
+    """The tenant already has its limit of uploads in flight."""
+
+
+@dataclass(frozen=True)
+class UploadPolicy:
+    """The operator's limits on uploads (ControlSettings' dataset_* fields); 0 turns a quota off."""
+
+    max_bytes: int = 256 * 2**20
+    quota_count: int = 100
+    quota_bytes: int = 8 * 2**30
+    uploads_per_tenant: int = 2
+    staging_max_age_s: float = 3600.0
+    inspection: InspectionLimits = field(default_factory=InspectionLimits)
 
 
 @dataclass(frozen=True)
@@ -79,7 +115,7 @@ class Upload:
         self.format = check_name(name)
         self.name, self.max_bytes = name, max_bytes
         self.id = "ds_" + secrets.token_hex(16)
-        self.folder = root / f".staging-{self.id}"
+        self.folder = root / f"{_STAGING}{self.id}"
         self.folder.mkdir(parents=True)
         self.path = self.folder / name
         self._fh = open(self.path, "wb")
@@ -89,8 +125,8 @@ class Upload:
     def write(self, chunk: bytes) -> None:
         self.size += len(chunk)
         if self.size > self.max_bytes:
-            raise DatasetRefused(
-                f"the upload exceeds this server's limit of {self.max_bytes:,} bytes a dataset"
+            raise DatasetTooLarge(
+                f"the upload exceeds this server's limit of {self.max_bytes:,} bytes a dataset (max_dataset_bytes)"
             )
         self._hash.update(chunk)
         self._fh.write(chunk)
@@ -105,16 +141,56 @@ class Upload:
 
 
 class DatasetStore:
-    def __init__(self, engine: Engine, root: Path):
+    def __init__(self, engine: Engine, root: Path, policy: UploadPolicy | None = None):
         self.engine, self.root = engine, root
+        self.policy = policy or UploadPolicy()
+        self.inspector = Inspector(self.policy.inspection)
+        self._lock = threading.Lock()  # quota check + insert; uploads in flight; the policy
+        self._in_flight: Counter[str] = Counter()
+        self._swept_at = 0.0
+        self.sweep()  # start-up: what a crashed process left behind
 
-    def begin(self, name: str, max_bytes: int) -> Upload:
+    def configure(self, policy: UploadPolicy) -> None:
+        """Apply the server's settings (idempotent; a changed inspection limit gets a fresh slot pool)."""
+        if policy == self.policy:
+            return
+        with self._lock:
+            if policy.inspection != self.policy.inspection:
+                self.inspector = Inspector(policy.inspection)
+            self.policy = policy
+
+    @contextmanager
+    def uploading(self, tenant: str) -> Iterator[None]:
+        """One upload in flight for the tenant (its staged bytes count against the disk until it ends).
+
+        Quotas are checked when the content is known (`commit`): an identical upload returns the existing
+        dataset even when the tenant is at its quota."""
+        p = self.policy
+        with self._lock:
+            if p.uploads_per_tenant and self._in_flight[tenant] >= p.uploads_per_tenant:
+                raise TooManyUploads(
+                    f"tenant {tenant!r} already has {p.uploads_per_tenant} uploads in progress, this "
+                    "server's limit (dataset_uploads_per_tenant); wait for one to finish"
+                )
+            self._in_flight[tenant] += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._in_flight[tenant] -= 1
+                if not self._in_flight[tenant]:
+                    del self._in_flight[tenant]
+
+    def begin(self, name: str) -> Upload:
         self.root.mkdir(parents=True, exist_ok=True)
-        return Upload(self.root, name, max_bytes)
+        if time.time() - self._swept_at > min(600.0, self.policy.staging_max_age_s / 2):
+            self.sweep()
+        return Upload(self.root, name, self.policy.max_bytes)
 
     def commit(self, tenant: str, upload: Upload) -> tuple[DatasetRow, bool]:
-        """Check the staged file, then record it; returns (dataset, created). The same tenant's identical
-        content returns its existing dataset."""
+        """Inspect the staged file, then record it; returns (dataset, created). The same tenant's identical
+        content returns its existing dataset, and the staged copy is removed either way."""
+        final = self.root / upload.id
         try:
             digest = upload.finish()
             if upload.size == 0:
@@ -122,20 +198,82 @@ class DatasetStore:
             existing = self._by_hash(tenant, digest)
             if existing is not None:
                 return existing, False
-            rows, columns = inspect_file(upload.path, upload.name)
-            final = self.root / upload.id
-            os.replace(upload.folder, final)
+            self._check_quota(tenant, upload.size)
+            try:
+                shape = self.inspector.inspect(upload.path, upload.format, upload.name)
+            except DataError as e:
+                raise DatasetRefused(str(e)) from None
+            row = DatasetRow(upload.id, tenant, upload.name, upload.format, upload.size, digest, shape.rows,
+                             shape.columns, time.time())  # fmt: skip
+            upload.folder.rename(final)
+            with self._lock:
+                self._check_quota(tenant, upload.size)
+                try:
+                    with self.engine.begin() as conn:
+                        conn.execute(db.datasets.insert().values(
+                            id=row.id, tenant=tenant, name=row.name, format=row.format, size_bytes=row.size_bytes,
+                            sha256=digest, rows=row.rows, columns=json.dumps(row.columns),
+                            created_at=row.created_at))  # fmt: skip
+                except sa.exc.IntegrityError:  # an identical upload of the tenant's won the race
+                    existing = self._by_hash(tenant, digest)
+                    if existing is None:
+                        raise
+                    shutil.rmtree(final, ignore_errors=True)
+                    return existing, False
+            return row, True
         except BaseException:
-            upload.discard()
+            shutil.rmtree(final, ignore_errors=True)
             raise
-        row = DatasetRow(
-            upload.id, tenant, upload.name, upload.format, upload.size, digest, rows, columns, time.time()
-        )
-        with self.engine.begin() as conn:
-            conn.execute(db.datasets.insert().values(
-                id=row.id, tenant=tenant, name=row.name, format=row.format, size_bytes=row.size_bytes,
-                sha256=digest, rows=rows, columns=json.dumps(columns), created_at=row.created_at))  # fmt: skip
-        return row, True
+        finally:
+            upload.discard()
+
+    def _usage(self, tenant: str) -> tuple[int, int]:
+        """(datasets, bytes) the tenant keeps."""
+        with self.engine.connect() as conn:
+            count, used = conn.execute(
+                sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(db.datasets.c.size_bytes), 0))
+                .where(db.datasets.c.tenant == tenant)
+            ).one()  # fmt: skip
+        return int(count), int(used)
+
+    def _check_quota(self, tenant: str, size: int) -> None:
+        p = self.policy
+        if not (p.quota_count or p.quota_bytes):
+            return
+        count, used = self._usage(tenant)
+        if p.quota_count and count >= p.quota_count:
+            raise QuotaExceeded(
+                f"tenant {tenant!r} keeps {count} datasets, its quota (dataset_quota_count is "
+                f"{p.quota_count}); delete datasets it no longer needs"
+            )
+        if p.quota_bytes and used + size > p.quota_bytes:
+            raise QuotaExceeded(
+                f"tenant {tenant!r} keeps {used:,} bytes of datasets; this upload's {size:,} would pass its quota "
+                f"of {p.quota_bytes:,} bytes (dataset_quota_bytes); delete datasets it no longer needs"
+            )
+
+    def sweep(self) -> int:
+        """Removes staging folders, and dataset folders without a record, untouched for staging_max_age_s
+        (what a crash mid-upload leaves); returns how many."""
+        self._swept_at = time.time()
+        if not self.root.is_dir():
+            return 0
+        cutoff = self._swept_at - self.policy.staging_max_age_s
+        folders = [f for f in self.root.iterdir() if f.is_dir() and f.name.startswith((_STAGING, "ds_"))]
+        stale = [f for f in folders if _last_touched(f) < cutoff]
+        if not stale:
+            return 0
+        with self.engine.connect() as conn:
+            recorded = set(conn.execute(sa.select(db.datasets.c.id).where(
+                db.datasets.c.id.in_([f.name for f in stale]))).scalars())  # fmt: skip
+        removed = 0
+        for f in stale:
+            if f.name not in recorded:
+                shutil.rmtree(f, ignore_errors=True)
+                removed += 1
+        if removed:
+            log.info("removed %d stale upload folder(s) under %s", removed, self.root)
+        return removed
 
     def _by_hash(self, tenant: str, digest: str) -> DatasetRow | None:
         with self.engine.connect() as conn:
@@ -169,13 +307,25 @@ class DatasetStore:
         return True
 
 
-def inspect_file(path: Path, name: str) -> tuple[int, list[str]]:
-    """(rows, columns) of an uploaded file, read by the `dataset` task's own loader."""
-    from services.tasks.dataset import read_table
-    from services.tasks.params import DatasetParams
-
+def _last_touched(folder: Path) -> float:
+    """The newest modification time of a folder and its files (a staging file grows while it uploads)."""
     try:
-        rows, columns, _ = read_table(DatasetParams(path=str(path)))
-    except DataError as e:
-        raise DatasetRefused(str(e).replace(str(path), name)) from None
-    return len(rows), columns
+        return max([folder.stat().st_mtime, *(f.stat().st_mtime for f in folder.iterdir())])
+    except OSError:  # removed meanwhile
+        return time.time()
+
+
+def upload_policy(settings: ControlSettings) -> UploadPolicy:
+    """The server's dataset_* settings as the store's policy."""
+    s = settings
+    data = DataLimits(max_rows=s.dataset_max_rows, max_columns=s.dataset_max_columns,
+                      max_decoded_bytes=s.dataset_max_decoded_bytes, max_expansion=s.dataset_max_expansion)  # fmt: skip
+    return UploadPolicy(
+        max_bytes=s.max_dataset_bytes,
+        quota_count=s.dataset_quota_count,
+        quota_bytes=s.dataset_quota_bytes,
+        uploads_per_tenant=s.dataset_uploads_per_tenant,
+        staging_max_age_s=s.dataset_staging_max_age_s,
+        inspection=InspectionLimits(data, s.dataset_inspect_cpu_s, s.dataset_inspect_memory_mb,
+                                    s.dataset_inspect_concurrency),  # fmt: skip
+    )

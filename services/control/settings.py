@@ -94,6 +94,32 @@ class ControlSettings(BaseModel):
     max_dataset_bytes: int = Field(
         256 * 2**20, ge=1024, description="Largest dataset upload (POST /v1/datasets)."
     )
+    # What one dataset upload may cost (docs/security.md#dataset-uploads); quotas: 0 turns one off.
+    dataset_max_rows: int = Field(1_000_000, ge=1, description="Rows of one dataset file.")
+    dataset_max_columns: int = Field(256, ge=1, description="Columns of one dataset file (JSONL: distinct keys).")
+    dataset_max_decoded_bytes: int = Field(
+        2**30, ge=2**20, description="Decoded size of one dataset file (its text plus 8 bytes a cell)."
+    )
+    dataset_max_expansion: int = Field(
+        64, ge=1, description="Decoded bytes per byte of file beyond the first 64 MiB (compression bombs)."
+    )
+    dataset_inspect_cpu_s: int = Field(30, ge=1, description="CPU seconds of the child that inspects an upload.")
+    dataset_inspect_memory_mb: int = Field(
+        1024, ge=256, description="Address space (RLIMIT_AS) of the child that inspects an upload."
+    )
+    dataset_inspect_concurrency: int = Field(
+        2, ge=1, description="Uploads inspected at once, server-wide; beyond it 503 with Retry-After."
+    )
+    dataset_uploads_per_tenant: int = Field(
+        2, ge=0, description="Uploads one tenant may have in progress at once; beyond it 429."
+    )
+    dataset_quota_count: int = Field(100, ge=0, description="Datasets one tenant may keep; beyond it 409.")
+    dataset_quota_bytes: int = Field(
+        8 * 2**30, ge=0, description="Bytes of datasets one tenant may keep; beyond it 409."
+    )
+    dataset_staging_max_age_s: float = Field(
+        3600.0, gt=0, description="An upload's staging folder untouched this long is removed (a crash's)."
+    )
     data_root: Path | None = Field(
         None,
         description="A directory on the workers under which tenants' specs may name files "

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from services.tasks.base import Score, TaskItem
+from services.bounded_read import MAX_CELL_CHARS, DataError, DataLimits, loads_bounded, read_rows
 from services.tasks.params import VERIFIERS, DatasetParams
 
 if TYPE_CHECKING:
@@ -36,12 +37,7 @@ DATASET_ID = re.compile(r"ds_[0-9a-f]{32}")
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}")
 DATA_ROOT_ENV = "TGC_DATA_ROOT"  # operator-configured directory under which `file` paths resolve
 DATASETS_DIR_ENV = "TGC_DATASETS_DIR"  # where the control plane keeps uploaded datasets (by id)
-MAX_CELL_CHARS = 1 << 20  # a prompt, reference or tests cell longer than this is refused, not truncated
 HOLDOUT_SEED = 0x7467  # the held-out rows do not change with the job seed
-
-
-class DataError(ValueError):
-    """A dataset file or row is unusable; the message names the file, row and column and what to do."""
 
 
 class DataExhausted(Exception):
@@ -104,7 +100,10 @@ def detect_format(location: Path, declared: str) -> str:
 
 
 def read_table(p: DatasetParams) -> tuple[list[dict[str, Any]], list[str], str]:
-    """(rows, column names, label for messages) of the file the params name, at most `max_rows` rows."""
+    """(rows, column names, label for messages) of the file the params name, at most `max_rows` rows.
+
+    Files are read by the bounded reader (services/bounded_read.py) under `DataLimits.from_env()`: the
+    caps the control plane checked at upload, which it passes to its jobs."""
     location = resolve_location(p)
     if location is None:
         return _read_hub(p)
@@ -120,97 +119,8 @@ def read_table(p: DatasetParams) -> tuple[list[dict[str, Any]], list[str], str]:
         raise DataError(f"{label}: a directory, but task.params.format is {fmt!r}; point at the file itself")
     if location.stat().st_size == 0:
         raise DataError(f"{label}: the file is empty; it needs a header (CSV) or at least one row")
-    if fmt == "jsonl":
-        rows = _read_jsonl(location, p.max_rows)
-        columns = list(dict.fromkeys(k for r in rows for k in r))
-        return rows, columns, label
-    table = _read_arrow_file(location, fmt, p.max_rows)
-    return table.to_pylist(), list(table.column_names), label
-
-
-def _read_jsonl(path: Path, max_rows: int | None) -> list[dict[str, Any]]:
-    """JSON Lines through pyarrow's reader; when it refuses the file, a line-by-line pass names the row."""
-    import pyarrow as pa
-    import pyarrow.json as pj
-
-    try:
-        table = pj.read_json(path, read_options=pj.ReadOptions(block_size=1 << 24))
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as e:
-        raise DataError(f"{path}: {_diagnose_jsonl(path) or _arrow_message(e)}") from None
-    if table.num_rows == 0:
-        raise DataError(f"{path}: no rows (the file holds only blank lines)")
-    return (table.slice(0, max_rows) if max_rows is not None else table).to_pylist()
-
-
-def _json_kind(value: Any) -> str:
-    return {bool: "boolean", int: "number", float: "number", str: "string", list: "list", dict: "object"}.get(
-        type(value), "null"
-    )
-
-
-def _diagnose_jsonl(path: Path) -> str | None:
-    """The first line that is not one JSON object, or where a column changes type; None if none is found."""
-    kinds: dict[str, tuple[str, int]] = {}
-    with open(path, "rb") as fh:
-        for number, line in enumerate(_bounded_lines(fh, path), 1):
-            if not line.strip():
-                continue
-            try:
-                value = json.loads(line)
-            except ValueError as e:
-                return f"row {number}: not valid JSON ({e}); each line must be one JSON object"
-            if not isinstance(value, dict):
-                return (
-                    f"row {number}: a JSON {_json_kind(value)}, not an object; each line must be one object "
-                    'such as {"prompt": ..., "answer": ...}'
-                )
-            for column, cell in value.items():
-                kind = _json_kind(cell)
-                if kind == "null":
-                    continue
-                first = kinds.setdefault(column, (kind, number))
-                if first[0] != kind:
-                    return (
-                        f"row {number}, column {column!r}: a {kind}, but row {first[1]} has a {first[0]}; every "
-                        f"row must give a column the same type (e.g. quote numbers as text)"
-                    )
-    return None
-
-
-def _bounded_lines(fh, path: Path, limit: int = 64 * MAX_CELL_CHARS):
-    """Lines of a binary file, refusing one longer than `limit` bytes before it is read whole."""
-    number = 0
-    while True:
-        line = fh.readline(limit + 1)
-        if not line:
-            return
-        number += 1
-        if len(line) > limit and not line.endswith(b"\n"):
-            raise DataError(
-                f"{path}: row {number}: longer than {limit >> 20} MiB; split it or shorten its cells"
-            )
-        yield line
-
-
-def _read_arrow_file(path: Path, fmt: str, max_rows: int | None):
-    import pyarrow as pa
-    import pyarrow.csv as pcsv
-    import pyarrow.parquet as pq
-
-    try:
-        if fmt == "parquet":
-            table = pq.read_table(path)
-        else:
-            table = pcsv.read_csv(
-                path,
-                read_options=pcsv.ReadOptions(block_size=1 << 24),
-                convert_options=pcsv.ConvertOptions(strings_can_be_null=False),
-            )
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as e:
-        raise DataError(f"{path}: not a readable {fmt.upper()} file: {_arrow_message(e)}") from None
-    if table.num_rows == 0:
-        raise DataError(f"{path}: no rows (a header alone); add at least one row")
-    return table.slice(0, max_rows) if max_rows is not None else table
+    rows, columns = read_rows(location, fmt, DataLimits.from_env(), label, p.max_rows)
+    return rows, columns, label
 
 
 def _load_from_disk(location: Path, split: str | None):
@@ -254,10 +164,6 @@ def _read_hub(p: DatasetParams) -> tuple[list[dict[str, Any]], list[str], str]:
     if p.max_rows is not None and p.max_rows < len(ds):
         ds = ds.select(range(p.max_rows))
     return ds.to_list(), list(ds.column_names), label
-
-
-def _arrow_message(e: Exception) -> str:
-    return str(e).strip().splitlines()[0][:500] if str(e).strip() else type(e).__name__
 
 
 # -- rows -----------------------------------------------------------------------------------------
@@ -365,8 +271,10 @@ def _number_text(value: int | float) -> str:
 def _messages(value: Any, where: str) -> tuple[tuple[str, str], ...]:
     if isinstance(value, str):
         try:
-            value = json.loads(value)
-        except ValueError:
+            value = loads_bounded(value, where)
+        except ValueError as e:
+            if isinstance(e, DataError):
+                raise
             raise DataError(f"{where}: text that is not a JSON list of messages") from None
     if not isinstance(value, list) or not value:
         raise DataError(f"{where}: must be a non-empty list of {{role, content}} messages")
@@ -385,8 +293,10 @@ def _tests(value: Any, where: str) -> dict[str, Any]:
 
     if isinstance(value, str):
         try:
-            value = json.loads(value)
-        except ValueError:
+            value = loads_bounded(value, where)
+        except ValueError as e:
+            if isinstance(e, DataError):
+                raise
             raise DataError(f"{where}: text that is not a JSON object of tests") from None
     if not isinstance(value, dict):
         raise DataError(
