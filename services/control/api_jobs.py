@@ -23,6 +23,7 @@ from services.config import JobSpec
 from services.control import progress, records
 from services.control.auth import current_principal
 from services.control.errors import ApiError
+from services.control.limits import RECONNECT_MS, HeldStreamingResponse
 from services.control.policy import PolicyError, check_spec
 from services.control.schemas import (
     CancelRequest,
@@ -52,6 +53,7 @@ JobId = Annotated[str, FastApiPath(max_length=64, description="The job's id (`jo
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody, "description": "Missing, invalid or revoked token."},
+    429: {"model": ErrorBody, "description": "A per-token or per-tenant limit; see Retry-After."},
     404: {"model": ErrorBody, "description": "No such job (or another tenant's)."},
     422: {"model": ErrorBody, "description": "Invalid input; `detail` names each bad field."},
 }
@@ -309,8 +311,13 @@ async def job_events(
     if last_event_id is not None:
         since = max(since, last_event_id)
     cp = _cp(request)
-    return StreamingResponse(
-        _event_stream(cp, job.id, since, follow),
+    if not cp.streams.acquire(caller.tenant):
+        raise ApiError(429, f"tenant {caller.tenant!r} already has {cp.streams.limit} event streams open, the most "
+                            "this server allows (max_streams_per_tenant); close one, or poll GET /v1/jobs/{id}",
+                       headers={"Retry-After": "5"})  # fmt: skip
+    return HeldStreamingResponse(
+        _event_stream(cp, job.id, since, follow, caller.token_id),
+        release=lambda: cp.streams.release(caller.tenant),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
@@ -318,16 +325,27 @@ async def job_events(
 
 def _sse(event: str, data: str, seq: int | None = None) -> str:
     head = f"id: {seq}\n" if seq is not None else ""
+    event = " ".join(event.splitlines())  # a trainer's event type must not add lines (fields) of its own
     return f"{head}event: {event}\ndata: {data}\n\n"
 
 
-async def _event_stream(cp, job_id: str, since: int, follow: bool) -> AsyncIterator[str]:
+async def _event_stream(cp, job_id: str, since: int, follow: bool, token_id: str) -> AsyncIterator[str]:
     # Re-read a window below the cursor: with PostgreSQL a lower seq can commit after a higher one.
     overlap = 64 if cp.store.engine.dialect.name != "sqlite" else 0
     cursor, sent = since, deque[int](maxlen=4096)
     sent_set: set[int] = set()
-    last_write = time.monotonic()
+    opened = last_write = last_auth = time.monotonic()
     while True:
+        now = time.monotonic()
+        if now - last_auth >= cp.settings.stream_reauth_s:
+            last_auth = now
+            if not await run_in_threadpool(cp.token_store.is_active, token_id):
+                yield ": the token of this stream was revoked\n\n"
+                return
+        if now - opened >= cp.settings.stream_max_s:
+            # SSE's reconnection hint; the client resumes with Last-Event-ID (services/sdk: Job.stream).
+            yield f": stream lifetime reached (stream_max_s); reconnect with Last-Event-ID\nretry: {RECONNECT_MS}\n\n"
+            return
         rows = await run_in_threadpool(
             progress.events_since, cp.store, job_id, max(since, cursor - overlap), 500
         )

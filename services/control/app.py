@@ -9,9 +9,9 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from fastapi import Depends, FastAPI
+from fastapi import Depends, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -22,12 +22,12 @@ from services.control.auth import metrics_reader
 from services.control.datasets import DatasetStore
 from services.control.db import make_engine
 from services.control.docs_ui import install_docs_ui
-from services.control.errors import install_error_handlers
-from services.control.limits import BodySizeLimit
+from services.control.errors import error_response, install_error_handlers
+from services.control.limits import BodyReadTimeout, BodySizeLimit, RateLimiter, StreamSlots
 from services.control.migrations import migrate
-from services.control.scheduler import Scheduler
+from services.control.scheduler import RetentionSweeper, Scheduler
 from services.control.settings import ControlSettings
-from services.control.store import JobRow, JobStore
+from services.control.store import JobRow, JobStore, QueueFull
 from services.control.telemetry import RequestMetricsMiddleware, Telemetry
 from services.control.tokens import TokenStore
 
@@ -52,6 +52,9 @@ class ControlPlane:
     telemetry: Telemetry
     scheduler: Scheduler | None
     datasets: DatasetStore | None = None
+    # Defaults: no limit (create_app passes the configured ones).
+    rate_limiter: RateLimiter = field(default_factory=lambda: RateLimiter(0, 1))  # per API token (auth)
+    streams: StreamSlots = field(default_factory=lambda: StreamSlots(0))  # open event streams per tenant
 
     def wake_scheduler(self) -> None:
         if self.scheduler is not None:
@@ -77,23 +80,28 @@ def create_app(settings: ControlSettings | None = None) -> FastAPI:
     applied = migrate(engine)
     if applied:
         log.info("database migrated to version %d", applied[-1])
-    store = JobStore(engine)
+    store = JobStore(engine, max_queued=settings.max_queued_jobs)
     token_store = TokenStore(engine)
     telemetry = Telemetry(store)
     scheduler = None
     if settings.scheduler and settings.ray_address != "none":
         scheduler = Scheduler(store, token_store, settings, telemetry)
     cp = ControlPlane(
-        settings, store, token_store, telemetry, scheduler, DatasetStore(engine, settings.datasets_path)
-    )
+        settings, store, token_store, telemetry, scheduler, DatasetStore(engine, settings.datasets_path),
+        RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst), StreamSlots(settings.max_streams_per_tenant),
+    )  # fmt: skip
+    retention = RetentionSweeper(store, settings)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if scheduler is not None:
             scheduler.start()
+        if retention.enabled:
+            retention.start()
         try:
             yield
         finally:
+            await run_in_threadpool(retention.stop)
             if scheduler is not None:
                 await run_in_threadpool(scheduler.stop)
             engine.dispose()
@@ -110,9 +118,15 @@ def create_app(settings: ControlSettings | None = None) -> FastAPI:
     install_docs_ui(app)
     app.state.cp = cp
     install_error_handlers(app)
+
+    @app.exception_handler(QueueFull)  # submit or resume beyond max_queued_jobs
+    async def _queue_full(_: Request, e: QueueFull) -> JSONResponse:
+        return error_response(429, "too_many_requests", str(e), headers={"Retry-After": "30"})
+
     app.add_middleware(
         BodySizeLimit, max_bytes=settings.max_body_bytes, paths={"/v1/datasets": settings.max_dataset_bytes}
     )
+    app.add_middleware(BodyReadTimeout, timeout_s=settings.client_body_timeout_s)
     app.add_middleware(RequestMetricsMiddleware, telemetry=telemetry)
     app.include_router(api_jobs.router)
     app.include_router(api_datasets.router)

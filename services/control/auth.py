@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import math
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -22,9 +23,17 @@ def current_principal(
     if creds is None:
         raise ApiError(401, "missing bearer token: send `Authorization: Bearer <token>` "
                             "(an operator creates one with `tgc token create --tenant NAME`)", headers=_CHALLENGE)  # fmt: skip
-    principal = request.app.state.cp.token_store.authenticate(creds.credentials)
+    cp = request.app.state.cp
+    principal = cp.token_store.authenticate(creds.credentials)
     if principal is None:
         raise ApiError(401, "invalid or revoked token", headers=_CHALLENGE)
+    wait = cp.rate_limiter.acquire(principal.token_id)
+    if wait:
+        retry_after = max(1, math.ceil(wait))
+        raise ApiError(429, f"too many requests with this token: this server allows {cp.settings.rate_limit_per_s:g} "
+                            f"a second on average and bursts of {cp.settings.rate_limit_burst} (server settings "
+                            f"rate_limit_per_s, rate_limit_burst); retry after {retry_after} s",
+                       headers={"Retry-After": str(retry_after)})  # fmt: skip
     return principal
 
 

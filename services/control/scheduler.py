@@ -5,12 +5,17 @@ Each tick it
    after a restart it also reads the trainers' run dirs for events it missed while down),
 2. enforces cancels (a trainer that has not stopped within the grace period is stopped hard),
 3. admits queued jobs, oldest first, while their tenant is under its concurrent-job quota.
+
+`RetentionSweeper` is its own thread (it runs with or without Ray): it deletes ended jobs past the
+retention limits, with their run directories.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import shlex
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -28,6 +33,7 @@ from services.tasks.dataset import DATA_ROOT_ENV, DATASETS_DIR_ENV
 from services.tasks.params import GRANTS_ENV
 
 log = logging.getLogger(__name__)
+_RUN_DIR_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
 
 class Scheduler:
@@ -276,6 +282,67 @@ class Scheduler:
     def _fail_submission(self, job: JobRow, reason: str) -> None:
         self._finish(job, JobState.FAILED, reason)
         self.store.update(job.id, ray_done=True)
+
+
+class RetentionSweeper:
+    """Every `retention_sweep_s`: delete ended jobs past `job_retention_s` / `max_ended_jobs_per_tenant`."""
+
+    def __init__(self, store: JobStore, settings: ControlSettings):
+        self.store = store
+        self.settings = settings
+        self.runs_dir = Path(settings.runs_dir or settings.data_dir / "runs")
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.settings.job_retention_s or self.settings.max_ended_jobs_per_tenant)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="tgc-retention", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.sweep()
+            except Exception:
+                log.exception("retention sweep failed; retrying next period")
+            self._stop.wait(self.settings.retention_sweep_s)
+
+    def sweep(self, batch: int = 500) -> int:
+        """One pass; returns how many jobs were deleted."""
+        total = 0
+        while not self._stop.is_set():
+            gone = self.store.expire_ended(
+                self.settings.job_retention_s, self.settings.max_ended_jobs_per_tenant, batch=batch
+            )
+            for job in gone:
+                self._remove_run_dir(job.id)
+            total += len(gone)
+            if len(gone) < batch:
+                break
+        if total:
+            log.info("retention: deleted %d ended jobs and their run directories", total)
+        return total
+
+    def _remove_run_dir(self, job_id: str) -> None:
+        """`<runs_dir>/<job id>` (every attempt): the scheduler made it; nothing outside runs_dir is touched."""
+        if not _RUN_DIR_NAME.fullmatch(job_id):  # not an id this server mints (`job-<hex>`): touch nothing
+            return
+        path = self.runs_dir / job_id
+        try:
+            if path.is_symlink():
+                path.unlink()
+            elif path.is_dir():
+                shutil.rmtree(path)
+        except OSError as e:
+            log.warning("retention: could not remove %s: %s", path, e)
 
 
 def _last_lines(message: str, n: int = 15, max_chars: int = 4000) -> str:

@@ -40,6 +40,10 @@ class InvalidTransition(StoreError):
     pass
 
 
+class QueueFull(StoreError):
+    """The tenant already has as many queued jobs as the server allows (`max_queued_jobs`)."""
+
+
 @dataclass
 class JobRow:
     seq: int
@@ -89,6 +93,14 @@ class TransitionRow:
     to_state: JobState
     reason: str
     time: float
+
+
+@dataclass(frozen=True)
+class ExpiredJob:
+    """A job that retention deleted."""
+
+    id: str
+    tenant: str
 
 
 def new_job_id() -> str:
@@ -153,8 +165,25 @@ def apply_transition(
 
 
 class JobStore:
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, max_queued: int = 0):
         self.engine = engine
+        self.max_queued = max_queued  # per tenant; 0: no limit
+
+    def _check_queue(self, conn: Connection, tenant: str) -> None:
+        """Inside the write transaction that queues a job, so that concurrent submissions cannot overshoot
+        (SQLite's write lock serializes them; PostgreSQL may let a few concurrent ones through)."""
+        if not self.max_queued:
+            return
+        queued = conn.execute(
+            sa.select(sa.func.count()).select_from(db.jobs)
+            .where(db.jobs.c.tenant == tenant, db.jobs.c.state == JobState.QUEUED.value)
+        ).scalar_one()  # fmt: skip
+        if queued >= self.max_queued:
+            raise QueueFull(
+                f"tenant {tenant!r} already has {queued} queued jobs, the most this server allows "
+                f"(max_queued_jobs = {self.max_queued}); retry once some have started, or cancel queued "
+                "ones you no longer need (`tgc jobs --state queued`, `tgc cancel ID`)"
+            )
 
     @contextmanager
     def write(self) -> Iterator[Connection]:
@@ -188,6 +217,7 @@ class JobStore:
         job_id = new_job_id()
         try:
             with self.write() as conn:
+                self._check_queue(conn, tenant)
                 conn.execute(db.jobs.insert().values(
                     id=job_id, tenant=tenant, name=spec.get("name", "tgc-job"), state=JobState.QUEUED.value,
                     reason="accepted", spec=canonical_json(spec), created_at=now, updated_at=now, attempt=1,
@@ -405,6 +435,7 @@ class JobStore:
                 raise InvalidTransition(
                     f"job {job_id}: its previous Ray job is still shutting down; retry shortly"
                 )
+            self._check_queue(conn, job.tenant)
             job = apply_transition(
                 conn, job, JobState.QUEUED, f"{reason} (attempt {job.attempt + 1} from {checkpoint})",
                 attempt=job.attempt + 1, resume_from=checkpoint, cancel_requested_at=None, cancel_reason=None,
@@ -412,6 +443,51 @@ class JobStore:
                 job_token_hash=None, ray_done=True, reported_at=None,
             )  # fmt: skip
         return self._with_transitions(job)
+
+    # -- retention --------------------------------------------------------------------------------
+    def expire_ended(
+        self, max_age_s: float, keep_per_tenant: int, now: float | None = None, batch: int = 500
+    ) -> builtins.list[ExpiredJob]:
+        """Delete ended jobs past retention, with every row that belongs to them; returns what was deleted.
+
+        Expired: ended more than `max_age_s` ago (0: no age limit), or beyond the `keep_per_tenant` most
+        recently ended jobs of its tenant (0: no count limit). Only jobs that are ended and whose Ray job is
+        gone are deleted: the state is checked again under the write lock, so a job resumed meanwhile stays.
+        At most `batch` jobs a call, so one sweep never holds the write lock for long.
+        """
+        if not max_age_s and not keep_per_tenant:
+            return []
+        now = time.time() if now is None else now
+        ended = [s.value for s in TERMINAL]
+        # Rank each tenant's ended jobs, the most recently ended first.
+        rank = (
+            sa.func.row_number()
+            .over(partition_by=db.jobs.c.tenant, order_by=(db.jobs.c.finished_at.desc().nulls_last(), db.jobs.c.seq.desc()))
+            .label("rank")
+        )  # fmt: skip
+        ranked = (
+            sa.select(db.jobs.c.id, db.jobs.c.finished_at, db.jobs.c.ray_done, rank)
+            .where(db.jobs.c.state.in_(ended))
+            .subquery()
+        )
+        expired = []
+        if max_age_s:
+            expired.append(ranked.c.finished_at < now - max_age_s)
+        if keep_per_tenant:
+            expired.append(ranked.c.rank > keep_per_tenant)
+        candidates = sa.select(ranked.c.id).where(ranked.c.ray_done.is_(True), sa.or_(*expired)).limit(batch)
+        with self.write() as conn:
+            rows = conn.execute(
+                sa.select(db.jobs.c.id, db.jobs.c.tenant)
+                .where(db.jobs.c.id.in_(candidates), db.jobs.c.state.in_(ended), db.jobs.c.ray_done.is_(True))
+                .with_for_update()
+            ).all()  # fmt: skip
+            ids = [r.id for r in rows]
+            if ids:
+                for table in (db.events, db.metrics, db.checkpoints, db.transitions, db.driver_logs):
+                    conn.execute(table.delete().where(table.c.job_id.in_(ids)))
+                conn.execute(db.jobs.delete().where(db.jobs.c.id.in_(ids)))
+        return [ExpiredJob(r.id, r.tenant) for r in rows]
 
     # -- driver logs (tail of the Ray driver's stdout/stderr, kept after the Ray job is gone) ----------
     def save_driver_log(self, job_id: str, attempt: int, text: str) -> None:

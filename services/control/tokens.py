@@ -84,6 +84,14 @@ class TokenStore:
             ).first()
         return None if row is None else Principal(row.tenant, bool(row.is_admin), row.id)
 
+    def is_active(self, token_id: str) -> bool:
+        """Whether the token still exists unrevoked (what an open event stream checks now and then)."""
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(db.tokens.c.id).where(db.tokens.c.id == token_id, db.tokens.c.revoked_at.is_(None))
+            ).first()
+        return row is not None
+
     def list(self, tenant: str | None = None) -> list[TokenInfo]:
         query = sa.select(db.tokens).order_by(db.tokens.c.created_at)
         if tenant is not None:

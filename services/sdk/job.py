@@ -111,11 +111,13 @@ class Job:
         """The job's events as they happen (server-sent events), until the job has ended.
 
         A dropped connection is resumed from the last event seen (Last-Event-ID), up to `reconnects`
-        times in a row, so no event is lost or repeated.
+        times in a row, so no event is lost or repeated. A stream the server ends at its lifetime (its
+        `retry:` hint) is resumed the same way and is not counted as a failure.
         """
         last = since
         failures = 0
         while True:
+            reconnect_ms: str | None = None
             try:
                 for event_type, data, seq in _parse_sse(self._client.stream_lines(
                         f"/v1/jobs/{self.id}/events", {"since": last, "follow": str(follow).lower()},
@@ -124,26 +126,38 @@ class Job:
                     if event_type == "end":
                         self.refresh()
                         return
+                    if event_type == _RECONNECT and seq is None:
+                        reconnect_ms = data
+                        break
                     event = JobEvent.model_validate_json(data)
                     last = seq if seq is not None else event.seq
                     yield event
                 error: Exception = Unavailable("the server closed the stream before the job ended")
             except (httpx.TransportError, Unavailable) as e:
                 error = e
+            if reconnect_ms is not None:  # the server ended the stream at its lifetime: not a failure
+                time.sleep(min(int(reconnect_ms), 60_000) / 1000)
+                continue
             failures += 1
             if failures > reconnects:
                 raise Unavailable(f"event stream of job {self.id} lost: {error}") from error
             self._client._sleep_before_retry(failures - 1)
 
 
+_RECONNECT = "retry"  # what _parse_sse yields for a `retry:` field without data: reconnect after that many ms
+
+
 def _parse_sse(lines: Iterator[str]) -> Iterator[tuple[str, str, int | None]]:
-    """(event type, data, id) per server-sent event; comment lines (keep-alives) are skipped."""
-    event_type, data, seq = "message", list[str](), None
+    """(event type, data, id) per server-sent event; comment lines (keep-alives) are skipped. A block with
+    only a `retry:` field (the server's hint before it ends the stream) yields (_RECONNECT, ms, None)."""
+    event_type, data, seq, retry = "message", list[str](), None, None
     for line in lines:
         if line == "":
             if data:
                 yield event_type, "\n".join(data), seq
-            event_type, data, seq = "message", list[str](), None
+            elif retry is not None:
+                yield _RECONNECT, retry, None
+            event_type, data, seq, retry = "message", list[str](), None, None
             continue
         if line.startswith(":"):
             continue
@@ -155,5 +169,7 @@ def _parse_sse(lines: Iterator[str]) -> Iterator[tuple[str, str, int | None]]:
             data.append(value)
         elif name == "id" and value.isdigit():
             seq = int(value)
+        elif name == "retry" and value.isdigit():
+            retry = value
     if data:
         yield event_type, "\n".join(data), seq
