@@ -13,7 +13,8 @@ def pytest_collection_modifyitems(items):
 
 
 def pytest_collection_finish(session):
-    image_build.start_if_selected(session.items)
+    if not session.config.option.collectonly:
+        image_build.start_if_selected(session.items)
 
 
 def pytest_sessionfinish(session):
