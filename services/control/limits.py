@@ -96,8 +96,8 @@ class RateLimiter:
         with self._lock:
             tokens, at = self._buckets.get(key, (float(self.burst), now))
             tokens = min(float(self.burst), tokens + (now - at) * self.rate)
-            if tokens >= 1.0:
-                self._buckets[key] = (tokens - 1.0, now)
+            if tokens >= 1.0 - 1e-9:  # (float rounding: a client that waited the answer's time gets in)
+                self._buckets[key] = (max(tokens - 1.0, 0.0), now)
                 return 0.0
             self._buckets[key] = (tokens, now)
             return (1.0 - tokens) / self.rate

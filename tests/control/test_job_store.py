@@ -1,11 +1,13 @@
 import threading
+import time
 
 import pytest
+import sqlalchemy as sa
 
 from services.control.db import make_engine
 from services.control.migrations import migrate
 from services.control.states import JobState
-from services.control.store import IdempotencyConflict, InvalidTransition, JobStore
+from services.control.store import IdempotencyConflict, InvalidTransition, JobStore, QueueFull
 
 
 @pytest.fixture
@@ -126,3 +128,104 @@ def test_list_filters_by_tenant_and_state(store):
     store.request_cancel(a.id, "x")
     assert [j.id for j in store.list("acme", [JobState.CANCELLED])] == [a.id]
     assert store.list("acme", [JobState.QUEUED]) == []
+
+
+# -- queued-job quota -----------------------------------------------------------------------------
+def _limited(store: JobStore, max_queued: int) -> JobStore:
+    return JobStore(store.engine, max_queued=max_queued)
+
+
+def test_the_queued_quota_counts_a_tenants_queued_jobs_only(store):
+    store = _limited(store, 2)
+    a, _ = store.create("acme", SPEC)
+    store.create("acme", SPEC)
+    with pytest.raises(QueueFull, match="max_queued_jobs = 2"):
+        store.create("acme", SPEC)
+    assert store.create("globex", SPEC)[1]  # another tenant's queue
+    store.start_attempt(a, "tgc-a-1", "/tmp/run")  # started: no longer queued
+    assert store.create("acme", SPEC)[1]
+
+
+def test_resume_beyond_the_queued_quota_is_refused_and_changes_nothing(store):
+    store = _limited(store, 1)
+    job, _ = store.create("acme", SPEC)
+    job = store.start_attempt(job, "tgc-x-1", "/tmp/run")
+    store.transition(job.id, JobState.FAILED, "boom")
+    store.update(job.id, ray_done=True)
+    store.create("acme", SPEC)
+    with pytest.raises(QueueFull):
+        store.resume(job.id, "/tmp/run/checkpoints/step_2", "again")
+    after = store.get(job.id)
+    assert after.state == JobState.FAILED and after.attempt == 1
+
+
+def test_concurrent_submissions_never_overshoot_the_queued_quota(store):
+    store = _limited(store, 3)
+    results: list[str] = []
+
+    def submit() -> None:
+        try:
+            store.create("acme", SPEC)
+            results.append("created")
+        except QueueFull:
+            results.append("full")
+
+    threads = [threading.Thread(target=submit) for _ in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == ["created"] * 3 + ["full"] * 7
+    assert len(store.list("acme", [JobState.QUEUED])) == 3
+
+
+# -- retention ------------------------------------------------------------------------------------
+def _ended(store: JobStore, tenant: str = "acme") -> str:
+    job, _ = store.create(tenant, SPEC)
+    return store.request_cancel(job.id, "done").id
+
+
+def _rows(store: JobStore, job_id: str) -> int:
+    from services.control import db
+
+    with store.read() as conn:
+        return sum(
+            conn.execute(sa.select(sa.func.count()).select_from(t).where(t.c.job_id == job_id)).scalar_one()
+            for t in (db.events, db.metrics, db.checkpoints, db.transitions, db.driver_logs)
+        )
+
+
+def test_retention_by_age_deletes_ended_jobs_with_their_rows_and_nothing_else(store):
+    old = _ended(store)
+    store.save_driver_log(old, 1, "tail")
+    queued, _ = store.create("acme", SPEC)
+    running, _ = store.create("acme", SPEC)
+    running = store.start_attempt(running, "tgc-r-1", "/tmp/run")
+    lingering = store.start_attempt(store.create("acme", SPEC)[0], "tgc-l-1", "/tmp/run")
+    store.transition(lingering.id, JobState.FAILED, "boom")  # ended, but its Ray job is not gone yet
+    assert store.expire_ended(max_age_s=50, keep_per_tenant=0) == []  # nothing is old enough yet
+    gone = store.expire_ended(max_age_s=50, keep_per_tenant=0, now=time.time() + 100)
+    assert [(g.id, g.tenant) for g in gone] == [(old, "acme")]
+    assert store.get(old) is None and _rows(store, old) == 0
+    for kept in (queued.id, running.id, lingering.id):
+        assert store.get(kept) is not None and _rows(store, kept) > 0
+    store.update(lingering.id, ray_done=True)
+    assert [g.id for g in store.expire_ended(50, 0, now=time.time() + 100)] == [lingering.id]
+
+
+def test_retention_by_count_keeps_each_tenants_most_recently_ended(store):
+    acme = [_ended(store) for _ in range(5)]
+    globex = [_ended(store, "globex") for _ in range(2)]
+    queued, _ = store.create("acme", SPEC)
+    gone = store.expire_ended(max_age_s=0, keep_per_tenant=2, batch=2)
+    assert len(gone) == 2  # a batch at a time
+    gone += store.expire_ended(max_age_s=0, keep_per_tenant=2, batch=2)
+    assert store.expire_ended(max_age_s=0, keep_per_tenant=2, batch=2) == []
+    assert sorted(g.id for g in gone) == sorted(acme[:3])
+    left = {j.id for j in store.list()}
+    assert left == {*acme[3:], *globex, queued.id}
+
+
+def test_retention_off_deletes_nothing(store):
+    _ended(store)
+    assert store.expire_ended(max_age_s=0, keep_per_tenant=0, now=time.time() + 10**9) == []
