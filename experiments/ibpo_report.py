@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from experiments.stats import compare, summarize
+from experiments.stats import Comparison, compare, summarize
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results" / "ibpo"
@@ -349,20 +349,14 @@ def _findings(ok: dict[str, list[dict[str, Any]]]) -> list[str]:
             for r in ok[a]
             if (v := _acc_after(r["steps"])) is not None and pairs.get(r["spec"]["seed"]) is not None
         ]
-        verdict = (
-            "higher"
-            if ca.diff > 0 and ca.p_value < ALPHA
-            else "lower"
-            if ca.p_value < ALPHA
-            else "no difference detected"
-        )
+        verdict = _reading(ca)
         paper = (
             " The paper reports +8.2 AIME25 points over GSPO for Qwen3-32B; nothing below 32B."
             if a == "ibpo_cp" and b == "cp_grpo"
             else ""
         )
         out.append(
-            f"- Accuracy of {what}, steps after the first update: {ca.fmt()}, per seed (paired) "
+            f"- Accuracy of {what}, steps after the first update: {ca.fmt_effect()}, per seed (paired) "
             f"{', '.join(paired) or 'n/a'}: **{verdict}** (rule: permutation p < {ALPHA}; with "
             f"{ca.n_a} and {ca.n_b} seeds the smallest possible p is {_min_p(ca.n_a, ca.n_b):.2g}).{paper}"
         )
@@ -379,9 +373,8 @@ def _findings(ok: dict[str, list[dict[str, Any]]]) -> list[str]:
             "- Mean token entropy, steps after the first update, and its change from the first to the last step: "
             + "; ".join(f"{a} {summarize(ent[a]).fmt()} ({summarize(drop[a]).fmt()})" for a in ok)
             + ". Against cp_grpo: "
-            + ", ".join(f"{a} {c.fmt()}" for a, c in vs.items())
-            + f": **{'a difference' if any(c.p_value < ALPHA for c in vs.values()) else 'no difference detected'}**"
-            f" (rule: permutation p < {ALPHA})."
+            + ", ".join(f"{a} {c.fmt_effect()}: **{_reading(c)}**" for a, c in vs.items())
+            + f" (rule: permutation p < {ALPHA})."
         )
     if "ibpo_cp" in ok:
         edited = _per_run(ok["ibpo_cp"], lambda rows: mean(rows, "ibpo/edited_frac_mean"))
@@ -399,6 +392,15 @@ def _findings(ok: dict[str, list[dict[str, Any]]]) -> list[str]:
             "credit-assignment benefit."
         )
     return [*out, ""]
+
+
+def _reading(c: Comparison) -> str:
+    """higher / lower where the test passes; otherwise which way these runs point, and whether any test
+    could have passed with so few seeds (never "no difference": three seeds cannot show one)."""
+    way = "higher" if c.diff > 0 else "lower" if c.diff < 0 else "equal"
+    if not _min_p(c.n_a, c.n_b) < ALPHA:
+        return f"no test possible at {c.n_a} v {c.n_b}; {way} in these runs"
+    return way if c.p_value < ALPHA else f"n.s., {way}"
 
 
 def _min_p(n_a: int, n_b: int) -> float:

@@ -174,11 +174,7 @@ def _direction(a: list[float], b: list[float]) -> tuple[str, str, Comparison | N
     c = compare(a, b)
     if c.n_a < 2 or c.n_b < 2:
         return "not measured", c.fmt(), None
-    return reading(c.diff, c.p_value), _effect(c), c
-
-
-def _effect(c: Comparison) -> str:
-    return f"{c.fmt_ci()}, p={c.p_value:.2g}" if c.n_a > 1 and c.n_b > 1 else c.fmt()
+    return reading(c.diff, c.p_value), c.fmt_effect(), c
 
 
 # The claims whose verdict is a permutation test of one objective against another (grpo - cp_grpo; C4: the
@@ -428,7 +424,7 @@ def check_family_drift(view: View) -> Finding | None:
         f"Pooled over seeds, |P(verbose)-0.5| is {_fmt(summarize([v for o in coupled for v in _drift(view.values(o, k))]))} "
         f"for response-coupled coefficients ({', '.join(coupled)}) and "
         f"{_fmt(summarize([v for o in constant for v in _drift(view.values(o, k))]))} for step-constant ones "
-        f"({', '.join(constant)}); difference {_effect(row.comparison)}, Holm-adjusted over the "
+        f"({', '.join(constant)}); difference {row.comparison.fmt_effect()}, Holm-adjusted over the "
         f"{len(rows)} outcomes of the class comparison: p={row.holm_p:.2g}."
     )
     return Finding(view.testbed, class_word(row.verdict), text)
@@ -474,7 +470,7 @@ def class_section(views: dict[str, View]) -> list[str]:
                             r.outcome.name,
                             _fmt(_class_side(view, r.outcome, COUPLED)),
                             _fmt(_class_side(view, r.outcome, CONSTANT)),
-                            _effect(r.comparison),
+                            r.comparison.fmt_effect(),
                             f"{r.holm_p:.2g}",
                             f"{r.detectable:.2g}",
                             r.verdict,
@@ -656,7 +652,7 @@ def check_efficiency(view: View) -> Finding | None:
         if not slow
         else f"Slower than grpo by more than 10%: {', '.join(slow)}."
     ) + extra
-    diffs = [f"{o} - grpo {_effect(compare(view.values(o, t), view.values('grpo', t)))}" for o in fixes]
+    diffs = [f"{o} - grpo {compare(view.values(o, t), view.values('grpo', t)).fmt_effect()}" for o in fixes]
     text += f" Steps: {'; '.join(diffs)} (a descriptive rule: the ratio is not a test)."
     return Finding(view.testbed, "reproduced" if not slow else "not reproduced", text, rows)
 
@@ -724,7 +720,7 @@ def check_split(view: View) -> Finding | None:
     text = (
         f"Splitting each group over two optimizer steps raises cp_grpo's per-step D1 from "
         f"{_fmt(summarize(cp_whole))} to {_fmt(summarize(cp_split))} (difference "
-        f"{_effect(compare(cp_split, cp_whole))})."
+        f"{compare(cp_split, cp_whole).fmt_effect()})."
     )
     return Finding(view.testbed, "reproduced" if held else "not reproduced", text, rows)
 

@@ -89,6 +89,11 @@ class Comparison:
             return self.fmt()
         return f"{_signed(self.diff)} ({level:.0%} CI {_signed(low)} to {_signed(high)})"
 
+    def fmt_effect(self) -> str:
+        """The difference with its interval and raw p, as the report prints every test; the plain difference
+        where a side has one run."""
+        return f"{self.fmt_ci()}, p={self.p_value:.2g}" if self.n_a > 1 and self.n_b > 1 else self.fmt()
+
 
 def _signed(x: float) -> str:
     return ("+" if x > 0 else "") + _num(x, 2)

@@ -15,7 +15,6 @@ import numpy as np
 
 from experiments.diag import EXACT
 from experiments.stats import (
-    Comparison,
     compare,
     detectable_difference,
     direction,
@@ -471,11 +470,6 @@ def _pair_holm(row: dict[str, Any]) -> str:
     return f", Holm p {_short(row['pair_holm_p'])}" if tested else ""
 
 
-def _effect(c: Comparison) -> str:
-    """A difference with its 95% CI and raw p (the plain difference where a side has one run)."""
-    return f"{c.fmt_ci()}, p={c.p_value:.2g}" if c.n_a > 1 and c.n_b > 1 else c.fmt()
-
-
 def _short(x: float) -> str:
     return f"{x:.2g}" if math.isfinite(x) else "n/a"
 
@@ -610,8 +604,8 @@ def section(runs_dir: Path, fig_dir: Path, report_dir: Path) -> tuple[list[str],
         lines.append(
             f"| {c.name} | {c.measure} | "
             + " | ".join(cells)
-            + f" | {_effect(row['class'])} | {_short(row['holm_p'])} | {_short(row['detectable'])} | "
-            f"{_effect(row['pair'])}{_pair_holm(row)} | "
+            + f" | {row['class'].fmt_effect()} | {_short(row['holm_p'])} | {_short(row['detectable'])} | "
+            f"{row['pair'].fmt_effect()}{_pair_holm(row)} | "
             f"{row['verdict']} |"
         )
     lines += [
