@@ -300,3 +300,26 @@ def test_monitoring_off_renders_no_prometheus_objects():
     docs = render(VARIANTS["monitoring-off"])
     assert not [d for d in docs if d["apiVersion"].startswith("monitoring.coreos.com/")]
     assert [d for d in render({}) if d["kind"] == "PodMonitor"]
+
+
+def test_the_charts_limits_are_the_servers_defaults_and_reach_it():
+    """controlPlane.limits / .retention: each value reaches its setting, and the chart's defaults are the server's."""
+    cp = _one(render({}), "Deployment", "control-plane")["spec"]["template"]["spec"]["containers"][0]
+    env = {name: e["value"] for name, e in _env(cp).items() if "value" in e}
+    settings = ControlSettings()
+    limit_vars = [n for n in env if n.removeprefix("TGC_").lower() in LIMIT_SETTINGS]
+    assert sorted(limit_vars) == sorted(f"TGC_{s.upper()}" for s in LIMIT_SETTINGS)
+    for name in limit_vars:
+        field = name.removeprefix("TGC_").lower()
+        assert float(env[name]) == float(getattr(settings, field)), name
+    changed = render(
+        {"controlPlane": {"limits": {"maxQueuedJobs": 7}, "retention": {"maxAgeSeconds": 86400}}}
+    )
+    cp = _one(changed, "Deployment", "control-plane")["spec"]["template"]["spec"]["containers"][0]
+    assert _env(cp)["TGC_MAX_QUEUED_JOBS"]["value"] == "7"
+    assert _env(cp)["TGC_JOB_RETENTION_S"]["value"] == "86400"
+
+
+LIMIT_SETTINGS = ("max_queued_jobs", "rate_limit_per_s", "rate_limit_burst", "max_streams_per_tenant",
+                  "stream_max_s", "stream_reauth_s", "keep_alive_s", "client_header_timeout_s",
+                  "client_body_timeout_s", "job_retention_s", "max_ended_jobs_per_tenant", "retention_sweep_s")  # fmt: skip
