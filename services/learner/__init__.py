@@ -1,8 +1,21 @@
 """The FSDP2 learner: `Learner` (one rank, a plain class, given its `LearnerSpec` slice of the job spec) and
 `LearnerGroup` (its ranks as Ray actors)."""
 
-from services.learner.group import LearnerGroup, LearnerGroupError
+from typing import TYPE_CHECKING, Any
+
 from services.learner.learner import Learner
 from services.learner.spec import LearnerSpec
 
+if TYPE_CHECKING:  # pragma: no cover
+    from services.learner.group import LearnerGroup, LearnerGroupError
+
 __all__ = ["Learner", "LearnerGroup", "LearnerGroupError", "LearnerSpec"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: the group needs Ray, a rank does not (scripts/gpu-check.sh drives a Learner where Ray is absent).
+    if name in ("LearnerGroup", "LearnerGroupError"):
+        from services.learner import group
+
+        return getattr(group, name)
+    raise AttributeError(f"module 'services.learner' has no attribute {name!r}")

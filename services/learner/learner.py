@@ -28,7 +28,6 @@ from torch import Tensor
 
 import rlcore
 from services.batch import SampledBatch, TrainBatch
-from services.config import resolve_dtype
 from services.learner import checkpoint, sharding
 from services.learner.logprobs import PolicyLogprobs
 from services.learner.plan import MicroBatchLimit, MiniBatch, group_spans, plan_minibatches, trim_padding
@@ -61,8 +60,13 @@ class Learner:
         self.rank, self.world_size = rank, world_size
         self.device = sharding.learner_device(spec.gpus)
         self.mesh = sharding.init_process_group(rank, world_size, self.device, master_addr, master_port)
-        # `auto` resolved here, on the host this rank runs on (the spec keeps `auto`)
-        self.model_dtype = resolve_dtype(spec.model_dtype, on_gpu=self.device.type == "cuda")
+        # `auto` resolved here, on the host this rank runs on (the spec keeps `auto`). services.config (pydantic)
+        # is imported only then: a rank given an explicit dtype runs where only torch is (scripts/gpu-check.sh).
+        self.model_dtype = spec.model_dtype
+        if self.model_dtype == "auto":
+            from services.config import resolve_dtype
+
+            self.model_dtype = resolve_dtype(spec.model_dtype, on_gpu=self.device.type == "cuda")
         self.compute_dtype = sharding.compute_dtype(self.model_dtype, self.device)
         self.objective = rlcore.get_objective(spec.objective, **spec.objective_overrides)
         cfg = self.objective.config

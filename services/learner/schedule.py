@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-from services.config import OptimSpec
+if TYPE_CHECKING:  # annotations only: the learner imports without pydantic
+    from services.config import OptimSpec
 
 
 def lr_factor(step: int, optim: OptimSpec, total_steps: int) -> float:

@@ -7,9 +7,10 @@ on the host (`model_dtype`) stay unresolved here and are resolved by the rank on
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from services.config import JobSpec, OptimSpec
+if TYPE_CHECKING:  # annotations only: a LearnerSpec built without a JobSpec needs no pydantic (gpu-check)
+    from services.config import JobSpec, OptimSpec
 
 
 @dataclass(frozen=True)
