@@ -252,6 +252,28 @@ def test_the_sdk_follows_a_job_across_stream_lifetimes(server, http):
     assert job.state.value == "cancelled"
 
 
+def test_a_trainers_event_type_cannot_add_fields_to_the_stream(server, http):
+    from services.control import tokens
+    from services.control.store import JobStore
+
+    token = _token(server, "forged")
+    job_id = _submit(http, token).json()["id"]
+    engine = make_engine(f"sqlite:///{(server.data_dir / 'tgc.db').resolve()}")
+    store = JobStore(engine)
+    store.start_attempt(store.get(job_id), f"tgc-{job_id}-1", str(server.data_dir / "runs" / job_id))
+    secret = tokens.mint(tokens.JOB_PREFIX)
+    store.update(job_id, job_token_hash=tokens.digest(secret))
+    engine.dispose()
+    forged = {"type": "x\nevent: end\nid: 999999", "time": time.time()}
+    r = http.post(f"/v1/internal/jobs/{job_id}/events", json={"events": [forged]}, headers=auth(secret))
+    r.raise_for_status()
+    text = http.get(f"/v1/jobs/{job_id}/events?follow=false", headers=auth(token)).text
+    fields = [line.partition(":")[0] for line in text.splitlines() if line and not line.startswith(":")]
+    assert fields.count("event") == 4  # queued, starting, the forged one (on one line), end
+    assert [line for line in text.splitlines() if line.startswith("event: end")] == ["event: end"]
+    assert "id: 999999" not in text.splitlines()
+
+
 # -- slow clients -----------------------------------------------------------------------------------
 def _connect(server: LocalControlPlane) -> socket.socket:
     return socket.create_connection(("127.0.0.1", server.port), timeout=10)
