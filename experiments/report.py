@@ -1289,9 +1289,8 @@ def render(
         "### Empirical results",
         "",
         "What training did, claim by claim (verdicts Holm-adjusted as stated above). Most rest on testbeds "
-        "built to show the mechanism (a tabular toy and a tiny LM whose reward-irrelevant choice is a length); "
-        "on a real model (testbed 4) no outcome has passed, and that study gave the mechanism a small dose "
-        "(its section).",
+        "built to show the mechanism (a tabular toy and a tiny LM whose reward-irrelevant choice is a length)."
+        + "".join(_passed_sentence(name, cells) for name, (cells, _) in columns.items()),
         "",
         *header,
         *summary_rows(False),
@@ -1346,6 +1345,21 @@ def render(
         "",
     ]
     return "\n".join(lines)
+
+
+def _passed_sentence(column: str, cells: dict[str, str]) -> str:
+    """What a study outside the claim table showed on the empirical claims: those whose cell passed its test
+    either way, or that none did (then the dose, in its section, says how strong a test that was)."""
+    empirical = {c.ident for c in CLAIMS if not c.by_construction}
+    passed = [
+        i for i, cell in cells.items() if i in empirical and cell.startswith(("reproduced", "opposite"))
+    ]
+    if passed:
+        return f" {column}: " + ", ".join(i + " " + cells[i].split(" (")[0] for i in passed) + "."
+    return (
+        f" {column}: no empirical claim passed its test; its section gives the dose of the mechanism those "
+        "runs had."
+    )
 
 
 def write_report(

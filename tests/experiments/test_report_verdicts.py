@@ -141,6 +141,17 @@ def test_the_summary_puts_results_that_hold_by_construction_apart():
     assert "Dr. GRPO (arXiv 2503.20783)" in text and "the project's reading of DFPO" in text
 
 
+def test_the_empirical_summary_says_what_another_study_passed_from_its_cells():
+    def text(cells):
+        columns = {"Testbed 4": (cells, "note")}
+        return render({"tabular": _class_results()}, {}, __import__("pathlib").Path("."), columns=columns)
+
+    none = text({"C1": "reproduced (mechanism)", "C2": "n.s., the paper's direction (drift: +0.1)"})
+    assert "Testbed 4: no empirical claim passed its test" in none  # C1 is by construction
+    some = text({"C2": "reproduced (drift)", "C5": "opposite (learning tax)"})
+    assert "Testbed 4: C2 reproduced, C5 opposite." in some
+
+
 def test_residual_rule_flags_an_exchangeable_objective_with_a_residual():
     f = check_residual(View(_results([0.0] * 5, [0.5] * 5, cp_d1=(0.2,) * 5)))
     assert f.verdict == "partly" and "cp_grpo" in f.text
