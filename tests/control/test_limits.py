@@ -252,6 +252,30 @@ def test_the_sdk_follows_a_job_across_stream_lifetimes(server, http):
     assert job.state.value == "cancelled"
 
 
+def test_tgc_submit_follow_follows_across_stream_lifetimes(server, tmp_path, capsys):
+    import yaml
+
+    from services.cli import main
+
+    token = _token(server, "cli-follower")
+
+    def cancel_the_queued_job() -> None:
+        with httpx.Client(base_url=server.url, headers=auth(token), timeout=30) as c:
+            for job in c.get("/v1/jobs").json()["jobs"]:
+                c.post(f"/v1/jobs/{job['id']}/cancel").raise_for_status()
+
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump(TINY))
+    timer = threading.Timer(4.5, cancel_the_queued_job)  # two stream lifetimes (2 s each)
+    timer.start()
+    try:
+        code = main(["submit", str(spec), "--follow", "--url", server.url, "--token", token])
+    finally:
+        timer.join()
+    out = capsys.readouterr().out
+    assert code == 0 and "cancelled" in out.splitlines()[-1], out
+
+
 def test_a_trainers_event_type_cannot_add_fields_to_the_stream(server, http):
     from services.control import tokens
     from services.control.store import JobStore
@@ -316,17 +340,23 @@ def test_a_connection_that_sends_nothing_is_closed(server):
     assert took < 3, took
 
 
-def test_a_body_sent_a_byte_at_a_time_is_answered_408_and_closed(server):
+@pytest.mark.parametrize(
+    "path, content_type",
+    [("/v1/jobs", "application/json"), ("/v1/datasets?name=rows.jsonl", "application/octet-stream")],
+)
+def test_a_body_sent_a_byte_at_a_time_is_answered_408_and_closed(server, path, content_type):
     token = _token(server, "trickler")
     body = b'{"name": "tiny", "steps": 3' + b" " * 200 + b"}"
-    head = (f"POST /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
+    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n"
+            f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
     with _connect(server) as sock:
         sock.sendall(head)
         took, said = _closed_within(sock, body, 0.1, limit_s=6)
     assert took < 3, took
     assert said.startswith(b"HTTP/1.1 408"), said[:200]
     assert b"client_body_timeout_s" in said
+    datasets = server.data_dir / "datasets"
+    assert not datasets.exists() or not [p for p in datasets.iterdir() if p.name.startswith(".staging")]
 
 
 def test_an_idle_keep_alive_connection_is_closed_after_the_setting(server):
