@@ -199,10 +199,15 @@ class DatasetStore:
             if existing is not None:
                 return existing, False
             self._check_quota(tenant, upload.size)
-            try:
-                shape = self.inspector.inspect(upload.path, upload.format, upload.name)
-            except DataError as e:
-                raise DatasetRefused(str(e)) from None
+            inspector = self.inspector
+            with inspector.slot():
+                existing = self._by_hash(tenant, digest)  # an identical upload that had the slot first
+                if existing is not None:
+                    return existing, False
+                try:
+                    shape = inspector.inspect(upload.path, upload.format, upload.name)
+                except DataError as e:
+                    raise DatasetRefused(str(e)) from None
             row = DatasetRow(upload.id, tenant, upload.name, upload.format, upload.size, digest, shape.rows,
                              shape.columns, time.time())  # fmt: skip
             upload.folder.rename(final)
@@ -326,6 +331,11 @@ def upload_policy(settings: ControlSettings) -> UploadPolicy:
         quota_bytes=s.dataset_quota_bytes,
         uploads_per_tenant=s.dataset_uploads_per_tenant,
         staging_max_age_s=s.dataset_staging_max_age_s,
-        inspection=InspectionLimits(data, s.dataset_inspect_cpu_s, s.dataset_inspect_memory_mb,
-                                    s.dataset_inspect_concurrency),  # fmt: skip
+        inspection=InspectionLimits(
+            data,
+            s.dataset_inspect_cpu_s,
+            s.dataset_inspect_memory_mb,
+            s.dataset_inspect_concurrency,
+            s.dataset_inspect_queue_s,
+        ),  # fmt: skip
     )

@@ -4,8 +4,8 @@ A tenant's file is untrusted input to C parsers (pyarrow) whose cost and failure
 (services/bounded_read.py) limits but cannot make impossible: a parser bug that recurses, crashes or
 allocates must cost one child, not the control plane. So each inspection runs as `python -m
 services.control.inspection` with rlimits on address space and CPU time set before it reads a byte, a
-wall-clock deadline, and at most `concurrency` children at once (beyond that, `InspectorBusy`: the API
-answers 503 with Retry-After). The child answers one JSON line on stdout; a child that dies or runs out is
+wall-clock deadline, and at most `concurrency` children at once (an upload waits up to `queue_s` for a
+slot; then `InspectorBusy`: the API answers 503 with Retry-After). The child answers one JSON line on stdout; a child that dies or runs out is
 a refusal naming the limit, never a server error.
 """
 
@@ -18,6 +18,8 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +46,7 @@ class InspectionLimits:
     cpu_s: int = 30
     memory_mb: int = 1024
     concurrency: int = 2
+    queue_s: float = 10.0  # how long an upload waits for a free slot
 
     @property
     def wall_s(self) -> float:
@@ -55,14 +58,20 @@ class Inspector:
         self.limits = limits
         self._slots = threading.BoundedSemaphore(limits.concurrency)
 
-    def inspect(self, path: Path, fmt: str, label: str) -> TableShape:
-        """The file's shape; DataError (naming row, column or the exhausted limit) if it is refused."""
-        if not self._slots.acquire(blocking=False):
+    @contextmanager
+    def slot(self) -> Iterator[None]:
+        """One of the `concurrency` inspection slots, waited for up to `queue_s`; InspectorBusy if none frees."""
+        if not self._slots.acquire(timeout=self.limits.queue_s):
             raise InspectorBusy(retry_after_s=max(1, min(self.limits.cpu_s, 10)))
         try:
-            return self._run(path, fmt, label)
+            yield
         finally:
             self._slots.release()
+
+    def inspect(self, path: Path, fmt: str, label: str) -> TableShape:
+        """The file's shape; DataError (naming row, column or the exhausted limit) if it is refused. Call it
+        holding a `slot()`."""
+        return self._run(path, fmt, label)
 
     def _run(self, path: Path, fmt: str, label: str) -> TableShape:
         lim = self.limits

@@ -96,19 +96,24 @@ class ControlSettings(BaseModel):
     )
     # What one dataset upload may cost (docs/security.md#dataset-uploads); quotas: 0 turns one off.
     dataset_max_rows: int = Field(1_000_000, ge=1, description="Rows of one dataset file.")
-    dataset_max_columns: int = Field(256, ge=1, description="Columns of one dataset file (JSONL: distinct keys).")
+    dataset_max_columns: int = Field(
+        256, ge=1, description="Columns of one dataset file (JSONL: distinct keys)."
+    )
     dataset_max_decoded_bytes: int = Field(
         2**30, ge=2**20, description="Decoded size of one dataset file (its text plus 8 bytes a cell)."
     )
     dataset_max_expansion: int = Field(
         64, ge=1, description="Decoded bytes per byte of file beyond the first 64 MiB (compression bombs)."
     )
-    dataset_inspect_cpu_s: int = Field(30, ge=1, description="CPU seconds of the child that inspects an upload.")
-    dataset_inspect_memory_mb: int = Field(
-        1024, ge=256, description="Address space (RLIMIT_AS) of the child that inspects an upload."
+    dataset_inspect_cpu_s: int = Field(
+        30, ge=1, description="CPU seconds of the child that inspects an upload."
     )
-    dataset_inspect_concurrency: int = Field(
-        2, ge=1, description="Uploads inspected at once, server-wide; beyond it 503 with Retry-After."
+    dataset_inspect_memory_mb: int = Field(
+        1024, ge=512, description="Address space (RLIMIT_AS) of the inspecting child; pyarrow takes ~350 MiB."
+    )
+    dataset_inspect_concurrency: int = Field(2, ge=1, description="Uploads inspected at once, server-wide.")
+    dataset_inspect_queue_s: float = Field(
+        10.0, ge=0, description="How long an upload waits for an inspection slot; then 503 with Retry-After."
     )
     dataset_uploads_per_tenant: int = Field(
         2, ge=0, description="Uploads one tenant may have in progress at once; beyond it 429."
