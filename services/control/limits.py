@@ -87,6 +87,7 @@ class RateLimiter:
         self.clock = clock
         self._buckets: dict[str, tuple[float, float]] = {}  # token id -> (tokens left, at time)
         self._lock = threading.Lock()
+        self._prune_at = 4096
 
     def acquire(self, key: str) -> float:
         """Take one request from `key`'s bucket: 0.0 when allowed, else the seconds until one is."""
@@ -94,6 +95,8 @@ class RateLimiter:
             return 0.0
         now = self.clock()
         with self._lock:
+            if len(self._buckets) > self._prune_at:
+                self._prune(now)
             tokens, at = self._buckets.get(key, (float(self.burst), now))
             tokens = min(float(self.burst), tokens + (now - at) * self.rate)
             if tokens >= 1.0 - 1e-9:  # (float rounding: a client that waited the answer's time gets in)
@@ -101,6 +104,13 @@ class RateLimiter:
                 return 0.0
             self._buckets[key] = (tokens, now)
             return (1.0 - tokens) / self.rate
+
+    def _prune(self, now: float) -> None:
+        """Forget buckets that have refilled (revoked tokens' too): a full bucket is the same as none."""
+        self._buckets = {
+            k: (t, at) for k, (t, at) in self._buckets.items() if t + (now - at) * self.rate < self.burst
+        }
+        self._prune_at = max(4096, 2 * len(self._buckets))
 
 
 # -- per-tenant open event streams --------------------------------------------------------------------

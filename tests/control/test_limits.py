@@ -133,6 +133,19 @@ def test_a_bucket_never_allows_more_than_its_burst_plus_its_rate(rate, burst, ga
         assert allowed <= burst + rate * now[0] + 1e-6
 
 
+def test_the_bucket_table_forgets_refilled_buckets():
+    now = [0.0]
+    limiter = RateLimiter(10, 5, clock=lambda: now[0])
+    for i in range(5000):
+        limiter.acquire(f"token-{i}")
+    assert len(limiter._buckets) == 5000  # all in use: kept (the next look is at twice as many)
+    now[0] += 1.0  # every one of them has refilled
+    for i in range(3500):
+        limiter.acquire(f"new-{i}")
+    assert len(limiter._buckets) < 4000  # the refilled 5000 are gone, the new ones kept
+    assert limiter.acquire("new-0") == 0.0 and limiter._buckets["new-0"][0] < 5 - 1
+
+
 def test_stream_slots_are_counted_per_tenant_and_given_back():
     slots = StreamSlots(2)
     assert slots.acquire("a") and slots.acquire("a") and not slots.acquire("a")
