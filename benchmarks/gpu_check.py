@@ -400,7 +400,7 @@ def part_matmul_peak(ctx: Context, part: Part) -> None:
     ctx.peak_flops = 2 * n**3 / statistics.median(times)
     part.results.update(n=n, dtype=str(dtype).removeprefix("torch."), tflops=ctx.peak_flops / 1e12)
     part.summary = (
-        f"{ctx.peak_flops / 1e12:.1f} TFLOP/s ({n}^3 {part.results['dtype']}, median of {len(times)})"
+        f"{ctx.peak_flops / 1e12:.3g} TFLOP/s ({n}^3 {part.results['dtype']}, median of {len(times)})"
     )
 
 
@@ -472,7 +472,7 @@ def part_learner(name: str) -> Callable[[Context, Part], None]:
             part.checks["loss_and_grad_norm_finite"] = r["loss_finite"]
             mfu = f"MFU {100 * r['mfu']:.1f}%" if r["mfu"] is not None else "MFU n/a"
             part.summary = (
-                f"{r['params_b']:.2f}B params, {r['rows']} rows x {s.prompt}+<={s.response} tokens: "
+                f"{r['params_b'] * 1e3:,.0f}M params, {r['rows']} rows x {s.prompt}+<={s.response} tokens: "
                 f"step {step_s:.2f} s, {r['tokens_per_s']:,.0f} tokens/s, {mfu}, peak {r['peak_memory_gib']:.1f} GiB"
             )
         finally:
@@ -912,6 +912,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parts", help=f"comma-separated subset of {','.join(PARTS)}")
     ap.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     ap.add_argument("--work", type=Path, help="where the random models go (default: a temporary folder)")
+    ap.add_argument(
+        "--time-limit",
+        type=float,
+        default=480,
+        help="seconds; parts not started by then are skipped (default 480)",
+    )
     for f in dataclasses.fields(Sizes):
         ap.add_argument(
             f"--{f.name.replace('_', '-')}",
@@ -948,7 +954,14 @@ def main(argv: list[str] | None = None) -> int:
         ctx = Context(device, sizes, args.tiny, Path(work))
         parts = []
         for name in names:
-            part = run_part(ctx, name)
+            if time.perf_counter() - t0 > args.time_limit:
+                part = Part(
+                    name,
+                    BUDGETS[name],
+                    reason=f"not started: the run passed --time-limit {args.time_limit:g} s",
+                )
+            else:
+                part = run_part(ctx, name)
             parts.append(part)
             print(f"gpu-check: {name}: {part.status} {part.summary or part.reason}", flush=True)
     device_name = parts[0].results.get("name", args.device)

@@ -98,7 +98,7 @@ def test_cpu_variant_runs_every_part_and_passes(tmp_path):
         # only torch and transformers (with numpy and pyyaml, which they need)
         (
             "pydantic,ray,vllm,fastapi,numba",
-            {"learner_0.5b": "skipped", "rlcore": "skipped", "chunked_logprobs": "ok", "shared_prompt": "ok"},
+            {"learner_0.5b": "skipped", "rlcore": "skipped", "chunked_logprobs": "ok"},
         ),
     ],
 )
