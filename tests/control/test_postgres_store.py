@@ -24,7 +24,7 @@ from services.control.db import make_engine
 from services.control.local import LocalControlPlane, free_port
 from services.control.migrations import MIGRATIONS, migrate
 from services.control.states import JobState
-from services.control.store import JobStore
+from services.control.store import JobStore, QueueFull
 
 BIN = sorted(glob.glob("/usr/lib/postgresql/*/bin"))
 pytestmark = [
@@ -144,3 +144,18 @@ def test_control_plane_serves_jobs_from_postgresql(fresh_db, tmp_path):
         assert http.post(f"/v1/jobs/{job['id']}/cancel").json()["state"] == "cancelled"
         assert [j["id"] for j in http.get("/v1/jobs").json()["jobs"]] == [job["id"]]
     assert not (tmp_path / "tgc.db").exists()  # nothing went to SQLite
+
+
+def test_retention_and_the_queued_quota_work_on_postgresql(fresh_db):
+    engine = make_engine(fresh_db)
+    migrate(engine)
+    store = JobStore(engine, max_queued=3)
+    ended = [store.request_cancel(store.create("acme", {"name": "a"})[0].id, "done").id for _ in range(3)]
+    queued = [store.create("acme", {"name": "a"})[0].id for _ in range(3)]
+    with pytest.raises(QueueFull):
+        store.create("acme", {"name": "a"})
+    gone = store.expire_ended(max_age_s=0, keep_per_tenant=1)  # window function, FOR UPDATE
+    assert sorted(g.id for g in gone) == sorted(ended[:2])
+    assert {j.id for j in store.list("acme")} == {ended[2], *queued}
+    old = store.expire_ended(max_age_s=1, keep_per_tenant=0, now=time.time() + 10)
+    assert [g.id for g in old] == [ended[2]]
