@@ -303,3 +303,52 @@ def test_a_full_inspection_pool_answers_503_and_a_tenant_429_beyond_its_uploads_
         assert _post(server, globex, "g.jsonl", b'{"prompt": "g", "answer": "1"}\n').status_code == 201
         for conn in held:
             conn.close()
+
+
+# -- the child's rlimits and the sweeper, without a server --------------------------------------------------
+def test_the_inspection_child_is_stopped_by_its_memory_and_cpu_limits(tmp_path):
+    from services.bounded_read import DataError
+    from services.control.inspection import InspectionLimits, Inspector
+
+    fat = tmp_path / "fat.jsonl"  # one row whose list of 10 million floats needs ~330 MB as Python objects
+    fat.write_text('{"prompt": "a", "answer": [' + ",".join(["0.5"] * 10_000_000) + "]}\n")
+    inspector = Inspector(InspectionLimits(memory_mb=300))
+    with (
+        inspector.slot(),
+        pytest.raises(DataError, match=r"needs more than 300 MiB.*dataset_inspect_memory_mb"),
+    ):
+        inspector.inspect(fat, "jsonl", "fat.jsonl")
+    many = tmp_path / "many.jsonl"  # ~5 s of CPU
+    many.write_text("".join(json.dumps({"prompt": f"q{i}", "answer": str(i)}) + "\n" for i in range(500_000)))
+    inspector = Inspector(InspectionLimits(cpu_s=1))
+    with (
+        inspector.slot(),
+        pytest.raises(DataError, match=r"needs more than 1 s of CPU.*dataset_inspect_cpu_s"),
+    ):
+        inspector.inspect(many, "jsonl", "many.jsonl")
+
+
+def test_stale_staging_folders_and_unrecorded_dataset_folders_are_swept_at_start_up(tmp_path):
+    import os
+
+    from services.control import db
+    from services.control.datasets import DatasetStore
+    from services.control.migrations import migrate
+
+    engine = db.make_engine(f"sqlite:///{tmp_path / 'tgc.db'}")
+    migrate(engine)
+    root = tmp_path / "datasets"
+    names = {"stale": ".staging-ds_" + "a" * 32, "orphan": "ds_" + "b" * 32, "fresh": ".staging-ds_" + "c" * 32,
+             "recorded": "ds_" + "d" * 32}  # fmt: skip
+    for key, name in names.items():
+        (root / name).mkdir(parents=True)
+        (root / name / "x.jsonl").write_text("{}\n")
+        if key != "fresh":
+            for p in (root / name / "x.jsonl", root / name):
+                os.utime(p, (time.time() - 7200, time.time() - 7200))
+    with engine.begin() as conn:
+        conn.execute(db.datasets.insert().values(id=names["recorded"], tenant="acme", name="x.jsonl", format="jsonl",
+                     size_bytes=3, sha256="0" * 64, rows=1, columns="[]", created_at=time.time()))  # fmt: skip
+    DatasetStore(engine, root)
+    assert sorted(p.name for p in root.iterdir()) == sorted([names["fresh"], names["recorded"]])
+    engine.dispose()
