@@ -320,11 +320,16 @@ def _last_touched(folder: Path) -> float:
         return time.time()
 
 
+def data_limits(settings: ControlSettings) -> DataLimits:
+    """The caps on one data file: checked at upload, and passed to jobs (their loader checks the same)."""
+    s = settings
+    return DataLimits(max_rows=s.dataset_max_rows, max_columns=s.dataset_max_columns,
+                      max_decoded_bytes=s.dataset_max_decoded_bytes, max_expansion=s.dataset_max_expansion)  # fmt: skip
+
+
 def upload_policy(settings: ControlSettings) -> UploadPolicy:
     """The server's dataset_* settings as the store's policy."""
     s = settings
-    data = DataLimits(max_rows=s.dataset_max_rows, max_columns=s.dataset_max_columns,
-                      max_decoded_bytes=s.dataset_max_decoded_bytes, max_expansion=s.dataset_max_expansion)  # fmt: skip
     return UploadPolicy(
         max_bytes=s.max_dataset_bytes,
         quota_count=s.dataset_quota_count,
@@ -332,7 +337,7 @@ def upload_policy(settings: ControlSettings) -> UploadPolicy:
         uploads_per_tenant=s.dataset_uploads_per_tenant,
         staging_max_age_s=s.dataset_staging_max_age_s,
         inspection=InspectionLimits(
-            data,
+            data_limits(s),
             s.dataset_inspect_cpu_s,
             s.dataset_inspect_memory_mb,
             s.dataset_inspect_concurrency,

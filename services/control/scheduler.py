@@ -20,8 +20,10 @@ import threading
 import time
 from pathlib import Path
 
+from services.bounded_read import LIMITS_ENV
 from services.config import JobSpec
 from services.control import progress, tokens
+from services.control.datasets import data_limits
 from services.control.ray_cluster import LocalRayCluster
 from services.control.ray_jobs import RayJobs, RayUnavailable, submission_id
 from services.control.settings import ControlSettings
@@ -262,7 +264,8 @@ class Scheduler:
             cmd += ["--resume", job.resume_from]
         env = {**self.settings.trainer_env, "TGC_CONTROL_URL": self.settings.control_url,
                "TGC_JOB_ID": job.id, "TGC_JOB_TOKEN": secret, GRANTS_ENV: job.grants,
-               DATASETS_DIR_ENV: str(self.settings.datasets_path.resolve())}  # fmt: skip
+               DATASETS_DIR_ENV: str(self.settings.datasets_path.resolve()),
+               LIMITS_ENV: data_limits(self.settings).to_json()}  # fmt: skip
         if self.settings.data_root is not None:
             env[DATA_ROOT_ENV] = str(self.settings.data_root)
         meta = {"tgc_job_id": job.id, "tgc_tenant": job.tenant, "tgc_attempt": str(job.attempt)}

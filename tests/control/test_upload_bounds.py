@@ -352,3 +352,25 @@ def test_stale_staging_folders_and_unrecorded_dataset_folders_are_swept_at_start
     DatasetStore(engine, root)
     assert sorted(p.name for p in root.iterdir()) == sorted([names["fresh"], names["recorded"]])
     engine.dispose()
+
+
+def test_the_charts_dataset_values_are_the_servers_defaults_and_reach_it():
+    chart = pytest.importorskip("tests.deploy.test_chart")
+    from services.control.settings import ControlSettings
+
+    def env(values: dict) -> dict[str, str]:
+        cp = chart._one(chart.render(values), "Deployment", "control-plane")["spec"]["template"]["spec"]
+        return {n: e["value"] for n, e in chart._env(cp["containers"][0]).items() if "value" in e}
+
+    names = [n for n in ControlSettings.model_fields if n.startswith("dataset_")] + ["max_dataset_bytes"]
+    defaults, settings = env({}), ControlSettings()
+    assert sorted(n for n in defaults if n.removeprefix("TGC_").lower() in names) == sorted(
+        f"TGC_{n.upper()}" for n in names
+    )
+    for n in names:
+        assert float(defaults[f"TGC_{n.upper()}"]) == float(getattr(settings, n)), n
+    changed = env({"controlPlane": {"datasets": {"quotaBytes": 2**40, "inspectMemoryMb": 2048}}})
+    assert (
+        changed["TGC_DATASET_QUOTA_BYTES"] == str(2**40)
+        and changed["TGC_DATASET_INSPECT_MEMORY_MB"] == "2048"
+    )
