@@ -59,6 +59,16 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
+# A spec valid by the published schema can still be refused: JSON Schema cannot state every rule.
+_SPEC_REFUSED = (
+    "Invalid spec; `detail` names each field. Besides the schema's own rules this covers rules the schema "
+    "cannot express: cross-field rules (prompts_per_step a multiple of optim.mini_batches, an `eval` section "
+    "that names its rows, length budgets within sampling.max_new_tokens, a random model's shape), the params "
+    "of the named task (`tgc schema --task NAME`), and this server's policy (privileges: custom code, host "
+    "paths, an unconfined sandbox, custom resources; limits: steps, replicas, sizes; only your own datasets)."
+)
+
+
 def _cp(request: Request):
     return request.app.state.cp
 
@@ -84,6 +94,7 @@ def _own_job(request: Request, job_id: str, caller: Principal) -> JobRow:
         },
         409: {"model": ErrorBody, "description": "Idempotency-Key reused with a different spec."},
         413: {"model": ErrorBody, "description": "Request body too large."},
+        422: {"model": ErrorBody, "description": _SPEC_REFUSED},
     },  # fmt: skip
     summary="Submit a job",
 )
@@ -132,7 +143,15 @@ def submit_job(
 
 
 # -- read -----------------------------------------------------------------------------------------
-@router.get("", response_model=JobList, responses=_ERRORS, summary="List jobs, newest first")
+@router.get(
+    "",
+    response_model=JobList,
+    responses={
+        **_ERRORS,
+        403: {"model": ErrorBody, "description": "`tenant` names another tenant (admin tokens only)."},
+    },
+    summary="List jobs, newest first",
+)
 def list_jobs(
     request: Request,
     caller: Caller,

@@ -22,9 +22,10 @@ from services.control.auth import metrics_reader
 from services.control.datasets import DatasetStore
 from services.control.db import make_engine
 from services.control.docs_ui import install_docs_ui
-from services.control.errors import error_response, install_error_handlers
+from services.control.errors import error_response, install_error_handlers, refuse_unknown_query
 from services.control.limits import BodyReadTimeout, BodySizeLimit, RateLimiter, StreamSlots
 from services.control.migrations import migrate
+from services.control.openapi import install_openapi
 from services.control.scheduler import RetentionSweeper, Scheduler
 from services.control.settings import ControlSettings
 from services.control.store import JobRow, JobStore, QueueFull
@@ -114,7 +115,9 @@ def create_app(settings: ControlSettings | None = None) -> FastAPI:
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
+        dependencies=[Depends(refuse_unknown_query)],
     )
+    install_openapi(app)
     install_docs_ui(app)
     app.state.cp = cp
     install_error_handlers(app)

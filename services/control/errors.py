@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import FastAPI, Request
+from fastapi.dependencies.utils import get_flat_dependant
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from services.config import error_message
 from services.control.schemas import ErrorBody, ErrorDetail
@@ -39,6 +43,36 @@ def error_response(status: int, code: str, message: str, detail: list[ErrorDetai
     return JSONResponse(body.model_dump(), status_code=status, headers=headers)
 
 
+# id(route) -> (route, its query parameter names); routes are not hashable. Holding the route keeps its
+# id from being reused; there are as many entries as routes of the apps this process built.
+_QUERY_NAMES: dict[int, tuple[Any, frozenset[str]]] = {}
+
+
+def _query_names(route: Any) -> frozenset[str]:
+    cached = _QUERY_NAMES.get(id(route))
+    if cached is not None and cached[0] is route:
+        return cached[1]
+    dependant = getattr(route, "dependant", None)
+    names = frozenset() if dependant is None else frozenset(
+        p.alias for p in get_flat_dependant(dependant).query_params)  # fmt: skip
+    _QUERY_NAMES[id(route)] = (route, names)
+    return names
+
+
+def refuse_unknown_query(request: Request) -> None:
+    """An app-wide dependency: a query parameter the operation does not declare is a 422 naming it, never
+    silently ignored (a misspelt `?stat=failed` would otherwise list every job). Every operation documents
+    the 422 (services/control/openapi.py)."""
+    known = _query_names(request.scope.get("route"))
+    unknown = sorted(set(request.query_params) - known)
+    if unknown:
+        named = [name[:64] for name in unknown[:8]]  # the client's own strings: echo a bounded few
+        hint = f"known: {', '.join(sorted(known))}" if known else "this operation takes none"
+        raise ApiError(422, f"unknown query parameter(s) {', '.join(named)}; remove them ({hint})",
+                       [ErrorDetail(field=name, msg=f"unknown query parameter; {hint}", type="extra_forbidden")
+                        for name in named])  # fmt: skip
+
+
 def _field(loc: tuple) -> str:
     # ("body", "model", "source") -> "model.source"; ("query", "limit") -> "limit"
     parts = [str(p) for p in loc]
@@ -68,7 +102,19 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(422, "invalid", f"invalid request\n{lines}", detail)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, e: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, e: StarletteHTTPException) -> JSONResponse:
         message = _BODY_UNREADABLE if e.detail == "There was an error parsing the body" else str(e.detail)
-        return error_response(e.status_code, _CODES.get(e.status_code, "error"), message, None,
-                              getattr(e, "headers", None))  # fmt: skip
+        headers = getattr(e, "headers", None)
+        if e.status_code == 405:
+            # the router's Allow names only the first route of the path; a path may have one route per method
+            headers = {**(headers or {}), "Allow": ", ".join(allowed_methods(request))}
+        return error_response(e.status_code, _CODES.get(e.status_code, "error"), message, None, headers)
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route of the app answers on the request's path."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        if getattr(route, "methods", None) and route.matches(request.scope)[0] != Match.NONE:
+            methods |= route.methods
+    return sorted(methods)

@@ -121,10 +121,23 @@ def check_spec(
         ("model.config_overrides", spec.model.config_overrides),
         ("task.params", spec.task.params),
         ("objective.overrides", spec.objective.overrides),
+        # the same fields as task.params of a dataset task, so the same bound (what the tenant set)
+        (
+            "eval.dataset",
+            spec.eval.dataset.model_dump(mode="json", exclude_unset=True)
+            if spec.eval and spec.eval.dataset
+            else None,
+        ),
     ):
+        if value is None:
+            continue
         size = len(json.dumps(value))  # the schema already refused what is not plain, finite, shallow JSON
         if size > settings.max_free_form_bytes:
-            bad.append(Violation(path, f"{size} bytes of JSON; at most {settings.max_free_form_bytes}"))
+            bad.append(
+                Violation(
+                    path, f"{size} bytes of JSON; at most {settings.max_free_form_bytes} here: shorten it"
+                )
+            )
     allowed = set(settings.allowed_custom_resources)
     for field in ("learner_custom_resources", "rollout_custom_resources"):
         asked = sorted(set(getattr(spec.resources, field)) - allowed)

@@ -21,6 +21,14 @@ from services.control.store import JobStore
 log = logging.getLogger(__name__)
 
 _LABEL_SAFE = re.compile(r"[^a-zA-Z0-9_:./-]")
+# A client chooses the method token (any RFC 9110 token is valid HTTP): one label value per method the
+# API can answer and "other" for the rest, so a client cannot grow the request histogram's series.
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+UNMATCHED = "unmatched"  # the route label of a path no route matches (never the raw path)
+
+
+def method_label(method: str) -> str:
+    return method if method in HTTP_METHODS else "other"
 
 
 class _JobGauges(Collector):
@@ -126,7 +134,7 @@ class RequestMetricsMiddleware:
             await self.app(scope, receive, send_and_note)
         finally:
             route = scope.get("route")
-            template = getattr(route, "path", None) or "unmatched"
-            self.telemetry.request_seconds.labels(scope["method"], template, str(status)).observe(
-                time.perf_counter() - start
-            )
+            template = getattr(route, "path", None) or UNMATCHED
+            self.telemetry.request_seconds.labels(
+                method_label(scope["method"]), template, str(status)
+            ).observe(time.perf_counter() - start)

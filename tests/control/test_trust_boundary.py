@@ -1,8 +1,10 @@
 """The trust boundary, tried as a hostile tenant would: one test (or property) per class of hole.
 
 Classes: privilege escalation through free-form fields (the sandbox switched off, host files read, code
-imported); numbers out of range in queries and headers; non-finite floats; deep nesting; specs accepted
-that cannot start; /metrics leaking tenants; the sandbox endpoint's bounds; names with a trailing newline.
+imported); numbers out of range in queries and headers, and unknown query parameters; non-finite floats;
+deep nesting; specs accepted that cannot start; templates filled by str.format; spec sections beyond the
+free-form size cap; /metrics leaking tenants or growing a label per client whim; names with a trailing
+newline.
 """
 
 from __future__ import annotations
@@ -196,8 +198,29 @@ def test_no_query_number_makes_the_server_fail(http, api_server, value):
     for path, name in [("/v1/jobs", "cursor"), (f"/v1/jobs/{job}/logs", "since"),
                        (f"/v1/jobs/{job}/metrics", "since_step"), (f"/v1/jobs/{job}/metrics", "attempt"),
                        (f"/v1/jobs/{job}/events", "since")]:  # fmt: skip
-        r = http.get(path, params={name: str(value), "follow": "false"}, headers=auth(api_server.acme))
+        params = {name: str(value), **({"follow": "false"} if path.endswith("/events") else {})}
+        r = http.get(path, params=params, headers=auth(api_server.acme))
         assert r.status_code in (200, 422), (path, value, r.status_code, r.text[:300])
+        if r.status_code == 422:
+            assert [d["field"] for d in r.json()["detail"]] == [name], r.text[:300]
+
+
+@pytest.mark.parametrize("path, query", [
+    ("/v1/jobs", "stat=failed"),  # a misspelt filter once listed every job
+    ("/v1/jobs", "limit=5&x-unknown=1"),
+    ("/v1/jobs/{job}/logs", "sicne=5"),
+    ("/v1/jobs/{job}", "follow=false"),
+    ("/v1/datasets", "tenant=globex"),
+    ("/healthz", "x=1"),
+])  # fmt: skip
+def test_unknown_query_parameters_are_refused_naming_them(http, api_server, path, query):
+    job = http.post("/v1/jobs", json={"steps": 1}, headers=auth(api_server.acme)).json()["id"]
+    r = http.get(path.format(job=job) + "?" + query, headers=auth(api_server.acme))
+    unknown = query.split("&")[-1].split("=")[0]
+    assert r.status_code == 422, r.text[:300]
+    assert [d["field"] for d in r.json()["detail"]] == [unknown] and "remove" in r.json()["message"], r.text[
+        :300
+    ]
 
 
 # -- 3/4/5. non-finite floats, deep nesting, specs that could not start ---------------------------------
@@ -290,6 +313,46 @@ def test_any_mutated_spec_is_refused_cleanly_or_accepted_whole(task, path, value
         load_task(spec.task.name, spec.task.params, spec.seed, frozenset(PRIVILEGES))
 
 
+# -- the IBPO revision template: literal slots, never str.format -----------------------------------------
+@pytest.mark.parametrize("template", [
+    "{prompt:>2000000000} {response} {references}",  # a 2 GB string for every revision
+    "{prompt:{response}} {response} {references}",  # the width chosen by the model's own output
+    "{prompt!r} {response} {references}",
+])  # fmt: skip
+def test_a_revision_template_with_format_specs_is_refused_naming_the_field(http, api_server, template):
+    body = json.dumps({"ibpo": {"revision_template": template}})
+    dry, real = post_raw(http, api_server.acme, body, dry_run=True), post_raw(http, api_server.acme, body)
+    assert (dry.status_code, real.status_code) == (422, 422), real.text[:300]
+    assert [d["field"] for d in real.json()["detail"]] == ["ibpo.revision_template"], real.text[:300]
+    assert "braces may only enclose a slot" in real.json()["detail"][0]["msg"]
+
+
+# -- eval.dataset: as bounded as task.params ------------------------------------------------------------
+def test_eval_dataset_cannot_carry_a_megabyte_into_every_stored_spec(http, api_server):
+    ev = {"dataset": {"hub_id": "o/n", "metadata_columns": ["c" * 12_000] * 60}}  # ~720 KB, 60 names
+    r = post_raw(http, api_server.acme, json.dumps({"eval": ev}), dry_run=True)
+    assert r.status_code == 422, r.text[:300]
+    assert {d["field"] for d in r.json()["detail"]} == {
+        f"eval.dataset.metadata_columns.{i}" for i in range(60)
+    }
+
+
+def test_eval_dataset_is_under_the_free_form_size_cap_like_task_params():
+    settings_ = ControlSettings(max_free_form_bytes=1024)
+    for spec in (
+        JobSpec.parse({"eval": {"dataset": {"hub_id": "o/n", "system_prompt": "s" * 2000}}}),
+        JobSpec.parse(
+            {"task": {"name": "dataset", "params": {"hub_id": "o/n", "system_prompt": "s" * 2000}}}
+        ),
+    ):
+        with pytest.raises(PolicyError) as e:
+            check_spec(spec, settings_, is_admin=True)
+        assert [(v.field, "at most 1024" in v.msg) for v in e.value.violations] == [
+            ("eval.dataset" if spec.eval else "task.params", True)
+        ]
+    check_spec(JobSpec.parse({"eval": {"dataset": {"hub_id": "o/n"}}}), settings_, is_admin=True)
+
+
 # -- 6. /metrics --------------------------------------------------------------------------------------
 def test_metrics_need_the_metrics_token_or_an_admin(http, api_server):
     assert http.get("/metrics").status_code == 401
@@ -310,6 +373,31 @@ def test_prometheus_reads_metrics_with_its_own_token(tmp_path):
         assert http.get("/metrics", headers=auth(token[:-1])).status_code == 401
         assert http.get("/v1/jobs", headers=auth(token)).status_code == 401  # it reads metrics, nothing else
         assert http.get("/metrics", headers=auth(acme)).status_code == 401
+
+
+def test_request_metric_labels_are_bounded_whatever_the_client_sends(http, api_server):
+    # methods the HTTP parser knows (it refuses unknown tokens before the app) that the API does not serve
+    for i, method in enumerate(["PROPFIND", "SEARCH", "MKCOL", "LOCK", "PURGE", "REPORT", "TRACE", "LINK"]):
+        assert http.request(method, "/v1/jobs", headers=auth(api_server.acme)).status_code == 405
+        http.get(f"/no/such/path/{i}", headers=auth(api_server.acme))
+    r = http.request("OPTIONS", "/v1/datasets/ds_0", headers=auth(api_server.acme))
+    assert r.status_code == 405
+    text = http.get("/metrics", headers=auth(api_server.admin)).text
+    series = [ln for ln in text.splitlines() if ln.startswith("tgc_http_request_duration_seconds_count")]
+    methods = {ln.split('method="')[1].split('"')[0] for ln in series}
+    routes = {ln.split('route="')[1].split('"')[0] for ln in series}
+    assert "other" in methods and methods <= {
+        "GET",
+        "HEAD",
+        "POST",
+        "PUT",
+        "PATCH",
+        "DELETE",
+        "OPTIONS",
+        "other",
+    }
+    assert "unmatched" in routes and not any("/no/such" in r for r in routes), routes
+    assert "/v1/datasets/{dataset_id}" in routes  # a path matched but not its method: the route's template
 
 
 # -- 9. names with a trailing newline ------------------------------------------------------------------
