@@ -170,10 +170,14 @@ class JobStore:
         self.max_queued = max_queued  # per tenant; 0: no limit
 
     def _check_queue(self, conn: Connection, tenant: str) -> None:
-        """Inside the write transaction that queues a job, so that concurrent submissions cannot overshoot
-        (SQLite's write lock serializes them; PostgreSQL may let a few concurrent ones through)."""
+        """Inside the write transaction that queues a job, so that concurrent submissions cannot overshoot:
+        SQLite's write lock serializes them; on PostgreSQL a per-tenant advisory lock does, to the commit."""
         if not self.max_queued:
             return
+        if conn.dialect.name == "postgresql":
+            conn.execute(
+                sa.text("SELECT pg_advisory_xact_lock(hashtext(:key))"), {"key": f"tgc-queue:{tenant}"}
+            )
         queued = conn.execute(
             sa.select(sa.func.count()).select_from(db.jobs)
             .where(db.jobs.c.tenant == tenant, db.jobs.c.state == JobState.QUEUED.value)

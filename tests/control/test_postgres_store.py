@@ -159,3 +159,24 @@ def test_retention_and_the_queued_quota_work_on_postgresql(fresh_db):
     assert {j.id for j in store.list("acme")} == {ended[2], *queued}
     old = store.expire_ended(max_age_s=1, keep_per_tenant=0, now=time.time() + 10)
     assert [g.id for g in old] == [ended[2]]
+
+
+def test_concurrent_submissions_never_overshoot_the_queued_quota_on_postgresql(fresh_db):
+    engine = make_engine(fresh_db)
+    migrate(engine)
+    store = JobStore(engine, max_queued=3)
+    results: list[str] = []
+
+    def submit() -> None:
+        try:
+            store.create("acme", {"name": "a"})
+            results.append("created")
+        except QueueFull:
+            results.append("full")
+
+    threads = [threading.Thread(target=submit) for _ in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == ["created"] * 3 + ["full"] * 9
