@@ -80,6 +80,16 @@ def test_json_held_in_a_csv_cell_is_prescanned_before_it_is_parsed(tmp_path):
         DatasetTask(path=str(tmp_path / "code.csv")).rows  # noqa: B018
 
 
+def test_jsonl_is_strict_json(tmp_path):
+    for text, why in [('{"prompt": "a", "answer": NaN}', "row 1: not valid JSON (NaN is not a JSON value"),
+                      ('{"prompt": "a", "answer": "1", "prompt": "b"}', "row 1: the key 'prompt' appears twice"),
+                      ('\ufeff{"prompt": "a", "answer": "1"}\n{"prompt": "\\ud800", "answer": "2"}',
+                       "row 2, column 'prompt': text that is not valid UTF-8")]:  # fmt: skip
+        (tmp_path / "s.jsonl").write_text(text)
+        with pytest.raises(DataError, match=re.escape(why)):
+            read_rows(tmp_path / "s.jsonl", "jsonl", DataLimits())
+
+
 def test_csv_cells_are_text_as_written(tmp_path):
     (tmp_path / "q.csv").write_text("prompt,answer,level\nWhat is 1/2?,0.50,007\n")
     rows, columns = read_rows(tmp_path / "q.csv", "csv", DataLimits())
