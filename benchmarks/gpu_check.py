@@ -60,38 +60,15 @@ SPECIAL = {"<pad>": 0, "<eos>": 1, "<unk>": 2}  # the check's word-level tokeniz
 PAD, EOS = SPECIAL["<pad>"], SPECIAL["<eos>"]
 
 # Qwen2-0.5B / -1.5B shapes (their published configs), random weights; tiny shapes for the CPU variant.
-SHAPES: dict[str, dict[str, Any]] = {
-    "0.5b": dict(
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-    ),
-    "1.5b": dict(
-        hidden_size=1536,
-        intermediate_size=8960,
-        num_hidden_layers=28,
-        num_attention_heads=12,
-        num_key_value_heads=2,
-    ),
-}
-TINY_SHAPES: dict[str, dict[str, Any]] = {
-    "0.5b": dict(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-    ),
-    "1.5b": dict(
-        hidden_size=96,
-        intermediate_size=192,
-        num_hidden_layers=2,
-        num_attention_heads=3,
-        num_key_value_heads=1,
-    ),
-}
+SHAPE_FIELDS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+)
+SHAPES = {"0.5b": (896, 4864, 24, 14, 2), "1.5b": (1536, 8960, 28, 12, 2)}
+TINY_SHAPES = {"0.5b": (64, 128, 2, 2, 1), "1.5b": (96, 192, 2, 3, 1)}
 
 
 @dataclass(frozen=True)
@@ -245,10 +222,10 @@ def max_rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got - want).abs().max()) / max(scale, 1e-30) if want.numel() else 0.0
 
 
-def qwen2_config(shape: dict[str, Any], vocab: int, layers: int | None = None):
+def qwen2_config(shape: tuple[int, ...], vocab: int, layers: int | None = None):
     from transformers import Qwen2Config
 
-    fields = {**shape, **({"num_hidden_layers": layers} if layers else {})}
+    fields = dict(zip(SHAPE_FIELDS, shape, strict=True)) | ({"num_hidden_layers": layers} if layers else {})
     return Qwen2Config(
         vocab_size=vocab,
         max_position_embeddings=32768,
@@ -454,7 +431,7 @@ def part_learner(name: str) -> Callable[[Context, Part], None]:
             work = step_work(cfg, batches[1], s.group_size, shared=learner.policy.prefix_tree)
             r = part.results
             r.update(
-                shape={k: getattr(cfg, k) for k in (*SHAPES["0.5b"], "num_key_value_heads", "vocab_size")},
+                shape={k: getattr(cfg, k) for k in (*SHAPE_FIELDS, "vocab_size")},
                 params_b=sum(p.numel() for p in learner.policy.lm.parameters()) / 1e9,
                 compute_dtype=str(learner.compute_dtype).removeprefix("torch."),
                 rows=len(batches[1]),
@@ -579,7 +556,7 @@ def part_chunked_logprobs(ctx: Context, part: Part) -> None:
     from services.learner.logprobs import chunked_head_logprobs
 
     s, dev = ctx.sizes, ctx.device
-    hidden_size = (TINY_SHAPES if ctx.tiny else SHAPES)["0.5b"]["hidden_size"]
+    hidden_size = (TINY_SHAPES if ctx.tiny else SHAPES)["0.5b"][0]  # SHAPE_FIELDS[0]
     gen = torch.Generator().manual_seed(3)
     h0 = torch.randn(s.head_tokens, hidden_size, generator=gen).to(dev)
     w0 = (torch.randn(VOCAB, hidden_size, generator=gen) * hidden_size**-0.5).to(dev)
