@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from services.tasks.base import Score, TaskItem
 from services.bounded_read import MAX_CELL_CHARS, DataError, DataLimits, loads_bounded, read_rows
+from services.tasks.base import Score, TaskItem
 from services.tasks.params import VERIFIERS, DatasetParams
 
 if TYPE_CHECKING:
