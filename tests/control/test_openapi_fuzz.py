@@ -8,6 +8,8 @@ schema-invalid requests.
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import schemathesis
 from hypothesis import HealthCheck, given, settings
@@ -106,3 +108,23 @@ def test_allow_names_every_method_of_the_path(api_server):
                 allowed = {m.strip() for m in r.headers["Allow"].split(",")}
                 assert allowed - {"HEAD"} == documented, (method, path, r.headers["Allow"])
                 assert r.json()["error"] == "method_not_allowed"
+
+
+def test_the_document_states_the_app_wide_answers(api_server):
+    """What no one route's signature says: every operation's 422 is the ErrorBody shape (unknown query
+    parameters included), JSON bodies may be a 400, a token's operations may be a 429 with Retry-After, and no
+    query or header parameter offers a null the wire cannot carry."""
+    doc = httpx.get(f"{api_server.url}/openapi.json").json()
+    assert "HTTPValidationError" not in doc["components"]["schemas"]
+    for path, item in doc["paths"].items():
+        for method, op in item.items():
+            where, responses = f"{method.upper()} {path}", op["responses"]
+            assert responses["422"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody"), (
+                where
+            )
+            if "application/json" in op.get("requestBody", {}).get("content", {}):
+                assert "400" in responses, where
+            if path.startswith(("/v1/jobs", "/v1/datasets")):
+                assert "Retry-After" in responses["429"]["headers"], where
+            for param in op.get("parameters", []):
+                assert "null" not in json.dumps(param["schema"]), (where, param["name"])
