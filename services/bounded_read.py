@@ -7,7 +7,8 @@ A file's cost is bounded before and while it is decoded, never after:
   page is decoded, then its pages are read in batches with dictionaries kept encoded, so a tiny file that
   names one long string many times is measured, not expanded; CSV is read in fixed-size blocks.
 - Caps (`DataLimits`): rows, columns (JSONL: distinct keys), decoded bytes (also relative to the file's
-  size), characters of one text value. Nothing turns rows into Python objects just to count them.
+  size), characters of one text value. CSV and Parquet values are checked and measured as Arrow arrays, never
+  turned into Python objects to be counted; a JSONL row is parsed alone and dropped.
 - Every value that would not convert (invalid UTF-8, a timestamp outside Python's years 1-9999, ...) is
   refused with its row and column, so the rows a job reads later convert.
 
@@ -33,7 +34,6 @@ MAX_LINE_BYTES = 64 * MAX_CELL_CHARS  # a JSONL row longer than this is refused 
 MAX_COLUMN_NAME = 256  # characters of a column name
 EXPANSION_FLOOR = 64 << 20  # any file may decode to this much, however small it is
 CSV_BLOCK_BYTES = 16 << 20  # CSV is parsed in blocks of this size (a row must fit in one)
-PARQUET_BATCH_ROWS = 4096
 CELL_OVERHEAD = 8  # bytes charged for every cell on top of its text: the table's offsets and pointers
 LIMITS_ENV = "TGC_DATASET_LIMITS"  # JSON of DataLimits fields: how the control plane passes its caps on
 
@@ -404,8 +404,6 @@ class _Scan:
         if len(line) > CSV_BLOCK_BYTES:
             raise DataError(f"{self.label}: header: longer than {CSV_BLOCK_BYTES >> 20} MiB")
         line = line.removeprefix(b"\xef\xbb\xbf").rstrip(b"\r\n")
-        if line.count(b",") + 1 > self.limits.max_columns:  # before parsing a header of 100,000 names
-            self.tally.columns([""] * (line.count(b",") + 1), f"{self.label}: header")
         try:
             text = line.decode("utf-8")
         except UnicodeDecodeError:
@@ -415,7 +413,7 @@ class _Scan:
                 f"{self.label}: header, column {k + 1}: a name that is not valid UTF-8; save the file as UTF-8"
             ) from None
         names = next(csv.reader([text]), []) if text.strip() else []
-        self.tally.columns(names, f"{self.label}: header")
+        self.tally.columns(names, f"{self.label}: header")  # before pyarrow builds a column per name
         self.columns = names
         return names
 

@@ -212,19 +212,22 @@ class DatasetStore:
                              shape.columns, time.time())  # fmt: skip
             upload.folder.rename(final)
             with self._lock:
-                self._check_quota(tenant, upload.size)
-                try:
-                    with self.engine.begin() as conn:
-                        conn.execute(db.datasets.insert().values(
-                            id=row.id, tenant=tenant, name=row.name, format=row.format, size_bytes=row.size_bytes,
-                            sha256=digest, rows=row.rows, columns=json.dumps(row.columns),
-                            created_at=row.created_at))  # fmt: skip
-                except sa.exc.IntegrityError:  # an identical upload of the tenant's won the race
-                    existing = self._by_hash(tenant, digest)
-                    if existing is None:
-                        raise
-                    shutil.rmtree(final, ignore_errors=True)
-                    return existing, False
+                existing = self._by_hash(tenant, digest)  # an identical upload committed meanwhile
+                if existing is None:
+                    self._check_quota(tenant, upload.size)
+                    try:
+                        with self.engine.begin() as conn:
+                            conn.execute(db.datasets.insert().values(
+                                id=row.id, tenant=tenant, name=row.name, format=row.format,
+                                size_bytes=row.size_bytes, sha256=digest, rows=row.rows,
+                                columns=json.dumps(row.columns), created_at=row.created_at))  # fmt: skip
+                    except sa.exc.IntegrityError:  # another replica's identical upload won the race
+                        existing = self._by_hash(tenant, digest)
+                        if existing is None:
+                            raise
+            if existing is not None:
+                shutil.rmtree(final, ignore_errors=True)
+                return existing, False
             return row, True
         except BaseException:
             shutil.rmtree(final, ignore_errors=True)
