@@ -13,3 +13,18 @@ def test_comments_are_skipped_and_multiline_data_joined():
 
 def test_an_event_without_the_final_blank_line_is_still_delivered():
     assert list(_parse_sse(iter(["data: tail"]))) == [("message", "tail", None)]
+
+
+def test_a_retry_hint_without_data_is_the_servers_reconnect_marker():
+    lines = [
+        ": stream lifetime reached",
+        "retry: 1000",
+        "",
+        "id: 5",
+        "event: retry",
+        "retry: 7",
+        "data: {}",
+        "",
+    ]
+    assert list(_parse_sse(iter(lines))) == [("retry", "1000", None), ("retry", "{}", 5)]
+    assert list(_parse_sse(iter(["retry: soon", ""]))) == []  # not a number: no marker
