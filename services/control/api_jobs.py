@@ -310,7 +310,8 @@ def job_logs(
         200: {
             "content": {"text/event-stream": {}},
             "description": "Server-sent events; each `data:` is a JobEvent, `id:` its seq. "
-            "The stream ends with an `end` event once the job has ended.",
+            "The stream ends with an `end` event once the job has ended, or earlier with a `retry:` hint "
+            "at the server's stream lifetime (reconnect with Last-Event-ID).",
         },
     },  # fmt: skip
     summary="Stream a job's events (state changes, step metrics, checkpoints, log lines)",
