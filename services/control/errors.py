@@ -63,7 +63,10 @@ def refuse_unknown_query(request: Request) -> None:
     """An app-wide dependency: a query parameter the operation does not declare is a 422 naming it, never
     silently ignored (a misspelt `?stat=failed` would otherwise list every job). Every operation documents
     the 422 (services/control/openapi.py)."""
-    known = _query_names(request.scope.get("route"))
+    route = request.scope.get("route")
+    if not getattr(route, "include_in_schema", True):
+        return  # a page for people (the docs UI), not an operation of the published API
+    known = _query_names(route)
     unknown = sorted(set(request.query_params) - known)
     if unknown:
         named = [name[:64] for name in unknown[:8]]  # the client's own strings: echo a bounded few
