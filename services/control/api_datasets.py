@@ -22,7 +22,6 @@ from services.control.datasets import (
     DatasetTooLarge,
     QuotaExceeded,
     TooManyUploads,
-    upload_policy,
 )
 from services.control.errors import ApiError
 from services.control.inspection import InspectorBusy
@@ -54,9 +53,7 @@ def _record(row: DatasetRow) -> DatasetRecord:
 
 
 def _store(request: Request) -> DatasetStore:
-    cp = request.app.state.cp
-    cp.datasets.configure(upload_policy(cp.settings))
-    return cp.datasets
+    return request.app.state.cp.datasets
 
 
 @router.post(

@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from services.config import JobSpec
 from services.control import api_datasets, api_internal, api_jobs
 from services.control.auth import metrics_reader
-from services.control.datasets import DatasetStore
+from services.control.datasets import DatasetStore, upload_policy
 from services.control.db import make_engine
 from services.control.docs_ui import install_docs_ui
 from services.control.errors import error_response, install_error_handlers, refuse_unknown_query
@@ -87,8 +87,9 @@ def create_app(settings: ControlSettings | None = None) -> FastAPI:
     scheduler = None
     if settings.scheduler and settings.ray_address != "none":
         scheduler = Scheduler(store, token_store, settings, telemetry)
+    datasets = DatasetStore(engine, settings.datasets_path, upload_policy(settings))
     cp = ControlPlane(
-        settings, store, token_store, telemetry, scheduler, DatasetStore(engine, settings.datasets_path),
+        settings, store, token_store, telemetry, scheduler, datasets,
         RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst), StreamSlots(settings.max_streams_per_tenant),
     )  # fmt: skip
     retention = RetentionSweeper(store, settings)

@@ -150,15 +150,6 @@ class DatasetStore:
         self._swept_at = 0.0
         self.sweep()  # start-up: what a crashed process left behind
 
-    def configure(self, policy: UploadPolicy) -> None:
-        """Apply the server's settings (idempotent; a changed inspection limit gets a fresh slot pool)."""
-        if policy == self.policy:
-            return
-        with self._lock:
-            if policy.inspection != self.policy.inspection:
-                self.inspector = Inspector(policy.inspection)
-            self.policy = policy
-
     @contextmanager
     def uploading(self, tenant: str) -> Iterator[None]:
         """One upload in flight for the tenant (its staged bytes count against the disk until it ends).
