@@ -448,6 +448,51 @@ class CheckpointSpec(_Strict):
     )
 
 
+class TracesSpec(_Strict):
+    """Rollout traces: a bounded sample of each step's trajectories in `<run_dir>/traces/` (JSON Lines), read
+    back through `GET /v1/jobs/{id}/samples` and `tgc samples`."""
+
+    enabled: bool = Field(True, description="Keep a sample of each step's trajectories.")
+    per_group: list[Literal["best", "worst", "random"]] = Field(
+        ["best", "worst", "random"],
+        max_length=3,
+        description="From every group: its best and worst response by reward, and one other at random.",
+    )
+    full_groups: int = Field(
+        1, ge=0, le=MAX_PROMPTS_PER_STEP, description="Every response of the step's first N groups."
+    )
+    everything: bool = Field(
+        False, description="Every response of every step (still within the byte bounds)."
+    )
+    logprobs: bool = Field(False, description="Keep each response token's sampling log-prob.")
+    max_text_chars: int = Field(
+        4000,
+        ge=64,
+        le=1 << 20,
+        description="Prompt and response text beyond this is cut (marked `truncated`).",
+    )
+    max_step_bytes: int = Field(
+        256 << 10, ge=4096, le=16 << 20, description="At most this much JSON per step; the rest is dropped."
+    )
+    steps_per_file: int = Field(50, ge=1, le=MAX_STEPS, description="Steps per file (`steps-<first>.jsonl`).")
+    max_total_bytes: int = Field(
+        64 << 20,
+        ge=64 << 10,
+        le=1 << 30,
+        description="The oldest files are removed beyond this many bytes in all.",
+    )
+
+    @model_validator(mode="after")
+    def _one_file_fits(self) -> TracesSpec:
+        # rotation removes whole files, never the one being written: it alone must fit the total
+        if self.max_step_bytes * self.steps_per_file > self.max_total_bytes:
+            raise ValueError(
+                f"traces: steps_per_file x max_step_bytes ({self.steps_per_file} x {self.max_step_bytes}) exceeds "
+                f"max_total_bytes ({self.max_total_bytes}); lower one of the first two or raise the third"
+            )
+        return self
+
+
 class AsyncSpec(_Strict):
     mode: Literal["sync", "one_step_off"] = Field(
         "sync", description="`one_step_off`: generate step k+1 while the learner trains on step k."
@@ -587,6 +632,10 @@ class JobSpec(_Strict):
         None,
         description="IBPO compare-and-correct credit (`ibpo/...` metrics); on by "
         "default (mask symmetric) with objective `ibpo_cp`.",
+    )
+    traces: TracesSpec = Field(
+        default_factory=TracesSpec,
+        description="Rollout traces: a bounded sample of each step's trajectories.",
     )
     group_size: int = Field(8, ge=2, le=MAX_GROUP_SIZE, description="G: responses sampled per prompt.")
     prompts_per_step: int = Field(8, ge=1, le=MAX_PROMPTS_PER_STEP, description="Groups per optimizer step.")

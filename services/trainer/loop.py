@@ -23,6 +23,7 @@ from services.trainer.checkpoints import Checkpoints, read_state
 from services.trainer.data import Prompt, PromptSource
 from services.trainer.metrics import MetricsSink
 from services.trainer.reporting import Reporter
+from services.trainer.traces import TraceWriter
 from services.weight_sync import WeightSync
 
 log = logging.getLogger("tgc.trainer")
@@ -67,6 +68,7 @@ class Trainer:
         self.tokenizer = load_tokenizer(spec.model)
         self.checkpoints = Checkpoints(run_dir / "checkpoints", spec.checkpoint.keep_last)
         self.metrics = MetricsSink(run_dir, spec.name, spec.steps, progress)
+        self.traces = TraceWriter(run_dir, spec.traces, spec.seed)
         self.stop_reason: str | None = None
         self.step = 0
         self.version = 0
@@ -79,6 +81,7 @@ class Trainer:
             self.step, self.version, position = state["step"], state["version"], state["data_position"]
             model_path = resume / "model"
             self.metrics.truncate_after(self.step)
+            self.traces.truncate_after(self.step)
         self.data = PromptSource(spec, self.tokenizer, position)
         self.trained_position = position
         self.evaluator = None
@@ -126,6 +129,7 @@ class Trainer:
             except Exception as e:  # teardown keeps going: leaving other actors behind is worse
                 log.warning("shutdown of %s failed: %s", part, e)
         self.metrics.close()
+        self.traces.close()
 
     # -- rollout ------------------------------------------------------------------------------------
     def _seeds(self, prompts: list[Prompt], attempt: int) -> list[int]:
@@ -197,6 +201,7 @@ class Trainer:
         t2 = time.perf_counter()
         self.version += 1
         self.trained_position = rollout.end_position
+        self._trace(rollout, batch)
         sync = self.weight_sync(self.version)
         t3 = time.perf_counter()
         m = {
@@ -222,6 +227,16 @@ class Trainer:
             }
         )
         return m
+
+    def _trace(self, rollout: Rollout, batch: TrainBatch) -> None:
+        """The step's sample of trajectories (spec.traces), with the advantages it was trained with."""
+        if not self.spec.traces.enabled:
+            return
+        adv = batch.advantages
+        if adv.ndim == 2:  # per token: its mean over the response
+            adv = (adv * batch.response_mask).sum(1) / batch.response_mask.sum(1).clamp_min(1)
+        decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+        self.traces.add_step(self.step + 1, rollout.groups, adv.tolist(), decode)
 
     # -- the job ------------------------------------------------------------------------------------
     def run(self) -> str:
