@@ -26,6 +26,12 @@ Diagnostics without a second loss evaluation (rlcore.diagnostics):
     # with KL/entropy terms, read the diagnostics from of="pg" weights: regularisers are not meant to cancel
     step_metrics = rlcore.pool_diagnostics([(metrics_mb, groups_mb), ...])   # one step from its micro-batches
 
+Off-policy batches (rlcore.offpolicy): the engine's sampling log-probs enter the loss as a stop-gradient
+coefficient when the config has a `behaviour_correction` (token-level ones keep cancellation when copies of a
+shared token carry equal behaviour log-probs); `offpolicy.behaviour_mismatch` measures that spread and the k3 KL:
+
+    out = obj.loss(lp, old, adv, mask, gids, behaviour_logprobs=engine_lp)
+
 The math of every objective and knob is in docs/objectives.md, the diagnostics in docs/diagnostics.md.
 
 Importing rlcore and calling `list_objectives()` / `resolve()` does not import torch (the control plane
@@ -82,6 +88,7 @@ _LAZY_MODULES = {
     "kl",
     "validation",
     "groups",
+    "offpolicy",
 }
 
 

@@ -23,6 +23,7 @@ def group_advantages(
     *,
     bonus: Tensor | None = None,
     shaping: Shaping | None = None,
+    keep: Tensor | None = None,
 ) -> Tensor:
     """(B,) advantages of the whole step; call it once per step, before any micro-batch split.
 
@@ -31,6 +32,9 @@ def group_advantages(
     Every response must have at least one active token, groups must hold >= 2 responses and all the same
     number: drop or refill incomplete groups first, so each group is centred over the responses that
     enter the loss (masking a response after centring would leave its group's sum != 0).
+    keep: (B,) bool, the responses that enter the centring (e.g. ~truncated: filtering overlong responses
+    before centring). The group is recentred, and scaled, over its kept responses; the others get A = 0, so
+    they carry no policy gradient and every group still sums to 0 (a group with fewer than 2 kept: all 0).
     """
     rewards = _check_rewards(rewards)
     batch = rewards.shape[0]
@@ -57,6 +61,8 @@ def group_advantages(
 
     groups = GroupIndex.of(group_ids)
     _check_group_sizes(groups)
+    if keep is not None:
+        return _kept_advantages(rewards, groups, lengths, cfg, _check_keep(keep, batch))
     size = groups.counts.to(rewards.dtype)[groups.inverse]
     centred = rewards - groups.mean(rewards)[groups.inverse]
     if cfg.adv_baseline == "loo":  # R_i - mean_{j!=i} R_j = G/(G-1) (R_i - mean), RLOO arXiv 2402.14740
@@ -73,6 +79,54 @@ def group_advantages(
             adv = adv - mean  # breaks cancellation; kept to reproduce verl's REINFORCE++-baseline
         adv = adv / (var.sqrt() + cfg.adv_eps)
     return adv
+
+
+def _kept_advantages(
+    rewards: Tensor, groups: GroupIndex, lengths: Tensor, cfg: ObjectiveConfig, keep: Tensor
+) -> Tensor:
+    """`group_advantages` over the kept responses of each group (the same formulas on the kept rows); 0 for
+    the others and for groups with fewer than 2 kept."""
+    kf = keep.to(rewards.dtype)
+    count = groups.sum(kf)  # kept responses per group
+    live = kf * (count >= 2).to(rewards.dtype)[groups.inverse]  # rows that carry an advantage
+    n = count.clamp_min(2)  # groups with < 2 kept are zeroed by `live`; avoids 0/0
+    centred = (rewards - (groups.sum(rewards * kf) / count.clamp_min(1))[groups.inverse]) * live
+    size = n[groups.inverse]
+    adv = centred * size / (size - 1) if cfg.adv_baseline == "loo" else centred
+    if cfg.adv_scale == "group_std":
+        std = (groups.sum(centred * centred) / (n - 1)).sqrt()
+        adv = adv / (std[groups.inverse] + cfg.adv_eps)
+    elif cfg.adv_scale in ("batch_std", "batch_whiten"):  # token-weighted over the live responses
+        weight = lengths * live
+        mean = (weight * adv).sum() / weight.sum().clamp_min(1)
+        var = (weight * (adv - mean) ** 2).sum() / (weight.sum() - 1).clamp_min(1)
+        if cfg.adv_scale == "batch_whiten":
+            adv = (adv - mean) * live
+        adv = adv / (var.sqrt() + cfg.adv_eps)
+    return adv
+
+
+def overlong_penalty(lengths: Tensor, max_len: int, buffer: int, factor: float = 1.0) -> Tensor:
+    """(B,) DAPO's soft overlong penalty (arXiv 2503.14476, overlong reward shaping) of responses of `lengths` tokens: 0 up to
+    max_len - buffer, then falling linearly to -factor at max_len (and -factor beyond). Add it to the rewards
+    before centring (`advantages(..., bonus=)` or `overlong_shaping`), never after: shaping before centring
+    keeps every group's advantages summing to 0, so cancellation holds."""
+    if not 0 < buffer <= max_len:
+        raise ValueError(f"buffer: must be in (0, max_len={max_len}], got {buffer}")
+    check_tensor("lengths", lengths, ndim=1, kind="mask")
+    over = (lengths.to(torch.float64) - (max_len - buffer)).clamp(min=0) / buffer
+    return -factor * over.clamp(max=1.0)
+
+
+def overlong_shaping(lengths: Tensor, max_len: int, buffer: int, factor: float = 1.0) -> Shaping:
+    """A `Shaping` adding `overlong_penalty` to the rewards before centring."""
+    penalty = overlong_penalty(lengths, max_len, buffer, factor)
+    return lambda rewards, _group_ids: rewards + penalty.to(rewards.dtype)
+
+
+def _check_keep(keep: object, batch: int) -> Tensor:
+    k = check_tensor("keep", keep, (batch,), kind="mask")
+    return k if k.dtype == torch.bool else k != 0
 
 
 def _check_rewards(rewards: object) -> Tensor:

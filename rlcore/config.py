@@ -20,6 +20,13 @@ GATES = ("ppo", "dual", "symmetric", "none")
 AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum", "constant")
 SEQ_TRANSFORMS = ("none", "min_replace", "orth")
 KL_ESTIMATORS = ("k1", "k2", "k3")
+BEHAVIOUR_CORRECTIONS = ("none", "token_tis", "token_mask", "seq_tis", "seq_geo_tis", "seq_geo_mask")
+TOKEN_CORRECTIONS = ("token_tis", "token_mask")  # node-local: keep cancellation under BEHAVIOUR_CONDITION
+# When a token-level behaviour correction keeps cancellation (docs/objectives.md#behaviour-policy-corrections).
+BEHAVIOUR_CONDITION = (
+    "copies of a shared token carry equal behaviour log-probs (and equal proximal log-probs, which the "
+    "learner's shared forward gives); mismatch/shared_spread_max measures it"
+)
 
 
 def _knob(
@@ -94,6 +101,39 @@ class ObjectiveConfig:
         5.0,
         "Upper truncation bound of the IS weight for ratio=`truncated` (absolute ratio "
         "value; CISPO's epsilon_high cap). Default 5.0.",
+        low=0.0,
+        low_open=True,
+    )
+    # -- behaviour-policy correction ----------------------------------------------------------------
+    behaviour_correction: str = _knob(
+        "none",
+        "Correction for the engine that sampled the batch (its log-probs, `behaviour_logprobs`), with "
+        "w_t = exp(log pi_old - log pi_behaviour), a stop-gradient coefficient on top of the ratio/gate "
+        "(decoupled objective: the ratio to pi_old keeps the trust region). `token_tis`: min(w_t, "
+        "behaviour_cap) (truncated IS, verl/TRL token_truncate); `token_mask`: w_t inside [behaviour_low, "
+        "behaviour_high], else 0 (IcePop, arXiv 2510.18855); `seq_tis`: min(prod_t w_t, behaviour_cap) on "
+        "every token of the response; `seq_geo_tis`: min(geometric mean of w_t, behaviour_cap); "
+        "`seq_geo_mask`: 1 if the geometric mean is inside [behaviour_low, behaviour_high], else 0 (verl's "
+        "geometric rejection). Token-level ones keep cancellation when copies of a shared token carry equal "
+        "behaviour log-probs; sequence-level ones do not (docs/objectives.md#behaviour-policy-corrections). "
+        "Default `none`.",
+        choices=BEHAVIOUR_CORRECTIONS,
+    )
+    behaviour_cap: float = _knob(
+        2.0,
+        "C of `token_tis`, `seq_tis`, `seq_geo_tis`: the behaviour IS weight is min(w, C). Default 2.0.",
+        low=0.0,
+        low_open=True,
+    )
+    behaviour_low: float = _knob(
+        0.5,
+        "Lower bound of the kept band of `token_mask` (w_t) and `seq_geo_mask` (geometric mean). IcePop 0.5. "
+        "Default 0.5.",
+        low=0.0,
+    )
+    behaviour_high: float = _knob(
+        2.0,
+        "Upper bound of the kept band of `token_mask` and `seq_geo_mask`. IcePop 2.0. Default 2.0.",
         low=0.0,
         low_open=True,
     )
@@ -252,6 +292,17 @@ def _check_knob(name: str, value: Any, meta: Mapping[str, Any], preset: str) -> 
 def _check_combination(cfg: ObjectiveConfig, preset: str) -> None:
     if cfg.is_max <= cfg.is_min:
         raise ValueError(f"objective {preset!r}: is_max ({cfg.is_max}) must exceed is_min ({cfg.is_min})")
+    if cfg.behaviour_high <= cfg.behaviour_low:
+        raise ValueError(
+            f"objective {preset!r}: behaviour_high ({cfg.behaviour_high}) must exceed behaviour_low "
+            f"({cfg.behaviour_low})"
+        )
+    if cfg.behaviour_correction != "none" and cfg.ratio == "geo_mean":
+        raise ValueError(
+            f"objective {preset!r}: behaviour_correction={cfg.behaviour_correction!r} is not defined for "
+            "ratio='geo_mean' (GMPO's geometric mean would average a token's coefficient over its response); "
+            "use ratio='token', 'truncated', 'sequence' or 'none'"
+        )
     if cfg.gate == "dual" and cfg.ratio == "geo_mean":
         raise ValueError(
             f"objective {preset!r}: gate='dual' is not defined for ratio='geo_mean'; "
@@ -293,7 +344,18 @@ def cancellation_verdict(cfg: ObjectiveConfig) -> tuple[bool, list[str]]:
                 f"ratio={cfg.ratio!r} multiplies a copy by its response's sequence ratio "
                 "(different for copies in different responses); add seq_transform='min_replace' or 'orth'"
             )
+    if cfg.behaviour_correction not in ("none", *TOKEN_CORRECTIONS):
+        reasons.append(
+            f"behaviour_correction={cfg.behaviour_correction!r} multiplies a copy by a coefficient of its "
+            "whole response (different for copies in different responses); use 'token_tis' or 'token_mask'"
+        )
     return (not reasons, reasons)
+
+
+def cancellation_condition(cfg: ObjectiveConfig) -> str | None:
+    """The condition on the batch under which `cancellation_verdict`'s True holds, or None where it holds for
+    any batch: a token-level behaviour correction cancels only when its coefficient is equal across copies."""
+    return BEHAVIOUR_CONDITION if cfg.behaviour_correction in TOKEN_CORRECTIONS else None
 
 
 def describe_knobs() -> str:

@@ -21,6 +21,7 @@ from rlcore.aggregation import sequence_coefficients
 from rlcore.config import ObjectiveConfig, cancellation_verdict, knob_doc
 from rlcore.groups import GroupIndex
 from rlcore.kl import kl_estimate
+from rlcore.offpolicy import BehaviourCoefficient, behaviour_coefficient
 from rlcore.presets import PRESETS, resolve
 from rlcore.step import StepNorm
 from rlcore.transforms import advantage_reweighting, lopti_stages, min_replace, orth
@@ -61,6 +62,7 @@ class _Prepared:
     ent: Tensor | None  # (B, T) entropies with gradient when the loss has an entropy bonus
     agg: Tensor  # (B,) aggregation coefficients c_i: the loss is sum_i c_i sum_t term[i,t]
     step: StepNorm | None  # totals of the whole optimizer step, when the caller split it
+    behaviour: BehaviourCoefficient | None  # the behaviour correction's coefficient, when the config has one
 
 
 class Objective:
@@ -107,9 +109,13 @@ class Objective:
         *,
         bonus: Tensor | None = None,
         shaping: Shaping | None = None,
+        keep: Tensor | None = None,
     ) -> Tensor:
-        """(B,) group advantages of the whole step (see `rlcore.advantages.group_advantages`)."""
-        return group_advantages(rewards, group_ids, mask, self.config, bonus=bonus, shaping=shaping)
+        """(B,) group advantages of the whole step (see `rlcore.advantages.group_advantages`); keep: the
+        responses that enter the centring (filter before centring, e.g. ~truncated)."""
+        return group_advantages(
+            rewards, group_ids, mask, self.config, bonus=bonus, shaping=shaping, keep=keep
+        )
 
     def stages(self, old_logprobs: Tensor, mask: Tensor) -> list[Tensor]:
         """Token masks of the update stages, in order: [mask] normally; Lopti's two stages otherwise.
@@ -170,6 +176,7 @@ class Objective:
         stage_mask: Tensor | None = None,
         entropies: Tensor | None = None,
         seq_weights: Tensor | None = None,
+        behaviour_logprobs: Tensor | None = None,
     ) -> LossOutput:
         """Loss of one (micro-)batch.
 
@@ -182,10 +189,21 @@ class Objective:
         stage_mask (B, T): one of `stages()`; only these tokens get policy/KL/entropy terms.
         entropies (B, T): per-position policy entropy with gradient, required when entropy_coef != 0.
         seq_weights (B,): precomputed `sequence_weights` slice for DFPO objectives split mid-group.
+        behaviour_logprobs (B, T): the sampling engine's log-probs, required when behaviour_correction is set
+            (ignored otherwise); each token's term gets the stop-gradient coefficient of rlcore.offpolicy.
         """
         cfg = self.config
         p = self._prepare(
-            logprobs, old_logprobs, advantages, mask, group_ids, ref_logprobs, step, stage_mask, entropies
+            logprobs,
+            old_logprobs,
+            advantages,
+            mask,
+            group_ids,
+            ref_logprobs,
+            step,
+            stage_mask,
+            entropies,
+            behaviour_logprobs=behaviour_logprobs,
         )
         coef = p.agg
         ratio_kind = cfg.ratio
@@ -225,6 +243,10 @@ class Objective:
             scalars["ratio/mean"] = torch.dot(ratio_detached.flatten(), ms.flatten()) / p.n_stage
         if clipped is not None:
             scalars.update(self._clip_metrics(clipped, p))
+        if p.behaviour is not None:  # share of tokens whose behaviour IS weight was truncated or masked
+            corrected = bool_to_float(p.behaviour.corrected.expand_as(ms).contiguous(), ms.dtype)
+            scalars["behaviour/corrected_frac"] = (corrected * ms).sum() / p.n_stage
+            scalars["behaviour/coef_mean"] = (p.behaviour.coef.expand_as(ms) * ms).sum() / p.n_stage
         metrics = dict(zip(scalars, torch.stack(list(scalars.values())).tolist(), strict=True))
         metrics["tokens"] = float(p.n_stage)
         return LossOutput(loss=total, pg_loss=pg, metrics=metrics, clipped=clipped)
@@ -243,8 +265,10 @@ class Objective:
         entropies: Tensor | None,
         *,
         regularisers: bool = True,
+        behaviour_logprobs: Tensor | None = None,
     ) -> _Prepared:
-        """Check one call's inputs and cast them to the loss's dtype (regularisers=False: skip KL/entropy)."""
+        """Check one call's inputs and cast them to the loss's dtype (regularisers=False: skip KL/entropy and
+        the behaviour correction, which the DFPO sequence weights do not read)."""
         cfg = self.config
         check_tensor("logprobs", logprobs, ndim=2)
         shape = tuple(logprobs.shape)
@@ -278,26 +302,36 @@ class Objective:
         n_tok = lengths.sum()
         if not n_tok > 0:
             raise ValueError("mask: selects no tokens; every (micro-)batch needs at least one response token")
-        ref = ent = None
+        ref = ent = behaviour = None
         if cfg.kl_coef > 0 and regularisers:
-            if ref_logprobs is None:
-                raise ValueError(
-                    f"ref_logprobs: required because objective {self.name!r} has kl_coef="
-                    f"{cfg.kl_coef}; pass the reference policy's log-probs or set kl_coef=0"
-                )
-            check_tensor("ref_logprobs", ref_logprobs, shape)
-            ref = ref_logprobs.detach().to(dtype)
-            check_finite("ref_logprobs", ref)
-        if cfg.entropy_coef != 0 and regularisers:
-            if entropies is None:
-                raise ValueError(
-                    f"entropies: required because objective {self.name!r} has entropy_coef="
-                    f"{cfg.entropy_coef}; pass per-position entropies or set entropy_coef=0"
-                )
-            check_tensor("entropies", entropies, shape)
-            ent = entropies.to(dtype)
-            check_finite("entropies", ent.detach())
+            ref = self._required(
+                "ref_logprobs",
+                ref_logprobs,
+                shape,
+                dtype,
+                f"kl_coef={cfg.kl_coef}",
+                "pass the reference policy's log-probs or set kl_coef=0",
+            ).detach()
+        if cfg.entropy_coef != 0 and regularisers:  # keeps its graph: the entropy bonus has a gradient
+            ent = self._required(
+                "entropies",
+                entropies,
+                shape,
+                dtype,
+                f"entropy_coef={cfg.entropy_coef}",
+                "pass per-position entropies or set entropy_coef=0",
+            )
         agg = sequence_coefficients(cfg, lengths, step, width)
+        if cfg.behaviour_correction != "none" and regularisers:
+            beh = self._required(
+                "behaviour_logprobs",
+                behaviour_logprobs,
+                shape,
+                dtype,
+                f"behaviour_correction={cfg.behaviour_correction!r}",
+                "pass the sampling engine's log-probs or set it to 'none'",
+            ).detach()
+            behaviour = behaviour_coefficient(old, beh, mf, lengths, cfg)
         return _Prepared(
             batch_size=batch,
             dtype=dtype,
@@ -313,7 +347,19 @@ class Objective:
             ent=ent,
             agg=agg,
             step=step,
+            behaviour=behaviour,
         )
+
+    def _required(
+        self, name: str, x: Tensor | None, shape: tuple[int, ...], dtype: torch.dtype, knob: str, fix: str
+    ) -> Tensor:
+        """An input the config's `knob` needs: present, of `shape`, finite, in the loss's dtype."""
+        if x is None:
+            raise ValueError(f"{name}: required because objective {self.name!r} has {knob}; {fix}")
+        check_tensor(name, x, shape)
+        out = x.to(dtype)
+        check_finite(name, out.detach())
+        return out
 
     def _policy_terms(
         self, p: _Prepared, ratio_kind: str
@@ -325,6 +371,10 @@ class Objective:
         coef_adv = adv
         if cfg.ar_alpha > 0:  # AR, arXiv 2505.12929: node-local, positive, so sign(A~) = sign(A)
             coef_adv = advantage_reweighting(p.old, cfg.ar_alpha).mul_(adv)
+        if (
+            p.behaviour is not None
+        ):  # decoupled: stop-gradient c >= 0 on top of the ratio to pi_old; sign kept
+            coef_adv = coef_adv * p.behaviour.coef
         lp = p.lp
         logr = lp - p.old
         if ratio_kind == "token":
