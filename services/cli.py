@@ -423,6 +423,44 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _printable(text: str) -> str:
+    """Model output shown on a terminal: control characters (escape sequences) as visible escapes."""
+    return "".join(c if c.isprintable() or c in "\n\t" else repr(c)[1:-1] for c in text)
+
+
+def cmd_samples(args: argparse.Namespace) -> int:
+    console = _console()
+    with _client(args) as client:
+        job = client.job(args.job_id)
+        step = args.step if args.step is not None else job.samples(limit=1).last_step
+        selected = "worst" if args.worst else None
+        page = job.samples(step=step, selected=selected, limit=args.limit) if step is not None else None
+    if args.json:
+        print(page.model_dump_json(indent=2) if page else "null")
+        return EXIT_OK
+    if page is None or not page.samples:
+        console.print(f"{job.id}: no samples" + (f" at step {step}" if step is not None else " yet"))
+        return EXIT_OK
+    for r in page.samples:
+        adv = f"{r.advantage:+.3f}" if r.advantage is not None else "-"
+        reward = f"{r.reward:.3f}" if r.reward is not None else "nan"
+        console.print(
+            f"[bold]step {r.step} group {r.group} #{r.index}[/bold]  reward {reward}  advantage {adv}  "
+            f"{r.length} tokens ({r.finish_reason})  policy v{r.policy_version}  [dim]{', '.join(r.selected)}"
+            + ("  (cut)" if r.truncated else "")
+            + "[/dim]"
+        )
+        if r.status != "ok" or r.detail:
+            console.print(f"  verdict  {r.status}: {_printable(r.detail)}", markup=False)
+        console.print(
+            "  prompt   " + _printable(r.prompt).replace("\n", "\n           "), markup=False, style="dim"
+        )
+        console.print("  response " + _printable(r.response).replace("\n", "\n           "), markup=False)
+    if page.next_cursor:
+        console.print(f"[dim]... more at step {step}: --limit {args.limit * 2}[/dim]")
+    return EXIT_OK
+
+
 def cmd_cancel(args: argparse.Namespace) -> int:
     console = _console()
     with _client(args) as client:
@@ -568,6 +606,18 @@ def _job_commands(sub, api: argparse.ArgumentParser) -> None:
     ck = sub.add_parser("checkpoints", parents=[api], help="list a job's checkpoints")
     ck.add_argument("job_id")
     ck.set_defaults(func=cmd_checkpoints)
+
+    sp = sub.add_parser(
+        "samples", parents=[api], help="show what the policy wrote at a step (rollout traces)"
+    )
+    sp.add_argument("job_id")
+    sp.add_argument("--step", type=int, default=None, help="the step (default: the newest with samples)")
+    sp.add_argument("--worst", action="store_true", help="only each group's worst response")
+    sp.add_argument(
+        "--limit", type=int, default=20, choices=range(1, 201), metavar="K", help="at most K (1-200)"
+    )
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(func=cmd_samples)
 
     c = sub.add_parser("cancel", parents=[api], help="cancel a job (graceful: checkpoint, then stop)")
     c.add_argument("job_id")

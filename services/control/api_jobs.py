@@ -1,4 +1,4 @@
-"""`/v1/jobs`: submit, list, read, cancel, resume, and a job's metrics, events, logs and checkpoints.
+"""`/v1/jobs`: submit, list, read, cancel, resume, and a job's metrics, events, logs, checkpoints and samples.
 
 A tenant sees only its own jobs (another tenant's job is a 404, not a 403: its existence is not
 revealed); an admin token sees all.
@@ -19,7 +19,7 @@ from fastapi import Path as FastApiPath
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
-from services.config import JobSpec
+from services.config import MAX_PROMPTS_PER_STEP, JobSpec
 from services.control import progress, records
 from services.control.auth import current_principal
 from services.control.errors import ApiError
@@ -37,11 +37,13 @@ from services.control.schemas import (
     LogPage,
     MetricSeries,
     ResumeRequest,
+    SamplePage,
 )
 from services.control.states import RESUMABLE, TERMINAL
 from services.control.store import IdempotencyConflict, InvalidTransition, JobRow
 from services.control.tokens import Principal
 from services.run_layout import checkpoint_step
+from services.trainer.traces import Selected, read_page
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 Caller = Annotated[Principal, Depends(current_principal)]
@@ -267,6 +269,51 @@ def job_checkpoints(request: Request, caller: Caller, job_id: JobId) -> Checkpoi
             exists = None
         out.append(records.checkpoint_info(c, exists))
     return CheckpointList(job_id=job.id, checkpoints=out)
+
+
+@router.get(
+    "/{job_id}/samples",
+    response_model=SamplePage,
+    responses=_ERRORS,
+    summary="Rollout traces: sampled trajectories of training steps (prompt, response, reward, advantage)",
+)
+def job_samples(
+    request: Request,
+    caller: Caller,
+    job_id: JobId,
+    step: Annotated[int | None, Query(ge=0, le=MAX_SEQ, description="Only this step.")] = None,
+    group: Annotated[
+        int | None, Query(ge=0, le=MAX_PROMPTS_PER_STEP, description="Only this group of each step.")
+    ] = None,
+    selected: Annotated[
+        Selected | None, Query(description="Only those kept for this reason (e.g. `worst` of their group).")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 20,
+    cursor: Annotated[
+        str | None,
+        Query(
+            max_length=64,
+            pattern=r"^\d{1,19}\.\d{1,10}\.\d{1,10}$",
+            description="`next_cursor` of the previous page.",
+        ),
+    ] = None,
+) -> SamplePage:
+    job = _own_job(request, job_id, caller)
+    if not job.run_dir:  # not started: nothing sampled yet
+        return SamplePage(job_id=job.id, samples=[])
+    after = None
+    if cursor:
+        s, g, i = (int(x) for x in cursor.split("."))
+        after = (s, g, i)
+    # the current attempt's run directory; files are read a line at a time with a cap per line, never a symlink
+    page = read_page(Path(job.run_dir), step=step, group=group, selected=selected, after=after, limit=limit)
+    last = page.records[-1] if page.more else None
+    return SamplePage(
+        job_id=job.id,
+        samples=page.records,
+        next_cursor=f"{last.step}.{last.group}.{last.index}" if last else None,
+        last_step=page.last_step,
+    )
 
 
 @router.get(

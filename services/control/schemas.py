@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.control.states import JobState
+from services.trainer.traces import TraceRecord
 
 __all__ = [
     "CancelRequest",
@@ -32,6 +33,8 @@ __all__ = [
     "MetricPoint",
     "MetricSeries",
     "ResumeRequest",
+    "SamplePage",
+    "TraceRecord",
     "TrainerEvent",
     "Transition",
 ]
@@ -134,6 +137,15 @@ class CheckpointInfo(BaseModel):
 class CheckpointList(BaseModel):
     job_id: str
     checkpoints: list[CheckpointInfo]
+
+
+class SamplePage(BaseModel):
+    """A page of a job's rollout traces (`traces` in the spec), in (step, group, index) order."""
+
+    job_id: str
+    samples: list[TraceRecord]
+    next_cursor: str | None = Field(None, description="Pass as `cursor` for the next page; null: no more.")
+    last_step: int | None = Field(None, description="The newest step with a stored sample (null: none yet).")
 
 
 class LogLine(BaseModel):

@@ -16,6 +16,8 @@ from services.control.schemas import (
     LogLine,
     LogPage,
     MetricPoint,
+    SamplePage,
+    TraceRecord,
 )
 from services.sdk.client import Client, spec_to_dict
 from services.sdk.errors import (
@@ -49,9 +51,11 @@ __all__ = [
     "MetricPoint",
     "NotFound",
     "RateLimited",
+    "SamplePage",
     "ServerError",
     "TgcError",
     "TooLarge",
+    "TraceRecord",
     "Unauthorized",
     "Unavailable",
     "WaitTimeout",

@@ -15,6 +15,7 @@ from services.control.schemas import (
     JobState,
     LogPage,
     MetricPoint,
+    SamplePage,
 )
 from services.control.states import TERMINAL
 from services.sdk.errors import Unavailable, WaitTimeout
@@ -92,6 +93,22 @@ class Job:
     def checkpoints(self) -> list[CheckpointInfo]:
         body = self._client.request("GET", f"/v1/jobs/{self.id}/checkpoints").json()
         return [CheckpointInfo.model_validate(c) for c in body["checkpoints"]]
+
+    def samples(
+        self,
+        step: int | None = None,
+        group: int | None = None,
+        selected: str | None = None,
+        limit: int = 20,
+        cursor: str | None = None,
+    ) -> SamplePage:
+        """A page of the job's rollout traces (`traces` in the spec): sampled trajectories of its training
+        steps, oldest first; `selected="worst"` keeps each group's worst; pass `next_cursor` to continue."""
+        params = {"step": step, "group": group, "selected": selected, "limit": limit, "cursor": cursor}
+        body = self._client.request(
+            "GET", f"/v1/jobs/{self.id}/samples", params={k: v for k, v in params.items() if v is not None}
+        ).json()
+        return SamplePage.model_validate(body)
 
     def logs(self, since: int = 0, limit: int = 1000) -> LogPage:
         """Log lines the trainer reported after `since` (pass the page's `next` to continue)."""
