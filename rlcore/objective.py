@@ -18,7 +18,7 @@ from torch import Tensor
 from rlcore import gates, ratios
 from rlcore.advantages import Shaping, group_advantages
 from rlcore.aggregation import sequence_coefficients
-from rlcore.config import ObjectiveConfig, cancellation_verdict, knob_doc
+from rlcore.config import ObjectiveConfig, cancellation_condition, cancellation_verdict, knob_doc
 from rlcore.groups import GroupIndex
 from rlcore.kl import kl_estimate
 from rlcore.offpolicy import BehaviourCoefficient, behaviour_coefficient
@@ -92,6 +92,9 @@ class Objective:
             if self._preserves
             else "does not preserve cancellation: " + "; ".join(self._reasons)
         )
+        condition = cancellation_condition(cfg)
+        if self._preserves and condition is not None:
+            verdict += f" when {condition}"
         lines = [f"{self.name}: {head}", f"  {verdict}"]
         for name, value in cfg.as_dict().items():
             lines.append(f"  {name} = {value!r}  -- {knob_doc(name)}")

@@ -109,6 +109,8 @@ def test_verdict_keeps_cancellation_for_token_level_corrections_only(correction)
     condition = cancellation_condition(cfg)
     assert (condition is not None) == (correction in TOKEN_CORRECTIONS)
     assert condition is None or "equal behaviour log-probs" in condition
+    if condition is not None:  # describe() states it beside the verdict
+        assert condition in rlcore.get_objective("cp_grpo", behaviour_correction=correction).describe()
     # a correction never repairs a breaking objective: grpo's gate and 1/|o_i| stay reasons
     assert not rlcore.get_objective("grpo", behaviour_correction=correction).preserves_cancellation
 
