@@ -236,7 +236,10 @@ class Trainer:
         if adv.ndim == 2:  # per token: its mean over the response
             adv = (adv * batch.response_mask).sum(1) / batch.response_mask.sum(1).clamp_min(1)
         decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
-        self.traces.add_step(self.step + 1, rollout.groups, adv.tolist(), decode)
+        try:
+            self.traces.add_step(self.step + 1, rollout.groups, adv.tolist(), decode)
+        except Exception as e:  # a sample that cannot be recorded must not end the training it describes
+            log.warning("traces: step %d not sampled: %s", self.step + 1, e)
 
     # -- the job ------------------------------------------------------------------------------------
     def run(self) -> str:

@@ -190,7 +190,7 @@ class TraceWriter:
         for g, i, why in picks:
             group = groups[g]
             c, s = group.completions[i], group.scores[i]
-            prompt, cut_p = _cut(group.prompt.item.prompt, limit)
+            prompt, cut_p = _cut(str(group.prompt.item.prompt), limit)
             response, cut_r = _cut(decode(c.token_ids), limit)
             adv = advantages[starts[g] + i] if advantages is not None else None
             record = TraceRecord(
@@ -249,7 +249,7 @@ class TraceWriter:
                 oldest = min(k for k in self._sizes if k != first)
                 (self.dir / file_name(oldest)).unlink(missing_ok=True)
                 del self._sizes[oldest]
-        except OSError as e:
+        except Exception as e:  # whatever it is, the job goes on: traces are for reading, not for training
             log.warning("traces: step %d not written (%s); training goes on", step, e)
 
 

@@ -157,3 +157,27 @@ def test_pages_follow_the_cursor_filter_and_skip_what_is_not_a_record(tmp_path):
     assert [r.model_dump() for r in after5.records] == [r for r in every if r["step"] == 5]
     assert read_page(tmp_path, step=9).records == []
     assert read_page(tmp_path / "nowhere").records == []
+
+
+def test_a_hundred_steps_of_a_default_job_stay_within_the_default_bounds(tmp_path):
+    spec = JobSpec.parse({}).traces  # 8 groups of 8, long responses: what a default job's steps look like
+    writer = TraceWriter(tmp_path, spec)
+    rewards = [[float((g + i) % 3) for i in range(8)] for g in range(8)]
+    for step in range(1, 101):
+        groups = _groups(rewards, step)
+        writer.add_step(step, groups, _advantages(groups), lambda ids: "y" * 6000)
+    writer.close()
+    rows = _written(tmp_path)
+    per_step = [sum(len(json.dumps(r)) for r in rows if r["step"] == s) for s in range(1, 101)]
+    total = sum(p.stat().st_size for _, p in trace_files(tmp_path / TRACES_DIR))
+    assert max(per_step) <= spec.max_step_bytes and total <= spec.max_total_bytes
+    assert len(rows) == 100 * (8 + 7 * 3)  # nothing dropped: 29 records of ~4 KiB fit a step's 256 KiB
+
+
+def test_a_failed_write_is_logged_and_the_step_goes_on(tmp_path, caplog):
+    (tmp_path / TRACES_DIR).write_text("not a directory")
+    writer = TraceWriter(tmp_path, TracesSpec())
+    groups = _groups([[0.0, 1.0]])
+    assert writer.add_step(1, groups, None, _decode) == 2
+    writer.close()
+    assert "step 1 not written" in caplog.text
