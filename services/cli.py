@@ -613,9 +613,7 @@ def _job_commands(sub, api: argparse.ArgumentParser) -> None:
     sp.add_argument("job_id")
     sp.add_argument("--step", type=int, default=None, help="the step (default: the newest with samples)")
     sp.add_argument("--worst", action="store_true", help="only each group's worst response")
-    sp.add_argument(
-        "--limit", type=int, default=20, choices=range(1, 201), metavar="K", help="at most K (1-200)"
-    )
+    sp.add_argument("--limit", type=int, default=20, metavar="K", help="at most K records (1-200)")
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(func=cmd_samples)
 

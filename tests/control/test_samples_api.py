@@ -145,3 +145,7 @@ def test_tgc_samples_shows_the_newest_steps_worst_responses_without_escape_seque
                  "--token", api_server.acme]) == 0  # fmt: skip
     page = json.loads(capsys.readouterr().out)
     assert [s["step"] for s in page["samples"]] == [1, 1] and page["next_cursor"] == "1.0.1"
+    assert (
+        main(["samples", job_id, "--limit", "500", "--url", api_server.url, "--token", api_server.acme]) != 0
+    )
+    assert "limit" in capsys.readouterr().err
