@@ -81,7 +81,7 @@ class Trainer:
             self.step, self.version, position = state["step"], state["version"], state["data_position"]
             model_path = resume / "model"
             self.metrics.truncate_after(self.step)
-            self.traces.truncate_after(self.step)
+            self.traces.resume(resume.parent.parent, self.step)  # <run dir>/checkpoints/step_N
         self.data = PromptSource(spec, self.tokenizer, position)
         self.trained_position = position
         self.evaluator = None

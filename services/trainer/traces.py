@@ -16,6 +16,7 @@ import logging
 import os
 import random
 import re
+import shutil
 import stat
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -223,6 +224,22 @@ class TraceWriter:
     def close(self) -> None:
         self.flush()
         self._pool.shutdown(wait=True)
+
+    def resume(self, previous_run_dir: Path, step: int) -> None:
+        """On resume from a checkpoint at `step` of `previous_run_dir`: its traces through `step` (a new attempt
+        under the control plane writes a new run directory; the samples endpoint reads the current one)."""
+        previous = Path(previous_run_dir) / TRACES_DIR
+        if previous.resolve() != self.dir.resolve() and not trace_files(self.dir):
+            try:
+                self.dir.mkdir(parents=True, exist_ok=True)
+                for first, path in trace_files(previous):
+                    if first <= step:
+                        with _open_regular(path) as src, open(self.dir / path.name, "wb") as dst:
+                            shutil.copyfileobj(src, dst)
+                        self._sizes[first] = (self.dir / path.name).stat().st_size
+            except OSError as e:
+                log.warning("traces: could not carry over %s: %s", previous, e)
+        self.truncate_after(step)
 
     def truncate_after(self, step: int) -> None:
         """On resume: forget the steps the checkpoint does not contain (they are trained again)."""

@@ -122,6 +122,21 @@ def test_resume_forgets_the_steps_after_the_checkpoint(tmp_path):
     assert [r["advantage"] for r in rows if r["step"] == 4] == [None, None]
 
 
+def test_a_new_attempt_carries_over_the_previous_run_dirs_traces_through_the_checkpoint(tmp_path):
+    spec = TracesSpec(steps_per_file=2)
+    _write(tmp_path / "attempt-1", spec, range(1, 6)).close()
+    writer = TraceWriter(tmp_path / "attempt-2", spec)
+    writer.resume(tmp_path / "attempt-1", 3)
+    groups = _groups([[0.0, 1.0]], 4)
+    writer.add_step(4, groups, None, _decode)
+    writer.close()
+    assert sorted({r["step"] for r in _written(tmp_path / "attempt-2")}) == [1, 2, 3, 4]
+    assert sorted({r["step"] for r in _written(tmp_path / "attempt-1")}) == [1, 2, 3, 4, 5]  # left as it was
+    same = TraceWriter(tmp_path / "attempt-1", spec)  # `tgc train --resume`: the same run directory
+    same.resume(tmp_path / "attempt-1", 2)
+    assert sorted({r["step"] for r in _written(tmp_path / "attempt-1")}) == [1, 2]
+
+
 def test_a_spec_whose_one_file_exceeds_the_total_bound_is_refused():
     with pytest.raises(SpecError, match="traces.*max_total_bytes"):
         JobSpec.parse({"traces": {"steps_per_file": 1000, "max_step_bytes": 1 << 20}})
