@@ -207,9 +207,8 @@ class TraceWriter:
                 continue  # the per-step bound: a smaller record further down may still fit
             budget -= len(line)
             kept.append(((g, i), line))
-        kept.sort(
-            key=lambda kv: kv[0]
-        )  # file order is (step, group, index): what read_page's cursor relies on
+        # file order is (step, group, index): what read_page's cursor relies on
+        kept.sort(key=lambda kv: kv[0])
         data = b"".join(line for _, line in kept)
         self.flush()  # one write in flight at most: a slow disk slows the trainer, never fills its memory
         if data:
@@ -256,6 +255,8 @@ class TraceWriter:
 
     def _append(self, step: int, data: bytes) -> None:
         first = (step - 1) // self.spec.steps_per_file * self.spec.steps_per_file + 1 if step > 0 else 0
+        # never behind the newest file (files carried over from an attempt with another steps_per_file)
+        first = max(first, max(self._sizes, default=0))
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             with open(self.dir / file_name(first), "ab") as fh:

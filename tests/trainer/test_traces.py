@@ -132,6 +132,13 @@ def test_a_new_attempt_carries_over_the_previous_run_dirs_traces_through_the_che
     writer.close()
     assert sorted({r["step"] for r in _written(tmp_path / "attempt-2")}) == [1, 2, 3, 4]
     assert sorted({r["step"] for r in _written(tmp_path / "attempt-1")}) == [1, 2, 3, 4, 5]  # left as it was
+    other = TraceWriter(tmp_path / "attempt-3", TracesSpec(steps_per_file=50))  # a spec with larger files
+    other.resume(tmp_path / "attempt-1", 3)
+    other.add_step(4, groups, None, _decode)
+    other.close()
+    assert [r.step for r in read_page(tmp_path / "attempt-3", limit=200).records] == sorted(
+        r["step"] for r in _written(tmp_path / "attempt-2")
+    )
     same = TraceWriter(tmp_path / "attempt-1", spec)  # `tgc train --resume`: the same run directory
     same.resume(tmp_path / "attempt-1", 2)
     assert sorted({r["step"] for r in _written(tmp_path / "attempt-1")}) == [1, 2]
