@@ -13,6 +13,7 @@ import torch
 
 from services.trainer.checkpoints import read_state
 from services.trainer.main import ResourceError, run
+from services.trainer.traces import read_page
 
 from .conftest import read_events, read_metrics, tiny_spec
 
@@ -159,9 +160,25 @@ def test_resume_drops_metrics_logged_after_the_last_checkpoint(ray_cluster, tmp_
     # a run killed after logging step 3 but before checkpointing it
     with open(tmp_path / "metrics.jsonl", "a") as fh:
         fh.write('{"step": 3, "loss": 123.0}\n')
+    traces = read_page(tmp_path, limit=200).records
+    with open(tmp_path / "traces" / "steps-00000001.jsonl", "a") as fh:
+        fh.write(traces[0].model_copy(update={"step": 3, "response": "lost"}).model_dump_json() + "\n")
     assert run(tiny_spec(steps=3), tmp_path, resume="latest") == "succeeded"
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]
     assert read_metrics(tmp_path)[-1]["loss"] != 123.0
+    # the traces too: every step sampled once (group 0 whole, group 1's best/worst/random), with its fields
+    traces = read_page(tmp_path, limit=200).records
+    assert sorted({r.step for r in traces}) == [1, 2, 3] and "lost" not in {r.response for r in traces}
+    for step in (1, 2, 3):
+        rows = [r for r in traces if r.step == step]
+        assert [r.index for r in rows if r.group == 0] == [0, 1, 2, 3]
+        assert 2 <= len([r for r in rows if r.group == 1]) <= 3
+        for r in rows:
+            assert r.prompt and r.status == "ok" and r.reward in (0.0, 1.0) and r.advantage is not None
+            assert (
+                r.policy_version == step - 1 and r.finish_reason in ("stop", "length") and 0 <= r.length <= 8
+            )
+            assert r.logprobs is None and isinstance(r.response, str)
 
 
 def test_cancel_file_stops_at_a_step_boundary_with_a_checkpoint(ray_cluster, tmp_path):
