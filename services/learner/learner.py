@@ -33,7 +33,7 @@ from services.learner.logprobs import PolicyLogprobs
 from services.learner.plan import MicroBatchLimit, MiniBatch, group_spans, plan_minibatches, trim_padding
 from services.learner.schedule import lr_factor
 from services.learner.spec import LearnerSpec
-from services.learner.step_metrics import StepMetrics, rollout_mismatch
+from services.learner.step_metrics import StepMetrics
 
 
 class Learner:
@@ -357,10 +357,9 @@ class Learner:
         ref_mb = None if ref is None else ref[rows, :T].to(self.device)
         stage_mb = None if stage_mask is None else stage_mask[rows, :T].to(self.device)
         n_tok = float(mask.sum())
+        behaviour = micro.rollout_logprobs.to(self.device)
         if first_pass:  # numerics of the rollout engine vs this learner, before any update of this batch
-            abs_diff, k3 = rollout_mismatch(old_mb, micro.rollout_logprobs.to(self.device), mask)
-            metrics.add_mean("mismatch/logprob_abs_diff", abs_diff, n_tok)
-            metrics.add_mean("mismatch/k3_kl", k3, n_tok)
+            self._mismatch(old_mb, behaviour, micro, mask, metrics)
         metrics.add_mean("entropy", float((ent.detach() * mask).sum()) / max(n_tok, 1.0), n_tok)
         active = mask if stage_mb is None else stage_mb
         if not bool(active.any()):  # nothing to learn from here: zero-gradient pass, collectives stay aligned
@@ -379,6 +378,7 @@ class Learner:
             step=norm,
             stage_mask=stage_mb,
             entropies=ent_leaf,
+            behaviour_logprobs=behaviour,  # read only when the objective has a behaviour_correction
         )
         leaves = [lp_leaf] if ent_leaf is None else [lp_leaf, ent_leaf]
         regularised = out.loss is not out.pg_loss  # KL or entropy terms besides the policy gradient
@@ -391,6 +391,24 @@ class Learner:
         self._diagnostics(w_pg, micro, old_mb, ent, mask, out, metrics)
         metrics.add_time("timing/diagnostics_s", time.perf_counter() - t0)  # vs timing/learner_step_s
         return float(out.loss.detach())
+
+    def _mismatch(
+        self, old: Tensor, behaviour: Tensor, micro: TrainBatch, mask: Tensor, metrics: StepMetrics
+    ) -> None:
+        """rlcore's learner-vs-engine mismatch of one micro-batch (whole groups): k3 KL and the spread of the
+        engine's log-probs across copies of shared tokens, the token-level corrections' cancellation condition."""
+        m = rlcore.offpolicy.behaviour_mismatch(
+            old, behaviour, mask, micro.response_ids.to(self.device), micro.group_ids.to(self.device)
+        )
+        weights = m.weights()
+        for key, value in m.metrics().items():
+            if key in weights:
+                metrics.add_mean(key, value, weights[key])
+            elif key.endswith("_max"):
+                if m.shared_pairs > 0:
+                    metrics.add_peak(key, value)
+            else:  # a count
+                metrics.add_sum(key, value)
 
     def _diagnostics(
         self, w: Tensor, micro: TrainBatch, old: Tensor, ent: Tensor, mask: Tensor, out, metrics: StepMetrics

@@ -75,15 +75,3 @@ class StepMetrics:
                 out[k] = flat_l[n + i] / flat_l[n + m + i]
         out.update((k, v) for k, v in zip(peak_keys, top_l, strict=True) if math.isfinite(v))
         return out
-
-
-def rollout_mismatch(learner_lp: Tensor, rollout_lp: Tensor, mask: Tensor) -> tuple[float, float]:
-    """Mean |log pi_learner - log pi_rollout| and the k3 estimate of KL(pi_rollout || pi_learner) on the
-    response tokens (samples come from the rollout policy): how far the engines' numerics drift apart."""
-    n = float(mask.sum())
-    if n == 0:
-        return math.nan, math.nan
-    r = (learner_lp - rollout_lp) * mask
-    abs_diff = float(r.abs().sum()) / n
-    k3 = float(((torch.exp(r) - 1 - r) * mask).sum()) / n
-    return abs_diff, k3

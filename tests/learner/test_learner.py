@@ -73,6 +73,9 @@ def test_step_reports_its_metrics(learner_spec, tiny_model_path, make_batch):
         "timing/optim_s",
         "mismatch/logprob_abs_diff",
         "mismatch/k3_kl",
+        "mismatch/shared_spread_mean",
+        "mismatch/shared_spread_max",
+        "mismatch/shared_pairs",
         "objective/clip/frac",
         "diag/d1_gcpr",
         "diag/d2_residual",
@@ -285,3 +288,30 @@ def test_train_step_refuses_a_split_group(learner_spec, tiny_model_path, make_ba
     batch.group_ids = torch.tensor([0, 1, 0, 1])
     with pytest.raises(ValueError, match="not contiguous"):
         Learner(learner_spec(), tiny_model_path).train_step(batch)
+
+
+@pytest.mark.parametrize("copies", ["equal", "per_copy"])
+def test_token_tis_reaches_the_loss_and_keeps_d2_where_copies_agree(
+    learner_spec, tiny_model_path, make_batch, copies
+):
+    """The batch's engine log-probs reach the objective (objective.overrides.behaviour_correction): cp_grpo + token
+    TIS keeps D2 at rounding when copies of a shared token carry equal engine log-probs, not when they differ,
+    and the step reports the spread that decides it (rlcore.offpolicy)."""
+    batch = make_batch(n_groups=4, common_prefix=3)
+    spec = learner_spec(**{"objective.overrides": {"behaviour_correction": "token_tis"}})
+    learner = Learner(spec, tiny_model_path)
+    # an engine within ~1 nat of the learner: log w = noise, so TIS caps some tokens (w > 2) and not others
+    noise = 0.8 * torch.randn(batch.rollout_logprobs.shape, generator=torch.Generator().manual_seed(0))
+    engine = (learner.logprobs(batch) - noise) * batch.response_mask
+    if copies == "equal":  # one engine version with identical numerics: the group's first row's values
+        first: dict[int, int] = {}
+        for i, g in enumerate(batch.group_ids.tolist()):
+            engine[i, :3] = engine[first.setdefault(g, i), :3]
+    batch.rollout_logprobs.copy_(engine)
+    m = learner.train_step(batch)
+    assert m["objective/behaviour/corrected_frac"] > 0.05
+    assert m["mismatch/shared_pairs"] > 0 and m["diag/d2_nodes"] > 0
+    if copies == "equal":
+        assert m["mismatch/shared_spread_max"] == 0 and m["diag/d2_residual"] < 1e-5
+    else:
+        assert m["mismatch/shared_spread_max"] > 0.1 and m["diag/d2_residual"] > 1e-3
