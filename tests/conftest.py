@@ -12,9 +12,20 @@ def pytest_collection_modifyitems(items):
     image_build.image_tests_last(items)
 
 
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):  # the session's first process, before any xdist worker starts
+        image_build.prepare()
+
+
 def pytest_collection_finish(session):
-    if not session.config.option.collectonly:
-        image_build.start_if_selected(session.items)
+    if not session.config.option.collectonly and not hasattr(session.config, "workerinput"):
+        image_build.start_if_selected([item.nodeid for item in session.items])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    """Under xdist the controller sees each worker's collection (all alike) and starts the build once."""
+    image_build.start_if_selected(ids)
 
 
 def pytest_sessionfinish(session):

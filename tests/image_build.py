@@ -4,6 +4,9 @@ run last and wait for it.
 
 The build runs detached (its own session, parented by init), so no test sees its processes as its own
 stray children; the session's end stops it if it is still running.
+
+Under pytest-xdist the controller starts the build (it sees every worker's collection) into a folder named in
+the environment before the workers start, and the worker that runs the image tests waits on that folder.
 """
 
 from __future__ import annotations
@@ -40,8 +43,10 @@ class BuildResult:
 class BackgroundBuild:
     """scripts/build-image.sh running detached, its output and exit status in files of a temporary folder."""
 
-    def __init__(self) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="tgc-image-build-"))
+    def __init__(self, folder: Path) -> None:
+        self.dir = folder
+
+    def start(self) -> None:
         # setsid forks (its caller already leads a session), so the build's parent is init, not this process
         launcher = subprocess.Popen(
             ["setsid", "bash", "-c", 'echo $$ >"$0/pid"; "${@}" >"$0/out" 2>"$0/err"; echo $? >"$0/rc"',
@@ -50,6 +55,9 @@ class BackgroundBuild:
         )  # fmt: skip
         launcher.wait()
 
+    def started(self) -> bool:
+        return (self.dir / "pid").exists()
+
     def _pid(self) -> int | None:
         try:
             return int((self.dir / "pid").read_text())
@@ -57,9 +65,12 @@ class BackgroundBuild:
             return None
 
     def wait(self, timeout: float) -> BuildResult:
-        deadline = time.monotonic() + timeout
+        start = time.monotonic()
+        deadline = start + timeout
         rc = self.dir / "rc"
         while not rc.exists():
+            if not self.started() and time.monotonic() > start + 120:
+                return BuildResult(125, "", f"no build was started in {self.dir}")
             if time.monotonic() > deadline:
                 self.stop()
                 return BuildResult(
@@ -87,14 +98,31 @@ class BackgroundBuild:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-_build: BackgroundBuild | None = None
+# Set by the session's first process, inherited by xdist workers.
+FOLDER_VAR = "TGC_TEST_IMAGE_BUILD_DIR"
+_build: BackgroundBuild | None = None  # in the process that started it
+_named_here = False  # this process named the folder (it removes it at the end)
 
 
-def start_if_selected(items: list) -> None:
+def prepare() -> None:
+    """In the session's first process (before xdist starts its workers): names the build's folder."""
+    global _named_here
+    if FOLDER_VAR not in os.environ:
+        os.environ[FOLDER_VAR] = tempfile.mkdtemp(prefix="tgc-image-build-")
+        _named_here = True
+
+
+def start_if_selected(nodeids: list[str]) -> None:
     """Starts the build when an image test is selected and can run (a container engine is installed)."""
     global _build
-    if _build is None and ENGINE and any(item.nodeid.startswith(IMAGE_TESTS) for item in items):
-        _build = BackgroundBuild()
+    if (
+        _build is None
+        and ENGINE
+        and FOLDER_VAR in os.environ
+        and any(n.startswith(IMAGE_TESTS) for n in nodeids)
+    ):
+        _build = BackgroundBuild(Path(os.environ[FOLDER_VAR]))
+        _build.start()
 
 
 def image_tests_last(items: list) -> None:
@@ -106,12 +134,19 @@ def build_image(timeout: float) -> BuildResult:
     """The session's build result: the background build's, or a build run now when none was started."""
     if _build is not None:
         return _build.wait(timeout)
+    if FOLDER_VAR in os.environ:  # an xdist worker: the controller started it
+        return BackgroundBuild(Path(os.environ[FOLDER_VAR])).wait(timeout)
     done = subprocess.run(BUILD, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     return BuildResult(done.returncode, done.stdout, done.stderr)
 
 
 def stop() -> None:
-    global _build
+    """At the end of the session: stops a build this process started and still running; the process that
+    named the folder removes it."""
+    global _build, _named_here
     if _build is not None:
         _build.stop()
         _build = None
+    if _named_here:
+        shutil.rmtree(os.environ.pop(FOLDER_VAR), ignore_errors=True)
+        _named_here = False
