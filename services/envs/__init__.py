@@ -1,0 +1,39 @@
+"""Multi-turn environments: the contract, the built-ins, bounds, and token-exact trajectories (issue 30).
+
+Not wired into the trainer yet; docs/multi_turn.md says what is built and what is not.
+"""
+
+from services.envs.base import (
+    BoundHit,
+    EndReason,
+    EnvContext,
+    Environment,
+    Message,
+    StepInfo,
+    StepResult,
+)
+from services.envs.bounds import EnvBounds
+from services.envs.registry import BUILTIN_PARAMS, EnvSpec, load_env
+from services.envs.rollout import GenerateRequest, Sample, Trajectory, TrajectoryRun
+from services.envs.tokens import BridgeError, ChatTemplate, TrajectoryBuilder
+
+__all__ = [
+    "BUILTIN_PARAMS",
+    "BoundHit",
+    "BridgeError",
+    "ChatTemplate",
+    "EndReason",
+    "EnvBounds",
+    "EnvContext",
+    "EnvSpec",
+    "Environment",
+    "GenerateRequest",
+    "Message",
+    "Sample",
+    "StepInfo",
+    "StepResult",
+    "Trajectory",
+    "TrajectoryBuilder",
+    "TrajectoryRun",
+    "load_env",
+]

@@ -1,0 +1,100 @@
+"""`load_env`: an environment for one trajectory, from its spec name and params. The one place that knows
+every built-in environment.
+
+Built-ins are named like tasks: `calculator`, `feedback`, `python_tool`. Any other `module:Class` is a
+custom environment (a class or factory called as `Class(ctx, params)`), which runs the spec's code and so
+needs the operator's `custom_code` grant, exactly as a custom task does (services.tasks.params).
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from services.envs.base import EnvContext, Environment
+from services.envs.bounds import EnvBounds
+from services.envs.calculator import CalculatorEnv, CalculatorParams
+from services.envs.feedback import FeedbackEnv, FeedbackParams
+from services.envs.python_tool import PythonToolEnv, PythonToolParams
+from services.tasks import GrantError
+
+try:
+    from services.tasks.grants import CUSTOM_CODE, LOCAL_GRANTS, UNSAFE_SANDBOX
+except ImportError:  # before the privileges moved to their own module (issue 30's seams)
+    from services.tasks.params import (  # type: ignore[attr-defined,no-redef]
+        CUSTOM_CODE,
+        LOCAL_GRANTS,
+        UNSAFE_SANDBOX,
+    )
+
+BUILTIN_PARAMS: dict[str, type[BaseModel]] = {
+    "calculator": CalculatorParams,
+    "feedback": FeedbackParams,
+    "python_tool": PythonToolParams,
+}
+_CUSTOM = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+def check_env_name(name: str) -> str:
+    if name in BUILTIN_PARAMS or _CUSTOM.match(name):
+        return name
+    raise ValueError(
+        f"environment name {name!r}: use one of {', '.join(sorted(BUILTIN_PARAMS))} or 'module:Class'"
+    )
+
+
+def parse_env_params(name: str, params: dict[str, Any] | None) -> BaseModel | None:
+    """A built-in's params checked against its schema (pydantic names the field); None for custom ones,
+    whose params the class checks itself."""
+    model = BUILTIN_PARAMS.get(check_env_name(name))
+    return model.model_validate(params or {}) if model else None
+
+
+class EnvSpec(BaseModel):
+    """The environment section of a multi-turn job spec (not in JobSpec yet: see docs/multi_turn.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = Field(..., min_length=1, max_length=200, description="A built-in or 'module:Class'.")
+    params: dict[str, Any] = Field(default_factory=dict, description="The environment's own parameters.")
+    bounds: EnvBounds = Field(default_factory=EnvBounds)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return check_env_name(v)
+
+    @model_validator(mode="after")
+    def _params(self) -> EnvSpec:
+        parse_env_params(self.name, self.params)
+        return self
+
+
+def load_env(
+    name: str, ctx: EnvContext, params: dict[str, Any] | None = None, grants: frozenset[str] = LOCAL_GRANTS
+) -> Environment:
+    """Build the environment `name` for the trajectory of `ctx`. Refuses a custom class without the
+    `custom_code` grant and an unconfined sandbox without `unsafe_sandbox`, naming the field."""
+    parsed = parse_env_params(name, params)
+    if isinstance(parsed, PythonToolParams) and parsed.sandbox != "bwrap" and UNSAFE_SANDBOX not in grants:
+        raise GrantError(
+            f"env.params.sandbox: {parsed.sandbox!r} needs the operator's grant '{UNSAFE_SANDBOX}', "
+            "which this job does not have (see docs/security.md)"
+        )
+    if isinstance(parsed, CalculatorParams):
+        return CalculatorEnv(ctx, parsed)
+    if isinstance(parsed, FeedbackParams):
+        return FeedbackEnv(ctx, parsed)
+    if isinstance(parsed, PythonToolParams):
+        return PythonToolEnv(ctx, parsed)
+    if CUSTOM_CODE not in grants:
+        raise GrantError(f"env.name {name!r}: custom code needs the operator's grant '{CUSTOM_CODE}'")
+    module, _, attr = name.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"env.name {name!r}: cannot import {attr} from {module} ({e})") from None
+    env: Environment = factory(ctx, dict(params or {}))
+    return env
