@@ -42,7 +42,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rlcore.config import RESIDUAL_TOLERANCE, ObjectiveConfig, cancellation_verdict, describe_knobs
+from rlcore.config import (
+    RESIDUAL_TOLERANCE,
+    ObjectiveConfig,
+    TrajectoryCredit,
+    cancellation_verdict,
+    describe_knobs,
+)
 from rlcore.pooling import pool_diagnostics, pooling_terms
 from rlcore.presets import PRESETS, list_objectives, preserves_cancellation, resolve
 from rlcore.step import StepNorm
@@ -58,6 +64,7 @@ __all__ = [
     "Objective",
     "ObjectiveConfig",
     "StepNorm",
+    "TrajectoryCredit",
     "ascent_weights",
     "cancellation_diagnostics",
     "cancellation_verdict",

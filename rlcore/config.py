@@ -315,14 +315,75 @@ def _check_combination(cfg: ObjectiveConfig, preset: str) -> None:
 RESIDUAL_TOLERANCE = 1e-4
 
 
-def cancellation_verdict(cfg: ObjectiveConfig) -> tuple[bool, list[str]]:
+CREDIT_NORMALISERS = ("step", "trajectory", "turn")
+CREDIT_REWARDS = ("trajectory", "per_turn")
+CREDIT_FILTERS = ("before_centring", "after_centring")
+
+
+@dataclass(frozen=True)
+class TrajectoryCredit:
+    """How a multi-turn trajectory's reward becomes the weights of its model tokens
+    (docs/objectives.md#multi-turn-credit). The default is the rule that keeps cancellation across turns: one
+    trajectory-level reward, centred within the group and broadcast to every model token, a normaliser that
+    is constant over the optimizer step, and every trajectory filter applied before centring.
+
+    normaliser: `step` (a constant of the step: the objective's own aggregation), `trajectory` (a mean over
+    each trajectory's model tokens) or `turn` (a mean over each turn's tokens). reward: `trajectory` (one
+    reward per trajectory) or `per_turn` (the reward split over turns, each turn's tokens credited with its
+    own). filter: when dropped trajectories (failed bridge, deadline, bound hit) leave the centring:
+    `before_centring` (`group_advantages(keep=)`) or `after_centring`."""
+
+    normaliser: str = "step"
+    reward: str = "trajectory"
+    filter: str = "before_centring"
+
+    def __post_init__(self) -> None:
+        for name, choices in (
+            ("normaliser", CREDIT_NORMALISERS),
+            ("reward", CREDIT_REWARDS),
+            ("filter", CREDIT_FILTERS),
+        ):
+            value = getattr(self, name)
+            if value not in choices:
+                raise ValueError(f"TrajectoryCredit.{name}: {value!r} is not one of {', '.join(choices)}")
+
+    def reasons(self) -> list[str]:
+        """Why this credit rule breaks cancellation across turns (empty: it keeps it)."""
+        out = []
+        if self.normaliser != "step":
+            scope = "trajectory's model tokens" if self.normaliser == "trajectory" else "turn's tokens"
+            out.append(
+                f"credit normaliser={self.normaliser!r} divides each copy by the length of its {scope}, so "
+                "copies of a shared node in trajectories (or turns) of different lengths get different "
+                "coefficients; use normaliser='step' (a constant of the whole step)"
+            )
+        if self.reward == "per_turn":
+            out.append(
+                "credit reward='per_turn' gives each turn's tokens an advantage of their own turn's reward, so "
+                "a copy's advantage depends on where the turns of its trajectory end and on rewards that "
+                "tokens after it earned, not one centred value per trajectory: the copies of a shared node no "
+                "longer sum to 0; use reward='trajectory'"
+            )
+        if self.filter == "after_centring":
+            out.append(
+                "credit filter='after_centring' drops trajectories (failed bridge, deadline) after their group "
+                "was centred, so the copies left on a group-common node sum to -(the dropped advantages); "
+                "filter before centring (group_advantages(keep=))"
+            )
+        return out
+
+
+def cancellation_verdict(
+    cfg: ObjectiveConfig, credit: TrajectoryCredit | None = None
+) -> tuple[bool, list[str]]:
     """Whether the policy-gradient weights cancel on group-common nodes for *any* ratio
-    (docs/objectives.md#knobs-and-the-cancellation-verdict).
+    (docs/objectives.md#knobs-and-the-cancellation-verdict); `credit`: the multi-turn credit rule, for
+    trajectories whose loss mask has holes (docs/objectives.md#multi-turn-credit).
 
     Returns (preserves, reasons it does not). KL/entropy terms are node-local regularisers that are not
     meant to cancel (docs/objectives.md#kl-and-entropy-terms); they are left out of the verdict and of the diagnostics' weights.
     """
-    reasons = []
+    reasons = [] if credit is None else credit.reasons()
     if cfg.adv_scale == "batch_whiten":
         reasons.append(
             "adv_scale='batch_whiten' shifts every advantage by the batch mean, so group sums are no longer 0"

@@ -29,10 +29,10 @@ from torch import Tensor
 from rlcore.shared_nodes import (
     F64,
     HostGroups,
+    SharedPrefixes,
     compiled,
     group_common_prefix,
     node_residual,
-    pairwise_prefix,
     to_host,
 )
 from rlcore.validation import as_mask, check_group_ids, check_tensor
@@ -88,12 +88,18 @@ def cancellation_diagnostics(
     lengths: Tensor | None = None,
     clipped: Tensor | None = None,
     group_size: int | None = None,
+    present: Tensor | None = None,
+    prefixes: SharedPrefixes | None = None,
 ) -> dict[str, float]:
     """D1, D2, D3, D4, D7, D9, D10, D11 of one optimizer step as floats (docs/diagnostics.md).
 
     w (B, T) ascent weights (zero off the mask, as `ascent_weights` gives them); token_ids (B, T)
     response token ids aligned with mask; advantages (B,) or (B, T); lengths (B,) response lengths for
     D11 (default: mask row sums); group_size: expected G for D4 (default: the largest group seen).
+    Multi-turn responses: `mask` is the loss mask (model tokens) and `present` (B, T) every token of the
+    history (model and observation tokens; default `mask`): shared nodes are found on the history and
+    measured on model tokens. `prefixes`: that comparison already made for these rows
+    (`SharedPrefixes.of(token_ids, present, group_ids)`), so a caller that also needs it scans once.
     """
     check_tensor("w", w, ndim=2)
     shape = tuple(w.shape)
@@ -109,6 +115,8 @@ def cancellation_diagnostics(
             check_tensor(name, x, shape)
     if clipped is not None:
         check_tensor("clipped", clipped, shape, kind="mask")
+    if present is not None:
+        check_tensor("present", present, shape, kind="mask")
 
     # stage 1: one pass over (B, T) -> per-response sums and D9's bucket sums
     w = w.detach()
@@ -127,13 +135,17 @@ def cancellation_diagnostics(
     gross = rows["abs_w"].sum()
 
     # stage 2, host: per group and per shared node, on the first `depth` columns
-    groups = HostGroups.of(group_ids)
-    lcp = pairwise_prefix(token_ids, mask, groups.members)  # one scan of the token ids serves D1 and D2
+    if prefixes is None:  # one scan of the token ids serves D1 and D2
+        prefixes = SharedPrefixes.of(token_ids, mask if present is None else present, group_ids)
+    else:
+        prefixes.check(group_ids)
+    groups, lcp = prefixes.groups, prefixes.lcp
     prefix = group_common_prefix(lcp, groups.members)  # (n,) common prefix length per group
-    depth = int(lcp.max()) if lcp.size else 0
+    depth = prefixes.depth
     width = int(prefix.max()) if prefix.size else 0  # <= depth
     row_prefix = prefix[groups.inverse]
-    in_prefix = np.arange(width)[None, :] < row_prefix[:, None]  # (B, width)
+    # group-common positions that are model tokens (observations in a shared history carry no weight)
+    in_prefix = (np.arange(width)[None, :] < row_prefix[:, None]) & (to_host(mask[:, :width], F64) != 0)
     m_head = to_host(mask[:, :depth], F64)
     w_head = to_host(w[:, :depth], F64) * m_head
     adv_head = rows["seq_adv"] if advantages.ndim == 1 else to_host(advantages[:, :depth], F64)
@@ -143,9 +155,12 @@ def cancellation_diagnostics(
     out.update(_row_families(rows, groups, group_size))
     if entropies is not None:
         out["diag/d7_entropy_mean"] = rows["entropy"].sum() / max(tokens.sum(), 1)
-        ent_head = to_host(entropies[:, : min(depth + 1, shape[1])], F64)
-        out.update(_d7(ent_head, in_prefix, row_prefix, tokens, groups))
-        out.update(_d7_shared(ent_head, _shared_depth(lcp, groups.members, shape[0]), tokens, groups))
+        cols = min(depth + 1, shape[1])
+        ent_head = to_host(entropies[:, :cols], F64)
+        model_head = to_host(mask[:, :cols], F64) != 0
+        out.update(_d7(ent_head, model_head, in_prefix, row_prefix, groups))
+        shared_depth = _shared_depth(lcp, groups.members, shape[0])
+        out.update(_d7_shared(ent_head, model_head, shared_depth, groups))
     if old_logprobs is not None:
         total = max(d9.sum(), 1e-30)
         out.update({f"diag/d9_absw_share_{k}": v / total for k, v in zip(_BUCKET_KEYS, d9, strict=True)})
@@ -416,19 +431,32 @@ def _row_stats(
     )
 
 
+def _at(x: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """x[i, cols[i]] per row, the column clamped to x's width."""
+    return x[np.arange(len(cols)), np.minimum(cols, x.shape[1] - 1)]
+
+
+def _model_at(model_head: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """(B,) whether row i goes on past its first cols[i] tokens with a model token (for a single-turn
+    response: cols[i] < its length)."""
+    return (cols < model_head.shape[1]) & _at(model_head, cols)
+
+
 def _d7(
     ent_head: np.ndarray,
+    model_head: np.ndarray,
     in_prefix: np.ndarray,
     row_prefix: np.ndarray,
-    tokens: np.ndarray,
     groups: HostGroups,
 ) -> dict[str, float]:
-    """D7 on the host part: mean entropy on group-common-prefix positions and at the first divergent position
-    (ent_head: the first min(width + 1, T) columns; the overall mean comes from stage 1's row sums)."""
+    """D7 on the host part: mean entropy on group-common-prefix positions (model tokens) and at the first
+    divergent position where the model chose it (a divergence inside an observation is the environment's,
+    not a fork of the policy); ent_head, model_head: the first min(depth + 1, T) columns; the overall mean
+    comes from stage 1's row sums."""
     width = in_prefix.shape[1]
     common = (ent_head[:, :width] * in_prefix).sum() / max(in_prefix.sum(), 1)
-    diverges = (row_prefix < tokens) & (groups.counts[groups.inverse] >= 2)
-    first_div = ent_head[np.arange(len(row_prefix)), np.minimum(row_prefix, ent_head.shape[1] - 1)]
+    diverges = _model_at(model_head, row_prefix) & (groups.counts[groups.inverse] >= 2)
+    first_div = _at(ent_head, row_prefix)
     return {
         "diag/d7_entropy_common": common,
         "diag/d7_entropy_divergent": (first_div * diverges).sum() / max(diverges.sum(), 1),
@@ -447,16 +475,16 @@ def _shared_depth(lcp: np.ndarray, members: np.ndarray, rows: int) -> np.ndarray
 
 
 def _d7_shared(
-    ent_head: np.ndarray, depth: np.ndarray, tokens: np.ndarray, groups: HostGroups
+    ent_head: np.ndarray, model_head: np.ndarray, depth: np.ndarray, groups: HostGroups
 ) -> dict[str, float]:
     """D7 on shared nodes: mean entropy on positions a response shares with another of its group (t < depth_i)
     and at its fork (t = depth_i, the first token it no longer shares), over responses in groups of two or
     more that go on past their shared part. The group-common prefix needs every response of a group to start
-    alike; these need two."""
+    alike; these need two. Model tokens only, as in `_d7`."""
     cols = np.arange(ent_head.shape[1])[None, :]
-    shared = cols < depth[:, None]
-    forks = (depth < tokens) & (groups.counts[groups.inverse] >= 2)
-    at_fork = ent_head[np.arange(len(depth)), np.minimum(depth, ent_head.shape[1] - 1)]
+    shared = (cols < depth[:, None]) & model_head
+    forks = _model_at(model_head, depth) & (groups.counts[groups.inverse] >= 2)
+    at_fork = _at(ent_head, depth)
     return {
         "diag/d7_entropy_shared": (ent_head * shared).sum() / max(shared.sum(), 1),
         "diag/d7_entropy_fork": (at_fork * forks).sum() / max(forks.sum(), 1),

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from rlcore.advantages import group_advantages
 from rlcore.config import ObjectiveConfig, cancellation_verdict
-from rlcore.shared_nodes import HostGroups, compiled, pairwise_prefix, to_host
+from rlcore.shared_nodes import SharedPrefixes, compiled, to_host
 
 MASKS = ("none", "naive", "symmetric")
 MAX_ALIGN_CELLS = 1 << 24  # DP cells of one alignment (64 MiB of int32) after the common ends are trimmed
@@ -159,7 +159,8 @@ def levenshtein(a: Sequence[int], b: Sequence[int]) -> int:
 
 def naive_credit_mask(edits: Sequence[np.ndarray | Sequence[bool] | None], mask: Tensor) -> Tensor:
     """(B, T) float: the response mask, with row i replaced by its edit mask where edits[i] is not None (the
-    incorrect responses whose revision succeeded: only their edited tokens keep credit)."""
+    incorrect responses whose revision succeeded: only their edited tokens keep credit). edits[i] has one
+    entry per model token of row i, in order (a multi-turn row's mask has holes: observations stay 0)."""
     if len(edits) != mask.shape[0]:
         raise ValueError(
             f"edits: expected {mask.shape[0]} entries (one per row, None to keep a row), got {len(edits)}"
@@ -169,20 +170,24 @@ def naive_credit_mask(edits: Sequence[np.ndarray | Sequence[bool] | None], mask:
         if e is None:
             continue
         row = torch.as_tensor(np.asarray(e, dtype=np.float32))
-        n = int(out[i].sum().item())
+        model = out[i] != 0
+        n = int(model.sum().item())
         if row.numel() != n:
-            raise ValueError(f"edits[{i}]: {row.numel()} entries for a response of {n} tokens")
-        out[i, :n] = row
+            raise ValueError(f"edits[{i}]: {row.numel()} entries for a response of {n} model tokens")
+        out[i, model] = row
     return out
 
 
-def symmetric_credit_mask(naive: Tensor, token_ids: Tensor, mask: Tensor, group_ids: Tensor) -> Tensor:
+def symmetric_credit_mask(
+    naive: Tensor, token_ids: Tensor, mask: Tensor, group_ids: Tensor, present: Tensor | None = None
+) -> Tensor:
     """(B, T) float: one decision per node shared inside a group (a node keeps credit if any copy keeps it
-    under `naive`); positions no sibling shares keep the naive decision; 0 off the response mask."""
+    under `naive`); positions no sibling shares keep the naive decision; 0 off the response mask.
+    present: every token of a multi-turn history (default `mask`): nodes are shared on the history."""
     out = to_host(naive, np.float64).copy()
     active = to_host(mask, np.float64)
-    members = HostGroups.of(group_ids).members
-    lcp = pairwise_prefix(token_ids, mask, members)
+    prefixes = SharedPrefixes.of(token_ids, mask if present is None else present, group_ids)
+    members, lcp = prefixes.groups.members, prefixes.lcp
     for g in range(members.shape[0]):
         rows = members[g][members[g] >= 0]
         k = rows.size
@@ -198,15 +203,20 @@ def symmetric_credit_mask(naive: Tensor, token_ids: Tensor, mask: Tensor, group_
 
 
 def credit_mask(
-    variant: str, edits: Sequence[np.ndarray | None], token_ids: Tensor, mask: Tensor, group_ids: Tensor
+    variant: str,
+    edits: Sequence[np.ndarray | None],
+    token_ids: Tensor,
+    mask: Tensor,
+    group_ids: Tensor,
+    present: Tensor | None = None,
 ) -> Tensor:
-    """(B, T) float credit mask of `variant` (none: the response mask)."""
+    """(B, T) float credit mask of `variant` (none: the response mask); present as in `symmetric_credit_mask`."""
     if variant not in MASKS:
         raise ValueError(f"mask: {variant!r} is not one of {', '.join(MASKS)}")
     if variant == "none":
         return mask.detach().to(torch.float32)
     naive = naive_credit_mask(edits, mask)
-    return naive if variant == "naive" else symmetric_credit_mask(naive, token_ids, mask, group_ids)
+    return naive if variant == "naive" else symmetric_credit_mask(naive, token_ids, mask, group_ids, present)
 
 
 def verdict(cfg: ObjectiveConfig, variant: str) -> tuple[bool, list[str]]:
@@ -250,14 +260,18 @@ def mask_diagnostics(
     token_ids: Tensor,
     mask: Tensor,
     group_ids: Tensor,
+    present: Tensor | None = None,
 ) -> dict[str, float]:
     """D1/D2 of the step's ascent weights with the credit mask applied, read against the unmasked (B,)
     advantages (the mask is a coefficient of w). The weights are those of the first on-policy pass
-    (current = sampling log-probs `logprobs`, ratio 1): no second model pass is needed."""
+    (current = sampling log-probs `logprobs`, ratio 1): no second model pass is needed. present: as in
+    `symmetric_credit_mask`."""
     from rlcore.diagnostics import ascent_weights, cancellation_diagnostics
 
     lp = logprobs.detach().to(torch.float64)
     adv_tok = advantages.detach().to(torch.float64)[:, None] * credit.to(torch.float64)
     w, _ = ascent_weights(objective, lp, lp, adv_tok, mask, group_ids)
-    diag = cancellation_diagnostics(w, token_ids, mask, group_ids, advantages.detach().to(torch.float64))
+    diag = cancellation_diagnostics(
+        w, token_ids, mask, group_ids, advantages.detach().to(torch.float64), present=present
+    )
     return {k.removeprefix("diag/"): diag[k] for k in _DIAG_KEYS}

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from rlcore.config import ObjectiveConfig
-from rlcore.shared_nodes import F64, HostGroups, compiled, pairwise_prefix, to_host
+from rlcore.shared_nodes import F64, SharedPrefixes, compiled, to_host
 from rlcore.validation import as_mask, check_finite, check_group_ids, check_tensor
 
 # log of the largest sequence IS weight formed before truncation: a product over thousands of tokens overflows
@@ -105,10 +105,21 @@ class BehaviourMismatch:
 
 
 def behaviour_mismatch(
-    old_logprobs: Tensor, behaviour_logprobs: Tensor, mask: Tensor, token_ids: Tensor, group_ids: Tensor
+    old_logprobs: Tensor,
+    behaviour_logprobs: Tensor,
+    mask: Tensor,
+    token_ids: Tensor,
+    group_ids: Tensor,
+    *,
+    present: Tensor | None = None,
+    prefixes: SharedPrefixes | None = None,
 ) -> BehaviourMismatch:
     """Mismatch of the learner (old_logprobs, (B, T)) and the engine (behaviour_logprobs) on the response
-    tokens, and the spread of behaviour log-probs across copies of shared tokens (rlcore.shared_nodes)."""
+    tokens, and the spread of behaviour log-probs across copies of shared tokens (rlcore.shared_nodes).
+
+    Multi-turn responses: `mask` marks the model's tokens (the engine gives log-probs for those only) and
+    `present` every token of the history (default `mask`); copies are found on the history and compared on
+    model tokens. `prefixes`: that comparison already made for these rows (the learner's diagnostics share it)."""
     check_tensor("old_logprobs", old_logprobs, ndim=2)
     shape = tuple(old_logprobs.shape)
     check_tensor("behaviour_logprobs", behaviour_logprobs, shape)
@@ -123,12 +134,18 @@ def behaviour_mismatch(
     r = (old - beh) * mf
     abs_diff = float(r.abs().sum()) / max(n, 1.0)
     k3 = float(((torch.exp(r) - 1 - r) * mf).sum()) / max(n, 1.0)
-    members = HostGroups.of(group_ids).members
-    lcp = pairwise_prefix(token_ids, mask, members)
-    depth = int(lcp.max()) if lcp.size else 0
+    if present is not None:
+        check_tensor("present", present, shape, kind="mask")
+    if prefixes is None:
+        prefixes = SharedPrefixes.of(token_ids, mask if present is None else present, group_ids)
+    else:
+        prefixes.check(group_ids)
+    depth = prefixes.depth
     total = peak = pairs = 0.0
     if depth > 0:
-        total, peak, pairs = _pair_spread(to_host(beh[:, :depth], F64), members, lcp)
+        total, peak, pairs = _pair_spread(
+            to_host(beh[:, :depth], F64), to_host(mf[:, :depth]) != 0, prefixes.groups.members, prefixes.lcp
+        )
     return BehaviourMismatch(
         tokens=n,
         abs_diff=abs_diff if n else float("nan"),
@@ -140,9 +157,9 @@ def behaviour_mismatch(
 
 
 @compiled()
-def _pair_spread(beh: np.ndarray, members: np.ndarray, lcp: np.ndarray) -> Any:
-    """Sum and max of |beh[a, t] - beh[b, t]| over pairs of a group's responses and t < lcp[a, b], and the
-    number of such entries (lcp is 0 for padding slots)."""
+def _pair_spread(beh: np.ndarray, model: np.ndarray, members: np.ndarray, lcp: np.ndarray) -> Any:
+    """Sum and max of |beh[a, t] - beh[b, t]| over pairs of a group's responses and t < lcp[a, b] where both
+    hold a model token (`model`), and the number of such entries (lcp is 0 for padding slots)."""
     total = peak = count = 0.0
     size = members.shape[1]
     for g in range(members.shape[0]):
@@ -153,6 +170,8 @@ def _pair_spread(beh: np.ndarray, members: np.ndarray, lcp: np.ndarray) -> Any:
                     continue
                 ra, rb = members[g, a], members[g, b]
                 for t in range(shared):
+                    if not (model[ra, t] and model[rb, t]):
+                        continue
                     d = abs(beh[ra, t] - beh[rb, t])
                     total += d
                     peak = max(peak, d)

@@ -17,6 +17,13 @@ answers opening with "The answer is"), which is where real rollouts share tokens
 Groups are compared pairwise: the common-prefix length of every pair of a group (`pairwise_prefix`) says at
 which positions two rows are copies of one node, since "shares the first t+1 tokens" is transitive.
 
+Multi-turn responses (docs/objectives.md#multi-turn-credit) hold observation tokens (tool output, template
+tokens the environment inserts) between the model's segments: the loss mask has holes. A node's context is the
+whole token history, so prefixes are compared over every token present (`present`: model and observation
+tokens), and the sums are taken over model tokens only (`active`, the loss mask): an identical tool output
+extends a shared prefix, but it carries no weight of its own. `SharedPrefixes` is one such comparison of a
+batch, computed once and read by every diagnostic of the step.
+
 Everything here works on small host arrays (B rows, G x G pairs, the shared depth of a few dozen columns)
 in loops compiled by numba: at these sizes each torch call would cost more in dispatch than its arithmetic,
 and on a GPU learner one transfer of a small slice replaces many tiny kernel launches. Inputs may be torch
@@ -93,9 +100,10 @@ def _dense_groups(group_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.nda
     return inverse, counts, members
 
 
-def pairwise_prefix(token_ids: Any, active: Any, members: Any) -> np.ndarray:
-    """(n, G, G) number of leading positions where both rows are active (`active`: the response mask, bool
-    or 0/1) and their token ids agree.
+def pairwise_prefix(token_ids: Any, present: Any, members: Any) -> np.ndarray:
+    """(n, G, G) number of leading positions where both rows hold a token (`present`, bool or 0/1: the
+    response mask of single-turn responses, every model and observation token of multi-turn ones) and
+    their token ids agree.
 
     The diagonal and pairs with a padding slot are 0. Columns are scanned in chunks of growing width (each
     chunk alone is copied to the host) and the scan stops once every pair has diverged (usually within the
@@ -108,7 +116,7 @@ def pairwise_prefix(token_ids: Any, active: Any, members: Any) -> np.ndarray:
     while start < width:
         stop = min(start + chunk, width)
         tok = to_host(token_ids[:, start:stop], np.int64)
-        act = to_host(active[:, start:stop]) != 0
+        act = to_host(present[:, start:stop]) != 0
         if not _scan_chunk(tok, act, members, start, lcp, open_):
             break
         start, chunk = stop, 2 * chunk
@@ -142,6 +150,43 @@ def _scan_chunk(
                 else:
                     any_open = True
     return any_open
+
+
+@dataclass(frozen=True)
+class SharedPrefixes:
+    """The pairwise common prefixes of one batch's groups: `groups` (HostGroups of its group ids) and `lcp`
+    (`pairwise_prefix` over its present tokens). One scan of the token ids serves D1, D2, the behaviour
+    mismatch and IBPO's symmetric mask of the same rows."""
+
+    groups: HostGroups
+    lcp: np.ndarray
+
+    @classmethod
+    def of(cls, token_ids: Any, present: Any, group_ids: Any) -> SharedPrefixes:
+        """token_ids and present (B, T): the response columns and which of them hold a token."""
+        if tuple(present.shape) != tuple(token_ids.shape):
+            raise ValueError(
+                f"present: expected the shape of token_ids {tuple(token_ids.shape)}, got {tuple(present.shape)}"
+            )
+        groups = HostGroups.of(group_ids)
+        return cls(groups, pairwise_prefix(token_ids, present, groups.members))
+
+    @property
+    def depth(self) -> int:
+        """The deepest position any two rows of a group share (0: nothing shared)."""
+        return int(self.lcp.max()) if self.lcp.size else 0
+
+    def check(self, group_ids: Any) -> None:
+        """ValueError unless these prefixes were computed for rows with `group_ids` (the same rows, in order)."""
+        inverse = to_host(group_ids, np.int64)
+        ids = np.unique(inverse)
+        if inverse.shape != self.groups.inverse.shape or not np.array_equal(
+            np.searchsorted(ids, inverse), self.groups.inverse
+        ):
+            raise ValueError(
+                "prefixes: computed for other rows than these group_ids; build them with "
+                "SharedPrefixes.of(token_ids, present, group_ids) of this batch"
+            )
 
 
 def group_common_prefix(lcp: np.ndarray, members: np.ndarray) -> np.ndarray:
@@ -199,8 +244,9 @@ def _node_sums(
     w: np.ndarray, active: np.ndarray, adv: np.ndarray, members: np.ndarray, lcp: np.ndarray
 ) -> tuple[float, float, float, float, float]:
     """Sums over every node with >= 2 copies: |residual|, |credit|, gross |w|, node count, copy count.
-    The node of member a at position t holds a and every b with lcp[a, b] > t; it is visited from its first
-    member (the lowest slot)."""
+    The node of member a at position t holds a and every b with lcp[a, b] > t that is active there (a model
+    token; an observation token with the same history is no copy of a weight); it is visited from its first
+    active member (the lowest slot)."""
     residual = credit = gross = nodes = copies = 0.0
     size = members.shape[1]
     for g in range(members.shape[0]):
@@ -211,14 +257,14 @@ def _node_sums(
                     continue
                 first = True
                 for b in range(a):
-                    if lcp[g, a, b] > t:
+                    if lcp[g, a, b] > t and active[members[g, b], t]:
                         first = False
                         break
                 if not first:
                     continue
                 count, net, gsum, adv_sum, n_adv, kappa_sum = 0, 0.0, 0.0, 0.0, 0, 0.0
                 for b in range(size):
-                    if b == a or lcp[g, a, b] > t:
+                    if b == a or (lcp[g, a, b] > t and active[members[g, b], t]):
                         rb = members[g, b]
                         x, a_b = w[rb, t], adv[rb, t]
                         count += 1
@@ -240,18 +286,14 @@ def _node_sums(
 
 
 def shared_node_residual(
-    w: Any, token_ids: Any, active: Any, advantages: Any, group_ids: Any
+    w: Any, token_ids: Any, active: Any, advantages: Any, group_ids: Any, present: Any = None
 ) -> dict[str, float]:
-    """D2 of one optimizer step from the ascent weights w (B, T), response token ids, the response mask
-    (B x T, bool or 0/1) and advantages (B,) or (B, T); tensors or arrays. `diag/d2_nodes` counts nodes."""
-    members = HostGroups.of(group_ids).members
+    """D2 of one optimizer step from the ascent weights w (B, T), response token ids, the response (loss)
+    mask (B x T, bool or 0/1) and advantages (B,) or (B, T); tensors or arrays. `present`: the tokens of the
+    history where the loss mask has holes (multi-turn); default the mask. `diag/d2_nodes` counts nodes."""
+    prefixes = SharedPrefixes.of(token_ids, active if present is None else present, group_ids)
     mask = to_host(active, F64)
     wm = to_host(w, F64) * mask
     return node_residual(
-        wm,
-        mask,
-        to_host(advantages, F64),
-        members,
-        pairwise_prefix(token_ids, active, members),
-        float(np.abs(wm).sum()),
+        wm, mask, to_host(advantages, F64), prefixes.groups.members, prefixes.lcp, float(np.abs(wm).sum())
     )

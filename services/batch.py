@@ -2,6 +2,11 @@
 
 batch = collate(prompts, completions, group_ids, rewards, pad_id)    # SampledBatch: no advantages yet
 train = batch.with_advantages(adv)                                   # TrainBatch, checked once, here
+
+A multi-turn trajectory is one response: the model's segments interleaved with observation segments (tool
+output, template tokens the environment inserts), built with `Completion.from_segments`. Every token is in
+the sequence the learner runs (`attention_mask`, `history_mask`); only the model's are trained on
+(`response_mask` has holes) and carry engine log-probs (docs/objectives.md#multi-turn-credit).
 """
 
 from __future__ import annotations
@@ -14,14 +19,54 @@ import torch
 from torch import Tensor
 
 
-@dataclass
-class Completion:
-    """One sampled response, as the rollout engine returns it."""
+@dataclass(frozen=True)
+class Segment:
+    """One run of a multi-turn trajectory: the model's tokens with their sampling log-probs, or an
+    observation's tokens (logprobs None: the environment wrote them, so they are never trained on)."""
 
     token_ids: list[int]
-    logprobs: list[float]  # sampling log-prob of each token under the generating policy
-    finish_reason: str  # "stop" (EOS) or "length" (hit max_new_tokens)
+    logprobs: list[float] | None = None
+
+    @property
+    def from_model(self) -> bool:
+        return self.logprobs is not None
+
+
+@dataclass
+class Completion:
+    """One sampled response, as the rollout engine returns it (single-turn), or a whole multi-turn
+    trajectory after the prompt (`from_segments`)."""
+
+    token_ids: list[int]
+    logprobs: list[float]  # sampling log-prob of each token under the generating policy (0.0 off the model's)
+    finish_reason: str  # "stop" (EOS) or "length" (hit max_new_tokens); an environment may name its own end
     version: int  # policy version of the weights that generated it
+    model_mask: list[bool] | None = None  # per token: the model sampled it; None: every token (single turn)
+
+    def __post_init__(self) -> None:
+        n = len(self.token_ids)
+        if len(self.logprobs) != n:
+            raise ValueError(f"Completion.logprobs: {len(self.logprobs)} entries for {n} token_ids")
+        if self.model_mask is not None and len(self.model_mask) != n:
+            raise ValueError(f"Completion.model_mask: {len(self.model_mask)} entries for {n} token_ids")
+
+    @classmethod
+    def from_segments(cls, segments: list[Segment], finish_reason: str, version: int) -> Completion:
+        """The trajectory as one response, token for token as the engine saw and sampled it."""
+        ids: list[int] = []
+        logprobs: list[float] = []
+        model: list[bool] = []
+        for k, seg in enumerate(segments):
+            n = len(seg.token_ids)
+            if seg.logprobs is not None and len(seg.logprobs) != n:
+                raise ValueError(
+                    f"segments[{k}].logprobs: {len(seg.logprobs)} entries for {n} token_ids (one per "
+                    "model token; None for an observation)"
+                )
+            ids += seg.token_ids
+            logprobs += seg.logprobs if seg.logprobs is not None else [0.0] * n
+            model += [seg.from_model] * n
+        return cls(ids, logprobs, finish_reason, version, model_mask=model)
 
 
 @dataclass
@@ -41,6 +86,12 @@ class SampledBatch:
     @property
     def response_ids(self) -> Tensor:
         return self.input_ids[:, self.prompt_len :]
+
+    @property
+    def history_mask(self) -> Tensor:
+        """(B, T) the response columns that hold a token, the model's and the observations' (the loss mask
+        `response_mask` marks the model's only): shared nodes are found on this history."""
+        return self.attention_mask[:, self.prompt_len :]
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -101,8 +152,11 @@ def collate(
         attn[i, P - len(p) : P + n] = 1
         if n:
             ids[i, P : P + n] = torch.tensor(c.token_ids, dtype=torch.long)
-            rmask[i, :n] = 1.0
-            rlp[i, :n] = torch.tensor(c.logprobs, dtype=torch.float32)
+            model = torch.ones(n) if c.model_mask is None else torch.tensor(c.model_mask, dtype=torch.float32)
+            rmask[i, :n] = model
+            rlp[i, :n] = (
+                torch.tensor(c.logprobs, dtype=torch.float32) * model
+            )  # engine log-probs: model tokens
     versions = torch.tensor([c.version for c in completions], dtype=torch.long)
     return SampledBatch(
         ids, attn, rmask, torch.tensor(group_ids, dtype=torch.long), rlp, rewards, versions, P

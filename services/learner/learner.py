@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 import rlcore
+from rlcore.shared_nodes import SharedPrefixes
 from services.batch import SampledBatch, TrainBatch
 from services.learner import checkpoint, sharding
 from services.learner.logprobs import PolicyLogprobs
@@ -358,8 +359,11 @@ class Learner:
         stage_mb = None if stage_mask is None else stage_mask[rows, :T].to(self.device)
         n_tok = float(mask.sum())
         behaviour = micro.rollout_logprobs.to(self.device)
+        # One scan of the token history for the mismatch and the diagnostics: nodes are shared on the whole
+        # history (multi-turn observations included), measured on model tokens (rlcore.shared_nodes).
+        prefixes = SharedPrefixes.of(micro.response_ids, micro.history_mask, micro.group_ids)
         if first_pass:  # numerics of the rollout engine vs this learner, before any update of this batch
-            self._mismatch(old_mb, behaviour, micro, mask, metrics)
+            self._mismatch(old_mb, behaviour, micro, mask, prefixes, metrics)
         metrics.add_mean("entropy", float((ent.detach() * mask).sum()) / max(n_tok, 1.0), n_tok)
         active = mask if stage_mb is None else stage_mb
         if not bool(active.any()):  # nothing to learn from here: zero-gradient pass, collectives stay aligned
@@ -388,17 +392,23 @@ class Learner:
         w_pg = -torch.autograd.grad(out.pg_loss, lp_leaf)[0] if regularised else -grads[0]
         metrics.add_means({k: v for k, v in out.metrics.items() if k != "tokens"}, n_tok, prefix="objective/")
         t0 = time.perf_counter()
-        self._diagnostics(w_pg, micro, old_mb, ent, mask, out, metrics)
+        self._diagnostics(w_pg, micro, old_mb, ent, mask, out, prefixes, metrics)
         metrics.add_time("timing/diagnostics_s", time.perf_counter() - t0)  # vs timing/learner_step_s
         return float(out.loss.detach())
 
     def _mismatch(
-        self, old: Tensor, behaviour: Tensor, micro: TrainBatch, mask: Tensor, metrics: StepMetrics
+        self,
+        old: Tensor,
+        behaviour: Tensor,
+        micro: TrainBatch,
+        mask: Tensor,
+        prefixes: SharedPrefixes,
+        metrics: StepMetrics,
     ) -> None:
         """rlcore's learner-vs-engine mismatch of one micro-batch (whole groups): k3 KL and the spread of the
         engine's log-probs across copies of shared tokens, the token-level corrections' cancellation condition."""
         m = rlcore.offpolicy.behaviour_mismatch(
-            old, behaviour, mask, micro.response_ids.to(self.device), micro.group_ids.to(self.device)
+            old, behaviour, mask, micro.response_ids, micro.group_ids, prefixes=prefixes
         )
         weights = m.weights()
         for key, value in m.metrics().items():
@@ -411,7 +421,15 @@ class Learner:
                 metrics.add_sum(key, value)
 
     def _diagnostics(
-        self, w: Tensor, micro: TrainBatch, old: Tensor, ent: Tensor, mask: Tensor, out, metrics: StepMetrics
+        self,
+        w: Tensor,
+        micro: TrainBatch,
+        old: Tensor,
+        ent: Tensor,
+        mask: Tensor,
+        out: rlcore.LossOutput,
+        prefixes: SharedPrefixes,
+        metrics: StepMetrics,
     ) -> None:
         """rlcore's cancellation diagnostics (D1-D4/D7/D9/D10/D11) of one micro-batch, whose groups are
         whole, pooled over the step and the ranks by rlcore's rules (`rlcore.pooling_terms`). They read the
@@ -427,6 +445,7 @@ class Learner:
             entropies=ent.detach(),
             clipped=out.clipped,
             group_size=self.spec.group_size,
+            prefixes=prefixes,
         )
         for t in rlcore.pooling_terms(diag, groups=float(len(torch.unique(micro.group_ids)))):
             if t.rule == "sum":

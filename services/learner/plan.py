@@ -27,7 +27,9 @@ class Group:
     stop: int  # one past the last row
     tokens: int  # non-padding tokens (prompt + response) of all rows: the full forward's cost
     longest: int  # the longest row's non-padding tokens
-    tree_tokens: int  # the prompt once plus every response: the shared-prompt forward's cost (at most)
+    tree_tokens: (
+        int  # the prompt once plus every response (observations included): the tree forward's cost, at most
+    )
 
     @property
     def rows(self) -> range:
@@ -72,7 +74,7 @@ def group_spans(batch: SampledBatch) -> list[Group]:
     """The batch's groups as contiguous row spans; a group id that reappears later is an error."""
     tokens = batch.attention_mask.sum(1).tolist()
     prompt = batch.attention_mask[:, : batch.prompt_len].sum(1).tolist()
-    response = batch.response_mask.sum(1).tolist()
+    response = batch.history_mask.sum(1).tolist()  # observation tokens are tree nodes too (multi-turn)
     return [
         Group(
             start,
@@ -134,7 +136,8 @@ def _micro_batches(groups: list[Group], limit: MicroBatchLimit) -> list[torch.Te
 
 
 def trim_padding(batch: BatchT) -> BatchT:
-    """Drop prompt columns that are padding in every row and response columns past the longest response."""
+    """Drop prompt columns that are padding in every row and response columns past the last model token
+    (observation tokens after it predict nothing that is trained: the forward is causal)."""
     attn = batch.attention_mask
     P = batch.prompt_len
     real_prompt = attn[:, :P].bool().any(0)

@@ -6,9 +6,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import rlcore
+from services.batch import TrainBatch
 from services.learner import Learner
 from services.learner.logprobs import PolicyLogprobs
 from services.learner.prefix_tree import pack_trees, supports_prefix_tree
+from tests.rlcore.batches import multi_turn_batch
 
 
 @pytest.fixture(autouse=True)
@@ -78,9 +81,20 @@ def test_models_without_plain_causal_attention_use_the_full_forward():
     assert not supports_prefix_tree(lm("llama", attn="flex_attention"))
 
 
-def test_tree_forward_gives_the_full_forward_logprobs_and_gradients(tiny_model_path, make_batch):
-    """Left-padded prompts of different lengths, ragged responses with a shared 3-token prefix, chunked head."""
-    batch = make_batch(n_groups=3, seed=1, max_prompt=12)
+def multi_turn(seed: int, objective: str = "cp_grpo", n_groups: int = 3) -> TrainBatch:
+    """Multi-turn trajectories (tests/rlcore/batches.py): loss masks with holes where tool output sits."""
+    b = multi_turn_batch(seed, n_groups=n_groups).batch
+    b.rollout_logprobs, b.rewards = b.rollout_logprobs.float(), b.rewards.float()
+    return b.with_advantages(
+        rlcore.get_objective(objective).advantages(b.rewards, b.group_ids, b.response_mask)
+    )
+
+
+@pytest.mark.parametrize("turns", ["single", "multi"])
+def test_tree_forward_gives_the_full_forward_logprobs_and_gradients(tiny_model_path, make_batch, turns):
+    """Left-padded prompts of different lengths, ragged responses with a shared 3-token prefix, chunked head;
+    multi: trajectories whose shared prefix runs through a tool call and its output (a mask with holes)."""
+    batch = make_batch(n_groups=3, seed=1, max_prompt=12) if turns == "single" else multi_turn(1)
     coef = (
         torch.randn(batch.response_mask.shape, generator=torch.Generator().manual_seed(0))
         * batch.response_mask
@@ -90,6 +104,7 @@ def test_tree_forward_gives_the_full_forward_logprobs_and_gradients(tiny_model_p
     tree_policy = PolicyLogprobs(lm, chunk_tokens=5, prefix_tree=True)
     tree = _logprobs_and_grads(tree_policy, batch, coef)
     assert tree_policy.last_nodes < int(batch.attention_mask.sum())  # the tree path ran
+    assert bool((tree[0][batch.response_mask == 0] == 0).all())  # observations and padding: no log-prob
     torch.testing.assert_close(tree[0], full[0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(tree[1], full[1], rtol=1e-5, atol=1e-5)
     for name, want in full[2].items():  # float32 rounding, relative to each gradient's scale
@@ -114,11 +129,13 @@ def test_tokens_the_copies_share_get_bit_identical_logprobs(tiny_model_path, mak
     assert pairs == 9
 
 
+@pytest.mark.parametrize("turns", ["single", "multi"])
 def test_learner_gradient_with_shared_prompts_equals_the_full_forward(
-    learner_spec, tiny_model_path, make_batch
+    learner_spec, tiny_model_path, make_batch, turns
 ):
-    """Several micro-batches (2 groups each) with step-wide normalisers, against one full forward per row."""
-    batch = make_batch(n_groups=5, objective="grpo")
+    """Several micro-batches (2 groups each) with step-wide normalisers, against one full forward per row;
+    multi: ragged multi-turn trajectories (loss masks with holes)."""
+    batch = make_batch(n_groups=5, objective="grpo") if turns == "single" else multi_turn(2, "grpo", 5)
     spec = {"objective.name": "grpo", "optim.micro_batch_size": 8}
     full = Learner(learner_spec(**spec, **{"optim.shared_prompt_forward": False}), tiny_model_path)
     shared = Learner(learner_spec(**spec), tiny_model_path)
