@@ -1,7 +1,8 @@
 """`load_env`: an environment for one trajectory, from its spec name and params. The one place that knows
 every built-in environment.
 
-Built-ins are named like tasks: `calculator`, `feedback`, `python_tool`. Any other `module:Class` is a
+Built-ins are named like tasks: `calculator`, `feedback`, `python_tool`, and `openenv` (an OpenEnv class
+named in its params, custom code too). Any other `module:Class` is a
 custom environment (a class or factory called as `Class(ctx, params)`), which runs the spec's code and so
 needs the operator's `custom_code` grant, exactly as a custom task does (services.tasks.params).
 """
@@ -18,6 +19,7 @@ from services.envs.base import EnvContext, Environment
 from services.envs.bounds import EnvBounds
 from services.envs.calculator import CalculatorEnv, CalculatorParams
 from services.envs.feedback import FeedbackEnv, FeedbackParams
+from services.envs.openenv import OpenEnvAdapter, OpenEnvParams
 from services.envs.python_tool import PythonToolEnv, PythonToolParams
 from services.tasks import GrantError
 
@@ -33,6 +35,7 @@ except ImportError:  # before the privileges moved to their own module (issue 30
 BUILTIN_PARAMS: dict[str, type[BaseModel]] = {
     "calculator": CalculatorParams,
     "feedback": FeedbackParams,
+    "openenv": OpenEnvParams,
     "python_tool": PythonToolParams,
 }
 _CUSTOM = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -83,6 +86,12 @@ def load_env(
             f"env.params.sandbox: {parsed.sandbox!r} needs the operator's grant '{UNSAFE_SANDBOX}', "
             "which this job does not have (see docs/security.md)"
         )
+    if isinstance(parsed, OpenEnvParams):
+        if CUSTOM_CODE not in grants:
+            raise GrantError(
+                f"env.params.env: {parsed.env!r} is custom code and needs the operator's grant '{CUSTOM_CODE}'"
+            )
+        return OpenEnvAdapter(ctx, parsed)
     if isinstance(parsed, CalculatorParams):
         return CalculatorEnv(ctx, parsed)
     if isinstance(parsed, FeedbackParams):

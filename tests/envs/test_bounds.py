@@ -5,7 +5,7 @@ from pydantic import ValidationError
 
 from services.envs import EnvBounds, Message, Sample
 from services.envs.rollout import TRUNCATION_MARKER
-from tests.envs.helpers import ScriptedEnv, context, drive, run_of
+from tests.envs.scripted import ScriptedEnv, context, drive, run_of
 
 IM_END = 2
 

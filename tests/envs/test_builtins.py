@@ -8,7 +8,7 @@ from services.envs import BoundHit, EnvBounds, Message, Sample
 from services.envs.calculator import CalcError, CalculatorEnv, CalculatorParams, evaluate
 from services.envs.feedback import FeedbackEnv, FeedbackParams
 from services.envs.python_tool import PythonToolEnv, PythonToolParams
-from tests.envs.helpers import context, drive, run_of
+from tests.envs.scripted import context, drive, run_of
 
 IM_END = 2
 

@@ -8,7 +8,7 @@ from services.envs.calculator import CalculatorEnv
 from services.envs.feedback import FeedbackEnv
 from services.envs.python_tool import PythonToolEnv
 from services.tasks import GrantError
-from tests.envs.helpers import context
+from tests.envs.scripted import context
 
 CUSTOM = "tests.envs.custom_env:EchoTwice"
 
@@ -52,3 +52,31 @@ def test_the_spec_section_names_the_bad_field(spec, field):
 def test_a_custom_name_is_accepted_by_the_spec_and_its_params_left_to_it():
     spec = EnvSpec.model_validate({"name": CUSTOM, "params": {"word": "x"}, "bounds": {"max_turns": 2}})
     assert spec.bounds.max_turns == 2
+
+
+OPENENV = {"env": "tests.envs.openenv_echo:EchoEnvironment", "env_kwargs": {"rounds": 2}}
+
+
+def test_an_openenv_environment_runs_without_glue():
+    ctx = context()
+    env = load_env("openenv", ctx, OPENENV, grants=frozenset({"custom_code"}))
+    (first,) = env.reset()
+    assert first.content == "What is 2 + 3?\n\nEcho environment ready!"
+    one = env.step("hello")
+    assert one.observation[0].content == "hello" and not one.done and one.reward == pytest.approx(0.5)
+    assert env.env.last_timeout == ctx.bounds.tool_timeout_s
+    two = env.step("bye")
+    assert two.done and two.observation is None and two.reward == pytest.approx(0.3)
+
+
+def test_openenv_names_its_glue_fields():
+    env = load_env("openenv", context(), {**OPENENV, "observation_field": "message_length"})
+    env.reset()
+    assert env.step("four").observation[0].content == "4"
+    with pytest.raises(ValueError, match="action_field"):
+        load_env("openenv", context(), {**OPENENV, "action_field": "nope"})
+
+
+def test_openenv_classes_are_custom_code():
+    with pytest.raises(GrantError, match="env.params.env.*custom_code"):
+        load_env("openenv", context(), OPENENV, grants=frozenset())

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from services.envs import BridgeError, EnvBounds, Message, Sample, TrajectoryBuilder
-from tests.envs.helpers import ScriptedEnv, context, drive, run_of
+from tests.envs.scripted import ScriptedEnv, context, drive, run_of
 
 IM_END = 2  # SmolLM2's <|im_end|>, its end-of-turn token
 WORDS = ["the", " answer", " is", " 42", "\n", " tool", "(", ")", " x", "=", "1", " ok", "  ", "é", "```"]
