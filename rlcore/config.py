@@ -330,7 +330,8 @@ class TrajectoryCredit:
     normaliser: `step` (a constant of the step: the objective's own aggregation), `trajectory` (a mean over
     each trajectory's model tokens) or `turn` (a mean over each turn's tokens). reward: `trajectory` (one
     reward per trajectory) or `per_turn` (the reward split over turns, each turn's tokens credited with its
-    own). filter: when dropped trajectories (failed bridge, deadline, bound hit) leave the centring:
+    share of it: `A_i / K_i`, a discount to its end). filter: when dropped trajectories (failed bridge,
+    deadline, bound hit) leave the centring:
     `before_centring` (`group_advantages(keep=)`) or `after_centring`."""
 
     normaliser: str = "step"
@@ -359,10 +360,10 @@ class TrajectoryCredit:
             )
         if self.reward == "per_turn":
             out.append(
-                "credit reward='per_turn' gives each turn's tokens an advantage of their own turn's reward, so "
-                "a copy's advantage depends on where the turns of its trajectory end and on rewards that "
-                "tokens after it earned, not one centred value per trajectory: the copies of a shared node no "
-                "longer sum to 0; use reward='trajectory'"
+                "credit reward='per_turn' splits a trajectory's reward over its turns (a share per turn, e.g. "
+                "A_i / K_i or a discount to the trajectory's end), so a copy's weight depends on how many turns "
+                "its trajectory took and where they end, which copies of one shared node do not share: they "
+                "no longer sum to 0; use reward='trajectory'"
             )
         if self.filter == "after_centring":
             out.append(

@@ -493,6 +493,39 @@ class TracesSpec(_Strict):
         return self
 
 
+class MlflowTrackerSpec(_Strict):
+    """An MLflow run per trainer attempt. Where it logs (MLFLOW_TRACKING_URI) and any credentials come from the
+    trainer's environment, which the operator sets; never from the spec."""
+
+    kind: Literal["mlflow"] = "mlflow"
+    experiment: str = Field(
+        "tgc-rl",
+        min_length=1,
+        max_length=200,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\- /]*$",
+        description="The MLflow experiment the run goes in (created when missing).",
+    )
+
+
+class WandbTrackerSpec(_Strict):
+    """A Weights & Biases run in the run directory, offline unless the operator's environment sets WANDB_MODE."""
+
+    kind: Literal["wandb"] = "wandb"
+    project: str = Field(
+        "tgc-rl",
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$",
+        description="The project.",
+    )
+    samples_every: int = Field(
+        10, ge=1, le=MAX_STEPS, description="A table of the step's traced samples every N steps."
+    )
+
+
+TrackerSpec = Annotated[MlflowTrackerSpec | WandbTrackerSpec, Field(discriminator="kind")]
+
+
 class AsyncSpec(_Strict):
     mode: Literal["sync", "one_step_off"] = Field(
         "sync", description="`one_step_off`: generate step k+1 while the learner trains on step k."
@@ -637,6 +670,12 @@ class JobSpec(_Strict):
         default_factory=TracesSpec,
         description="Rollout traces: a bounded sample of each step's trajectories.",
     )
+    trackers: list[TrackerSpec] = Field(
+        default_factory=list,
+        max_length=2,
+        description="Experiment trackers beside metrics.jsonl: `[mlflow]`, `[wandb]` or both (each at most once); "
+        "where they log comes from the operator's environment.",
+    )
     group_size: int = Field(8, ge=2, le=MAX_GROUP_SIZE, description="G: responses sampled per prompt.")
     prompts_per_step: int = Field(8, ge=1, le=MAX_PROMPTS_PER_STEP, description="Groups per optimizer step.")
     steps: int = Field(
@@ -659,6 +698,20 @@ class JobSpec(_Strict):
         if isinstance(objective, dict) and objective.get("name") == IBPO_PRESET and data.get("ibpo") is None:
             data = {**data, "ibpo": {"mask": "symmetric"}}
         return data
+
+    @field_validator("trackers", mode="before")
+    @classmethod
+    def _tracker_names(cls, v: Any) -> Any:
+        # `trackers: [mlflow]` is short for `[{kind: mlflow}]`
+        return [{"kind": t} if isinstance(t, str) else t for t in v] if isinstance(v, list) else v
+
+    @field_validator("trackers")
+    @classmethod
+    def _each_tracker_once(cls, v: list[TrackerSpec]) -> list[TrackerSpec]:
+        kinds = [t.kind for t in v]
+        if len(set(kinds)) < len(kinds):
+            raise ValueError(f"each tracker at most once (got {kinds})")
+        return v
 
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:

@@ -175,17 +175,17 @@ class TraceWriter:
         groups: Sequence[TracedGroup],
         advantages: Sequence[float] | None,
         decode: Callable[[list[int]], str],
-    ) -> int:
+    ) -> list[TraceRecord]:
         """Selects and serializes the step's sample now (a few decodes), appends it in the background; returns
-        how many records it keeps. `advantages`: one per response, in group order (None: not known)."""
+        the records it keeps. `advantages`: one per response, in group order (None: not known)."""
         if not self.spec.enabled:
-            return 0
+            return []
         rng = random.Random(self.seed * 1_000_003 + step)
         picks = select([[s.reward for s in g.scores] for g in groups], self.spec, rng)
         starts = [0]
         for traced in groups:
             starts.append(starts[-1] + len(traced.completions))
-        kept: list[tuple[tuple[int, int], bytes]] = []
+        kept: list[tuple[tuple[int, int], bytes, TraceRecord]] = []
         budget = self.spec.max_step_bytes
         limit = self.spec.max_text_chars
         for g, i, why in picks:
@@ -206,14 +206,14 @@ class TraceWriter:
             if len(line) > budget:
                 continue  # the per-step bound: a smaller record further down may still fit
             budget -= len(line)
-            kept.append(((g, i), line))
+            kept.append(((g, i), line, record))
         # file order is (step, group, index): what read_page's cursor relies on
         kept.sort(key=lambda kv: kv[0])
-        data = b"".join(line for _, line in kept)
+        data = b"".join(line for _, line, _ in kept)
         self.flush()  # one write in flight at most: a slow disk slows the trainer, never fills its memory
         if data:
             self._pending = self._pool.submit(self._append, step, data)
-        return len(kept)
+        return [record for _, _, record in kept]
 
     def flush(self) -> None:
         if self._pending is not None:

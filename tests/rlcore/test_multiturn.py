@@ -135,19 +135,11 @@ def per_turn_normaliser(m, obj):
 
 
 def per_turn_rewards(m, obj):
-    """The reward split over turns: the last model turn carries the trajectory's reward, earlier ones 0,
-    each centred within the group over the trajectories that reach that turn."""
+    """The trajectory's advantage split over its model turns, an equal share A_i / K_i each."""
     b = m.batch
-    last = m.turns.max(1).values
-    out = torch.zeros_like(m.logprobs)
-    for k in range(int(last.max()) + 1):
-        r = torch.where(last == k, b.rewards, torch.zeros_like(b.rewards))
-        for g in b.group_ids.unique():
-            rows = (b.group_ids == g) & (last >= k)
-            if int(rows.sum()) >= 2:
-                a = r[rows] - r[rows].mean()
-                out[rows] += a[:, None] * (m.turns[rows] == k)
-    return out
+    adv = obj.advantages(b.rewards, b.group_ids, b.response_mask)
+    turns = (m.turns.max(1).values + 1).to(adv.dtype)
+    return (adv / turns)[:, None] * b.response_mask
 
 
 def filtered_after_centring(m, obj):
@@ -169,8 +161,12 @@ def filtered_before_centring(m, obj):
     "alternative", [per_turn_normaliser, per_turn_rewards, filtered_after_centring], ids=lambda f: f.__name__
 )
 def test_the_alternatives_the_verdict_names_break_cancellation_in_fact(alternative):
+    """Read against the trajectory's advantage A_i, the rule's one advantage: a normaliser or a split is a
+    coefficient of it. The per-turn normaliser shows on nodes shared past the first tool output (second
+    calls, one extending the other: turns of unequal length); the first turn is equal in every sibling."""
     d = diagnose("cp_grpo", 0, advantages=alternative)
-    assert max(d["diag/d1_gcpr"], d["diag/d2_residual"]) > 0.01
+    key = "diag/d2_residual" if alternative is per_turn_normaliser else "diag/d1_gcpr"
+    assert d[key] > 0.01
 
 
 def test_a_filter_before_centring_keeps_it():

@@ -86,7 +86,7 @@ def test_the_per_step_bound_keeps_the_most_wanted_records_and_cuts_long_text(tmp
     writer = TraceWriter(tmp_path, spec)
     groups = _groups([[0.0, 1.0, 0.5, 0.2]] * 40)
     groups[0].prompt = Prompt(0, TaskItem(id="long", prompt="x" * 10_000), [1])
-    kept = writer.add_step(1, groups, _advantages(groups), _decode)
+    kept = len(writer.add_step(1, groups, _advantages(groups), _decode))
     writer.close()
     rows = _written(tmp_path)
     assert len(rows) == kept and 0 < kept < 40 * 2  # not even every best and worst fits 4 KiB
@@ -200,6 +200,6 @@ def test_a_failed_write_is_logged_and_the_step_goes_on(tmp_path, caplog):
     (tmp_path / TRACES_DIR).write_text("not a directory")
     writer = TraceWriter(tmp_path, TracesSpec())
     groups = _groups([[0.0, 1.0]])
-    assert writer.add_step(1, groups, None, _decode) == 2
+    assert len(writer.add_step(1, groups, None, _decode)) == 2
     writer.close()
     assert "step 1 not written" in caplog.text
