@@ -277,15 +277,6 @@ def _print_record(job, console) -> None:
 
 _STATE_COLORS = {"queued": "yellow", "starting": "cyan", "running": "blue", "succeeded": "green",
                  "failed": "red", "cancelled": "magenta"}  # fmt: skip
-_KEY_METRICS = (
-    "reward/mean",
-    "reward/accuracy",
-    "loss",
-    "entropy",
-    "grad_norm",
-    "mismatch/k3_kl",
-    "timing/step_s",
-)
 
 
 def _state_markup(state: str) -> str:
@@ -294,7 +285,10 @@ def _state_markup(state: str) -> str:
 
 
 def _metrics_text(metrics: dict[str, float | None], n: int = 4) -> str:
-    rank = {k: i for i, k in enumerate(_KEY_METRICS)}
+    """The first `n` metrics, the headline ones first (services/run_layout.py), then by name."""
+    from services.run_layout import HEADLINE_METRICS
+
+    rank = {h.name: i for i, h in enumerate(HEADLINE_METRICS)}
     keys = sorted(metrics, key=lambda k: (rank.get(k, len(rank)), k))[:n]
     return "  ".join(f"{k}={metrics[k]:.4g}" if metrics[k] is not None else f"{k}=nan" for k in keys)
 

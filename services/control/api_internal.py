@@ -16,6 +16,7 @@ from services.control.errors import ApiError
 from services.control.schemas import ErrorBody, ErrorDetail, EventAck, EventBatch
 from services.control.states import TERMINAL
 from services.control.store import JobRow
+from services.run_layout import OtherEvent, StateEvent
 
 router = APIRouter(prefix="/v1/internal", tags=["internal"])
 
@@ -38,15 +39,12 @@ def report_events(
     before = job.state
     result = progress.ingest(cp.store, job.id, job.attempt, events)
     for ev in result.stored:
-        cp.telemetry.trainer_events.labels(ev["type"] if ev["type"] in ("state", "step", "log", "checkpoint")
-                                           else "other").inc()  # fmt: skip
+        cp.telemetry.trainer_events.labels("other" if isinstance(ev, OtherEvent) else ev.type).inc()
     after = result.job
     if after.state != before and after.state in TERMINAL:
         cp.telemetry.job_finished(after.state)
     if after.state in TERMINAL:
-        reported_end = any(
-            ev["type"] == "state" and ev.get("state") in {s.value for s in TERMINAL} for ev in events
-        )
+        reported_end = any(isinstance(ev, StateEvent) and ev.state in TERMINAL for ev in events)
         if not reported_end:
             return EventAck(
                 cancel=True, reason=f"the job already ended ({after.state.value}): {after.reason}"

@@ -12,7 +12,6 @@ again after a control-plane restart, changes nothing twice:
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -32,93 +31,44 @@ from services.control.store import (
     apply_transition,
     insert_ignoring_conflicts,
 )
-from services.run_layout import json_safe
+from services.run_layout import (
+    EVENTS_FILE,
+    CheckpointEvent,
+    EventError,
+    OtherEvent,
+    StateEvent,
+    StepEvent,
+    TrainerEvent,
+    parse_event,
+)
 
-TRAINER_STATES = frozenset({JobState.RUNNING, JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
-MAX_LOG_MESSAGE = 8192
-MAX_METRICS_PER_STEP = 512
+__all__ = ["EventError", "IngestResult", "ingest", "normalize_event", "read_run_dir_events"]
 
-
-class EventError(ValueError):
-    """A malformed trainer event; the message names the field."""
-
-
-def _int(ev: dict[str, Any], key: str, index: int) -> int:
-    v = ev.get(key)
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise EventError(f"events[{index}].{key}: must be a non-negative integer, got {v!r}")
-    return v
+Event = TrainerEvent | OtherEvent
 
 
-def _finite_or_none(v: float) -> float | None:
-    return float(v) if math.isfinite(v) else None  # JSON has no NaN/inf; they become null
-
-
-def normalize_event(ev: dict[str, Any], index: int = 0) -> dict[str, Any]:
-    """Check the fields a known event type must carry; unknown types pass through unchanged."""
-    t = ev.get("type")
-    if not isinstance(t, str) or not t:
-        raise EventError(f"events[{index}].type: must be a non-empty string")
-    tm = ev.get("time")
-    if isinstance(tm, bool) or not isinstance(tm, int | float) or not math.isfinite(tm):
-        raise EventError(f"events[{index}].time: must be a finite number (unix seconds)")
-    out = dict(ev)
-    out.setdefault("source", "trainer")  # state events with source=control are the record's transitions
-    if t == "state":
-        try:
-            state = JobState(str(ev.get("state")))
-        except ValueError:
-            raise EventError(
-                f"events[{index}].state: must be one of {', '.join(s.value for s in TRAINER_STATES)}"
-            ) from None
-        if state not in TRAINER_STATES:
-            raise EventError(f"events[{index}].state: a trainer cannot report {state.value!r}")
-        out["reason"] = str(ev.get("reason") or "")[:MAX_LOG_MESSAGE]
-        if ev.get("step") is not None:
-            _int(ev, "step", index)
-    elif t == "step":
-        _int(ev, "step", index)
-        metrics = ev.get("metrics")
-        if not isinstance(metrics, dict) or len(metrics) > MAX_METRICS_PER_STEP:
-            raise EventError(
-                f"events[{index}].metrics: must be a mapping of at most {MAX_METRICS_PER_STEP} names"
-            )
-        clean: dict[str, float | None] = {}
-        for k, v in metrics.items():
-            if v is None:
-                clean[str(k)] = None
-            elif isinstance(v, bool) or not isinstance(v, int | float):
-                raise EventError(f"events[{index}].metrics.{k}: must be a number, got {type(v).__name__}")
-            else:
-                clean[str(k)] = _finite_or_none(v)
-        out["metrics"] = clean
-    elif t == "checkpoint":
-        _int(ev, "step", index)
-        if not isinstance(ev.get("path"), str) or not ev["path"]:
-            raise EventError(f"events[{index}].path: must be the checkpoint directory (a non-empty string)")
-    elif t == "log":
-        msg = ev.get("message", ev.get("line", ev.get("text", "")))
-        out["message"] = str(msg)[:MAX_LOG_MESSAGE]
-        out["level"] = str(ev.get("level", "info"))[:16]
-    return json_safe(out)
+def normalize_event(ev: Any, index: int = 0) -> Event:
+    """A trainer event checked against the contract (services/run_layout.py); unknown types are kept as
+    OtherEvent (stored and counted, never applied). Raises EventError naming the field."""
+    return parse_event(ev, index)
 
 
 @dataclass
 class IngestResult:
-    stored: list[dict[str, Any]]  # the events that were new (not seen before)
+    stored: list[Event]  # the events that were new (not seen before)
     job: JobRow
 
 
-def ingest(store: JobStore, job_id: str, attempt: int, events: Iterable[dict[str, Any]]) -> IngestResult:
+def ingest(store: JobStore, job_id: str, attempt: int, events: Iterable[Event]) -> IngestResult:
     """Store a batch of (normalized) trainer events for one attempt and apply their effects."""
-    stored: list[dict[str, Any]] = []
+    stored: list[Event] = []
     with store.write() as conn:
         row = conn.execute(sa.select(db.jobs).where(db.jobs.c.id == job_id)).first()
         if row is None:
             raise JobNotFound(job_id)
         job = JobRow.from_row(row)
         for ev in events:
-            if not append_event(conn, job_id, attempt, ev):
+            if not append_event(conn, job_id, attempt, ev.wire()):
                 continue  # seen before
             stored.append(ev)
             if attempt == job.attempt:
@@ -128,37 +78,29 @@ def ingest(store: JobStore, job_id: str, attempt: int, events: Iterable[dict[str
     return IngestResult(stored, job)
 
 
-def _apply(conn: Connection, job: JobRow, ev: dict[str, Any]) -> JobRow:
-    t = ev["type"]
-    if t == "step":
-        step = ev["step"]
+def _apply(conn: Connection, job: JobRow, ev: Event) -> JobRow:
+    if isinstance(ev, StepEvent):
+        metrics = json.dumps(ev.metrics, allow_nan=False)
         insert_ignoring_conflicts(conn, db.metrics, {
-            "job_id": job.id, "attempt": job.attempt, "step": step, "time": ev["time"],
-            "data": json.dumps(ev["metrics"], allow_nan=False),
+            "job_id": job.id, "attempt": job.attempt, "step": ev.step, "time": ev.time, "data": metrics,
         })  # fmt: skip
-        if job.step is None or step >= job.step:
+        if job.step is None or ev.step >= job.step:
             conn.execute(
                 db.jobs.update()
                 .where(db.jobs.c.id == job.id)
-                .values(
-                    step=step,
-                    latest_metrics=json.dumps(ev["metrics"], allow_nan=False),
-                    updated_at=time.time(),
-                )
+                .values(step=ev.step, latest_metrics=metrics, updated_at=time.time())
             )
-            job.step, job.latest_metrics = step, ev["metrics"]
-    elif t == "checkpoint":
+            job.step, job.latest_metrics = ev.step, dict(ev.metrics)
+    elif isinstance(ev, CheckpointEvent):
         insert_ignoring_conflicts(conn, db.checkpoints, {
-            "job_id": job.id, "attempt": job.attempt, "step": ev["step"], "path": ev["path"], "time": ev["time"],
+            "job_id": job.id, "attempt": job.attempt, "step": ev.step, "path": ev.path, "time": ev.time,
         })  # fmt: skip
-    elif t == "state":
-        dst = JobState(ev["state"])
-        step = ev.get("step")
-        if step is not None and (job.step is None or step > job.step):
-            conn.execute(db.jobs.update().where(db.jobs.c.id == job.id).values(step=step))
-            job.step = step
-        if can_transition(job.state, dst):
-            job = apply_transition(conn, job, dst, _reason(job, dst, ev["reason"]))
+    elif isinstance(ev, StateEvent):
+        if ev.step is not None and (job.step is None or ev.step > job.step):
+            conn.execute(db.jobs.update().where(db.jobs.c.id == job.id).values(step=ev.step))
+            job.step = ev.step
+        if can_transition(job.state, ev.state):
+            job = apply_transition(conn, job, ev.state, _reason(job, ev.state, ev.reason))
     return job
 
 
@@ -171,14 +113,14 @@ def _reason(job: JobRow, dst: JobState, trainer_reason: str) -> str:
     return reason
 
 
-def read_run_dir_events(run_dir: str | None, max_bytes: int = 64 * 2**20) -> list[dict[str, Any]] | None:
+def read_run_dir_events(run_dir: str | None, max_bytes: int = 64 * 2**20) -> list[Event] | None:
     """The events the trainer wrote to `<run_dir>/events.jsonl`, or None where the file is not visible here.
 
-    Malformed lines (a line cut by a crash) are skipped.
+    Malformed lines (a line cut by a crash, an event the contract refuses) are skipped.
     """
     if not run_dir:
         return None
-    path = Path(run_dir) / "events.jsonl"
+    path = Path(run_dir) / EVENTS_FILE
     try:
         with path.open("rb") as f:
             f.seek(max(0, path.stat().st_size - max_bytes))
@@ -188,9 +130,7 @@ def read_run_dir_events(run_dir: str | None, max_bytes: int = 64 * 2**20) -> lis
     out = []
     for i, line in enumerate(raw.splitlines()):
         try:
-            ev = json.loads(line)
-            if isinstance(ev, dict):
-                out.append(normalize_event(ev, i))
+            out.append(normalize_event(json.loads(line), i))
         except (ValueError, EventError):
             continue
     return out

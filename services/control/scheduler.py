@@ -31,6 +31,7 @@ from services.control.states import TERMINAL, JobState
 from services.control.store import InvalidTransition, JobRow, JobStore
 from services.control.telemetry import Telemetry
 from services.control.tokens import TokenStore
+from services.run_layout import SPEC_FILE
 from services.tasks.dataset import DATA_ROOT_ENV, DATASETS_DIR_ENV
 from services.tasks.params import GRANTS_ENV
 
@@ -251,7 +252,7 @@ class Scheduler:
         try:
             run_dir = Path(job.run_dir)
             run_dir.mkdir(parents=True, exist_ok=True)
-            spec_path = run_dir / "spec.yaml"
+            spec_path = run_dir / SPEC_FILE
             spec_path.write_text(JobSpec.parse(job.spec, source=f"job {job.id}").to_yaml())
         except Exception as e:  # an unwritable runs_dir, or a spec the current schema no longer accepts
             log.exception("job %s: preparing the run dir failed", job.id)

@@ -1,25 +1,13 @@
-"""A job's lifecycle: queued -> starting -> running -> (succeeded | failed | cancelled).
+"""A job's lifecycle (the states: services/run_layout.py): queued -> starting -> running -> (succeeded | failed | cancelled).
 
 A terminal job may go back to `queued` only through a resume (a new attempt from a checkpoint).
 """
 
 from __future__ import annotations
 
-from enum import StrEnum
+from services.run_layout import JobState
 
-
-class JobState(StrEnum):
-    QUEUED = "queued"  # accepted, waiting for its tenant's quota
-    STARTING = "starting"  # submitted to Ray; the trainer has not reported yet
-    RUNNING = "running"  # the trainer reported that it runs
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-    @property
-    def terminal(self) -> bool:
-        return self in TERMINAL
-
+__all__ = ["ACTIVE", "RESUMABLE", "TERMINAL", "JobState", "can_transition", "sources_of"]
 
 TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 ACTIVE = frozenset({JobState.STARTING, JobState.RUNNING})

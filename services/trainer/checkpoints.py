@@ -7,9 +7,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from services.run_layout import TRAINER_STATE_FILE as TRAINER_STATE
 from services.run_layout import checkpoint_name, checkpoint_step
-
-TRAINER_STATE = "trainer_state.json"
 
 
 class Checkpoints:

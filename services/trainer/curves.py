@@ -1,21 +1,33 @@
-"""`curves.png` of a run: reward and accuracy, the cancellation residuals, entropy and step time, read
+"""`curves.png` of a run: the headline metrics (services/run_layout.py) and token entropy, read
 from the run's `metrics.jsonl` (written at the end of every run; `tgc plot RUN_DIR` for any run)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from services.run_layout import (
+    CURVES_FILE,
+    D7_ENTROPY_FORK,
+    D7_ENTROPY_MEAN,
+    D7_ENTROPY_SHARED,
+    HEADLINE_METRICS,
+)
 from services.trainer.metrics import read_metrics
 
-# (panel title, [(metric, label)]); a panel whose metrics never appear in the run is left out.
-PANELS: list[tuple[str, list[tuple[str, str]]]] = [
-    ("reward", [("reward/mean", "train reward"), ("reward/accuracy", "train accuracy"),
-                ("eval/accuracy", "held-out accuracy")]),
-    ("cancellation residual", [("diag/d1_gcpr", "D1 (group-common prefix)"), ("diag/d2_residual", "D2 (shared nodes)")]),
-    ("token entropy", [("diag/d7_entropy_mean", "all tokens"), ("diag/d7_entropy_shared", "shared tokens"),
-                       ("diag/d7_entropy_fork", "forks")]),
-    ("seconds per step", [("timing/step_s", "step")]),
+# Panels beside the headline metrics' own: (panel title, [(metric, label)]).
+EXTRA_PANELS: list[tuple[str, list[tuple[str, str]]]] = [
+    ("token entropy", [(D7_ENTROPY_MEAN, "all tokens"), (D7_ENTROPY_SHARED, "shared tokens"), (D7_ENTROPY_FORK, "forks")]),
 ]  # fmt: skip
+_LAST = "seconds per step"  # the bottom panel, under the extras
+
+
+def panels() -> list[tuple[str, list[tuple[str, str]]]]:
+    """(panel title, [(metric, label)]) top to bottom: each headline metric in its panel, then the extras."""
+    grouped: dict[str, list[tuple[str, str]]] = {}
+    for h in HEADLINE_METRICS:
+        grouped.setdefault(h.panel, []).append((h.name, h.label))
+    last = [(_LAST, grouped.pop(_LAST))] if _LAST in grouped else []
+    return [*grouped.items(), *EXTRA_PANELS, *last]
 
 
 def plot_run(run_dir: Path, out: Path | None = None) -> Path:
@@ -27,14 +39,15 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
     from matplotlib.ticker import MaxNLocator
 
     rows = read_metrics(run_dir)
-    panels = [
-        (title, [(k, label) for k, label in series if any(k in r for r in rows)]) for title, series in PANELS
+    drawn = [
+        (title, [(k, label) for k, label in series if any(k in r for r in rows)])
+        for title, series in panels()
     ]
-    panels = [(title, series) for title, series in panels if series]
-    if not panels:
+    drawn = [(title, series) for title, series in drawn if series]  # a metric the run never had is left out
+    if not drawn:
         raise ValueError(f"{run_dir}: no step metrics to plot yet")
-    fig, axes = plt.subplots(len(panels), 1, figsize=(7, 2.2 * len(panels)), sharex=True, squeeze=False)
-    for ax, (title, series) in zip(axes[:, 0], panels, strict=True):
+    fig, axes = plt.subplots(len(drawn), 1, figsize=(7, 2.2 * len(drawn)), sharex=True, squeeze=False)
+    for ax, (title, series) in zip(axes[:, 0], drawn, strict=True):
         for key, label in series:
             points = [(r["step"], r[key]) for r in rows if key in r]
             ax.plot(*zip(*points, strict=True), marker="o", markersize=3, label=label)
@@ -47,7 +60,7 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
     axes[-1, 0].xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.suptitle(Path(run_dir).name, fontsize=10)
     fig.tight_layout()
-    out = Path(out) if out is not None else Path(run_dir) / "curves.png"
+    out = Path(out) if out is not None else Path(run_dir) / CURVES_FILE
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out

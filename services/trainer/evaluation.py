@@ -164,7 +164,7 @@ def run_eval_only(
         metrics = evaluator.run(rollout, rewards, 0, tokenizer)
         sink.log(0, metrics)
         if reporter is not None:
-            reporter.emit("step", step=0, metrics=metrics)
+            reporter.step(0, metrics)
         return metrics
     finally:
         for part in (rollout, rewards):

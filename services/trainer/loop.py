@@ -17,7 +17,14 @@ import rlcore
 from services.batch import Completion, TrainBatch, collate
 from services.config import JobSpec
 from services.rollout import RolloutSpec, engine_kind
-from services.run_layout import checkpoint_name
+from services.run_layout import (
+    CANCEL_FILE,
+    CHECKPOINTS_DIR,
+    D2_RESIDUAL,
+    D4_GROUPS_COMPLETE,
+    JobState,
+    checkpoint_name,
+)
 from services.tasks import Score
 from services.trainer.checkpoints import Checkpoints, read_state
 from services.trainer.data import Prompt, PromptSource
@@ -66,7 +73,7 @@ class Trainer:
         self.spec, self.run_dir, self.reporter = spec, run_dir, reporter
         self.objective = rlcore.get_objective(spec.objective.name, **spec.objective.overrides)
         self.tokenizer = load_tokenizer(spec.model)
-        self.checkpoints = Checkpoints(run_dir / "checkpoints", spec.checkpoint.keep_last)
+        self.checkpoints = Checkpoints(run_dir / CHECKPOINTS_DIR, spec.checkpoint.keep_last)
         self.metrics = MetricsSink(run_dir, spec.name, spec.steps, progress)
         self.traces = TraceWriter(run_dir, spec.traces, spec.seed)
         self.stop_reason: str | None = None
@@ -242,19 +249,19 @@ class Trainer:
             log.warning("traces: step %d not sampled: %s", self.step + 1, e)
 
     # -- the job ------------------------------------------------------------------------------------
-    def run(self) -> str:
+    def run(self) -> JobState:
         spec = self.spec
         asynchronous = spec.async_.mode == "one_step_off"
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout") if asynchronous else None
         pending: Future | None = None
-        self.reporter.state("running", "resumed" if self.resumed else "started", self.step)
+        self.reporter.state(JobState.RUNNING, "resumed" if self.resumed else "started", self.step)
         finished = "completed all steps"
         try:
             # a checkpoint is only written after the baseline, so a run resumed at step 0 has it already
             if self.evaluator is not None and self.evaluator.eval.at_start and not self.resumed:
                 baseline = self.evaluate()
                 self.metrics.log(0, baseline)
-                self.reporter.emit("step", step=0, metrics=baseline)
+                self.reporter.step(0, baseline)
             if not self.data.available(spec.prompts_per_step):
                 finished = self._data_done()
             while finished == "completed all steps" and self.step < spec.steps and not self._should_stop():
@@ -276,7 +283,7 @@ class Trainer:
                 if not more and self.step < spec.steps:
                     finished = self._data_done()
                 self.metrics.log(self.step, metrics)
-                self.reporter.emit("step", step=self.step, metrics=metrics)
+                self.reporter.step(self.step, metrics)
                 self.residuals.check(self.step, metrics)
                 every = spec.checkpoint.every_steps
                 if every and self.step % every == 0 and self.step < spec.steps:
@@ -285,10 +292,10 @@ class Trainer:
                 pending.cancel()
             self.save()
             if self.stop_reason:
-                self.reporter.state("cancelled", self.stop_reason, self.step)
-                return "cancelled"
-            self.reporter.state("succeeded", finished, self.step)
-            return "succeeded"
+                self.reporter.state(JobState.CANCELLED, self.stop_reason, self.step)
+                return JobState.CANCELLED
+            self.reporter.state(JobState.SUCCEEDED, finished, self.step)
+            return JobState.SUCCEEDED
         finally:
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
@@ -300,7 +307,7 @@ class Trainer:
 
     def _data_done(self) -> str:
         reason = f"trained on all {self.spec.task.params.get('epochs')} epoch(s) of the dataset at step {self.step}"
-        self.reporter.emit("log", message=reason)
+        self.reporter.log(reason)
         return reason
 
     def _data_metrics(self) -> dict[str, float]:
@@ -312,8 +319,8 @@ class Trainer:
     def _should_stop(self) -> bool:
         if self.reporter.cancel_requested and not self.stop_reason:
             self.stop_reason = self.reporter.cancel_requested
-        if (self.run_dir / "CANCEL").exists() and not self.stop_reason:
-            self.stop_reason = (self.run_dir / "CANCEL").read_text().strip() or "cancel file found"
+        if (self.run_dir / CANCEL_FILE).exists() and not self.stop_reason:
+            self.stop_reason = (self.run_dir / CANCEL_FILE).read_text().strip() or "cancel file found"
         return self.stop_reason is not None
 
     def save(self) -> Path:
@@ -332,7 +339,7 @@ class Trainer:
                 "spec": self.spec.to_dict(),
             },
         )
-        self.reporter.emit("checkpoint", step=self.step, path=str(path))
+        self.reporter.checkpoint(self.step, path)
         return path
 
 
@@ -348,13 +355,13 @@ class ResidualWatch:
     count: int = 0  # steps whose D2 broke the claim
 
     def check(self, step: int, metrics: dict[str, float]) -> str | None:
-        d2 = metrics.get("diag/d2_residual", 0.0)
+        d2 = metrics.get(D2_RESIDUAL, 0.0)
         if not self.preserves or d2 <= rlcore.RESIDUAL_TOLERANCE:
             return None
         self.count += 1
         if (self.count - 1) % self.every:
             return None
-        complete = metrics.get("diag/d4_groups_complete_frac", 1.0)
+        complete = metrics.get(D4_GROUPS_COMPLETE, 1.0)
         split = f" (complete groups: {complete:.0%})" if complete < 1 else ""
         message = (
             f"step {step}: D2 residual {d2:.3g} > {rlcore.RESIDUAL_TOLERANCE:g} although objective "
@@ -363,7 +370,7 @@ class ResidualWatch:
             "report it with the run directory); see docs/diagnostics.md (D2, D4)."
         )
         log.warning(message)
-        self.reporter.emit("log", message=message)
+        self.reporter.log(message)
         return message
 
 

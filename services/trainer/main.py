@@ -8,6 +8,7 @@ into a graceful stop at the next step boundary, and always tears its actors down
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -18,6 +19,17 @@ import traceback
 from pathlib import Path
 
 from services.config import JobSpec, SpecError
+from services.run_layout import (
+    CHECKPOINTS_DIR,
+    CURVES_FILE,
+    ENDED_OK,
+    HEADLINE_METRICS,
+    LOGS_DIR,
+    METRICS_FILE,
+    SPEC_FILE,
+    TRAINER_STATE_FILE,
+    JobState,
+)
 from services.trainer.reporting import Reporter
 
 log = logging.getLogger("tgc.trainer")
@@ -31,6 +43,52 @@ UNSAFE_HELP = (
 
 class ResourceError(ValueError):
     """The spec asks for resources the cluster cannot provide (or privileges this job was not granted)."""
+
+
+class ResumeMismatch(ValueError):
+    """A resume whose spec would train something else than the checkpoint was trained on."""
+
+
+# What a resume may change: how long the run goes, what it is called, where it runs, how it is checkpointed,
+# evaluated and traced. Everything else (model, task, objective, group_size, sampling, optim, seed, ...) decides
+# what is trained, and the checkpoint's optimizer state and data position only mean something under it.
+RESUME_MAY_CHANGE = frozenset({"name", "steps", "checkpoint", "eval", "traces", "resources"})
+
+
+def check_resume(spec: JobSpec, checkpoint: Path) -> None:
+    """Refuse to resume `checkpoint` with a spec that changes what is trained, naming each changed field."""
+    state_file = checkpoint / TRAINER_STATE_FILE
+    if not state_file.is_file():
+        return  # not a complete checkpoint: loading it fails with its own message
+    stored = json.loads(state_file.read_text()).get("spec")
+    if not isinstance(stored, dict):
+        return  # written before checkpoints kept their spec: nothing to compare with
+    try:
+        stored = JobSpec.parse(stored).to_dict()  # today's defaults on both sides
+    except SpecError:
+        pass  # a spec today's schema refuses: compare what was written
+    changed = [
+        f"{path} ({before!r} -> {after!r})"
+        for path, before, after in _differences(stored, spec.to_dict())
+        if path.split(".", 1)[0] not in RESUME_MAY_CHANGE
+    ]
+    if changed:
+        raise ResumeMismatch(
+            f"resume from {checkpoint}: the spec changes what is trained: {'; '.join(changed)}. Resume with the "
+            f"spec the checkpoint was trained with (its run directory's {SPEC_FILE}), or start a new run; a resume "
+            f"may change only {', '.join(sorted(RESUME_MAY_CHANGE))}"
+        )
+
+
+def _differences(a: object, b: object, path: str = "") -> list[tuple[str, object, object]]:
+    """(dotted path, a's value, b's value) for each leaf where `a` and `b` differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [
+            d
+            for k in sorted(a.keys() | b.keys())
+            for d in _differences(a.get(k), b.get(k), f"{path}.{k}" if path else str(k))
+        ]
+    return [] if a == b else [(path, a, b)]
 
 
 def check_grants(spec: JobSpec) -> None:
@@ -146,7 +204,7 @@ def save_actor_logs(run_dir: Path) -> Path | None:
         job = ray.get_runtime_context().get_job_id()
     except Exception:  # no Ray node in this process (e.g. a client connection): Ray keeps them
         return None
-    out = run_dir / "logs"
+    out = run_dir / LOGS_DIR
     out.mkdir(exist_ok=True)
     for f in logs.glob(f"worker-*-{job}-*.out"):
         pid = f.stem.rsplit("-", 1)[-1]
@@ -160,23 +218,33 @@ def save_actor_logs(run_dir: Path) -> Path | None:
     return out
 
 
-def run(spec: JobSpec, run_dir: Path, resume: str | Path | None = None, progress: bool | None = None) -> str:
-    """Run a whole job; returns its final state: succeeded, cancelled or failed."""
+def run(
+    spec: JobSpec, run_dir: Path, resume: str | Path | None = None, progress: bool | None = None
+) -> JobState:
+    """Run a whole job; returns its final state: succeeded, cancelled or failed.
+
+    Raises ResourceError or ResumeMismatch (after reporting the job failed) when it refuses to start."""
     from services.trainer.checkpoints import Checkpoints
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "spec.yaml").write_text(spec.to_yaml())
     reporter = Reporter.from_env(run_dir)
     checkpoint: Path | None = None
     if resume is not None:
         checkpoint = (
             Path(resume)
             if str(resume) not in ("", "latest")
-            else Checkpoints(run_dir / "checkpoints", spec.checkpoint.keep_last).latest()
+            else Checkpoints(run_dir / CHECKPOINTS_DIR, spec.checkpoint.keep_last).latest()
         )
         if checkpoint is None:
-            reporter.emit("log", message="resume requested but no checkpoint exists; starting fresh")
+            reporter.log("resume requested but no checkpoint exists; starting fresh")
+    if checkpoint is not None and spec.steps > 0:  # evaluating a checkpoint may use any spec
+        try:
+            check_resume(spec, checkpoint)  # before spec.yaml is written: the run dir keeps the one it ran
+        except ResumeMismatch as e:
+            reporter.state(JobState.FAILED, str(e), 0)
+            raise
+    (run_dir / SPEC_FILE).write_text(spec.to_yaml())
 
     trainer = None
     started_ray = False
@@ -189,26 +257,26 @@ def run(spec: JobSpec, run_dir: Path, resume: str | Path | None = None, progress
         if spec.steps == 0:  # evaluate only: the spec's model, or the checkpoint's
             from services.trainer.evaluation import run_eval_only
 
-            reporter.state("running", "evaluating", 0)
+            reporter.state(JobState.RUNNING, "evaluating", 0)
             run_eval_only(spec, run_dir, checkpoint / "model" if checkpoint else None, reporter)
-            reporter.state("succeeded", "evaluated" + (f" {checkpoint}" if checkpoint else ""), 0)
-            return "succeeded"
+            reporter.state(JobState.SUCCEEDED, "evaluated" + (f" {checkpoint}" if checkpoint else ""), 0)
+            return JobState.SUCCEEDED
         from services.trainer.loop import Trainer
 
         trainer = Trainer(spec, run_dir, reporter, checkpoint, progress)
         return trainer.run()
     except ResourceError as e:
-        reporter.state("failed", str(e), 0)
+        reporter.state(JobState.FAILED, str(e), 0)
         raise
     except BaseException as e:
         step = trainer.step if trainer else 0
         reason = f"{type(e).__name__}: {e}"
-        reporter.emit("log", message=traceback.format_exc())
-        reporter.state("failed", reason, step)
+        reporter.log(traceback.format_exc())
+        reporter.state(JobState.FAILED, reason, step)
         if isinstance(e, KeyboardInterrupt | SystemExit):
             raise
         log.error("job failed at step %d: %s", step, reason)
-        return "failed"
+        return JobState.FAILED
     finally:
         if trainer is not None:
             trainer.shutdown()
@@ -232,7 +300,7 @@ def _write_curves(run_dir: Path) -> None:
         log.info("no curves.png for %s: %s", run_dir, e)
 
 
-def summary(spec: JobSpec, run_dir: Path, state: str) -> str:
+def summary(spec: JobSpec, run_dir: Path, state: JobState) -> str:
     """The closing lines of a run on the console: outcome, first and last figures, where things are."""
     from services.trainer.metrics import read_metrics
 
@@ -241,15 +309,15 @@ def summary(spec: JobSpec, run_dir: Path, state: str) -> str:
         rows = read_metrics(run_dir)
     except (OSError, ValueError):
         rows = []
-    for key, label in (("reward/mean", "reward"), ("reward/accuracy", "accuracy"), ("eval/accuracy", "held-out acc"),
-                       ("diag/d2_residual", "D2 residual")):  # fmt: skip
-        seen = [r for r in rows if key in r]
+    for m in HEADLINE_METRICS:
+        seen = [r for r in rows if m.name in r]
         if seen:
+            first, last = seen[0], seen[-1]
             lines.append(
-                f"  {label}: {seen[0][key]:.3g} (step {seen[0]['step']}) -> {seen[-1][key]:.3g} "
-                f"(step {seen[-1]['step']})"
+                f"  {m.label}: {first[m.name]:.3g} (step {first['step']}) -> {last[m.name]:.3g} "
+                f"(step {last['step']})"
             )
-    for name in ("curves.png", "metrics.jsonl", "logs"):
+    for name in (CURVES_FILE, METRICS_FILE, LOGS_DIR):
         if (run_dir / name).exists():
             lines.append(f"  {name}: {run_dir / name}")
     return "\n".join(lines)
@@ -307,11 +375,11 @@ def train_command(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir or f"runs/{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
         state = run(spec, run_dir, args.resume)
-    except ResourceError as e:
+    except (ResourceError, ResumeMismatch) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(summary(spec, run_dir, state))
-    return 0 if state in ("succeeded", "cancelled") else 1
+    return 0 if state in ENDED_OK else 1
 
 
 def cli(argv: list[str] | None = None) -> int:

@@ -8,22 +8,13 @@ import math
 import sys
 from pathlib import Path
 
-# The figures the progress line shows, in order (name in the metrics dict, label).
-_PROGRESS = [
-    ("reward/mean", "reward"),
-    ("reward/accuracy", "acc"),
-    ("diag/d1_gcpr", "D1"),
-    ("diag/d2_residual", "D2"),
-    ("response/length_mean", "len"),
-    ("eval/accuracy", "eval acc"),
-    ("timing/step_s", "s/step"),
-]
+from services.run_layout import HEADLINE_METRICS, METRIC_GAUGE, METRICS_FILE, STEP_GAUGE, TENSORBOARD_DIR
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, float]]:
     """A run's metrics.jsonl, one row per step in step order: lines of the same step (an evaluation logged
     apart from its step's training metrics, or a step written again) merge, later values winning."""
-    path = Path(run_dir) / "metrics.jsonl"
+    path = Path(run_dir) / METRICS_FILE
     if not path.exists():
         raise FileNotFoundError(f"{path}: no metrics (is {run_dir} a run directory?)")
     rows: dict[int, dict[str, float]] = {}
@@ -37,13 +28,13 @@ def read_metrics(run_dir: Path) -> list[dict[str, float]]:
 
 class MetricsSink:
     def __init__(self, run_dir: Path, job_name: str, total_steps: int, progress: bool | None = None):
-        self.path = run_dir / "metrics.jsonl"
+        self.path = run_dir / METRICS_FILE
         self.job_name, self.total_steps = job_name, total_steps
         self._tb = None
         try:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(str(run_dir / "tensorboard"))
+            self._tb = SummaryWriter(str(run_dir / TENSORBOARD_DIR))
         except ImportError:  # tensorboard is optional for library users; the JSONL is the record
             pass
         self._gauges = _ray_gauges()
@@ -92,9 +83,9 @@ def _ray_gauges():
         if not ray.is_initialized():
             return None
         return (
-            Gauge("tgc_train_step", "Last completed optimizer step of the job (steps).", tag_keys=("job",)),
+            Gauge(STEP_GAUGE, "Last completed optimizer step of the job (steps).", tag_keys=("job",)),
             Gauge(
-                "tgc_train_metric",
+                METRIC_GAUGE,
                 "Per-step training metric of the job; unit as in its name.",
                 tag_keys=("job", "metric"),
             ),
@@ -104,9 +95,9 @@ def _ray_gauges():
 
 
 def step_line(step: int, total: int, m: dict[str, float]) -> str:
-    """`step 3/15  reward 0.41  acc 0.41  D2 1.2e-09  s/step 12.3`: the figures of _PROGRESS a step has."""
+    """`step 3/15  reward 0.41  acc 0.41  D2 1.2e-09  s/step 12.3`: the headline metrics a step has."""
     return f"step {step}/{total}  " + "  ".join(
-        f"{label} {m[key]:.3g}" for key, label in _PROGRESS if key in m
+        f"{h.short} {m[h.name]:.3g}" for h in HEADLINE_METRICS if h.name in m
     )
 
 

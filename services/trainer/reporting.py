@@ -10,13 +10,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-from services.run_layout import json_safe
+from services.run_layout import (
+    EVENTS_FILE,
+    CheckpointEvent,
+    JobState,
+    LogEvent,
+    StateEvent,
+    StepEvent,
+    TrainerEvent,
+)
 
 log = logging.getLogger("tgc.trainer")
 
 
 class Reporter:
-    """Appends events to `events.jsonl` and forwards them to the control plane when configured.
+    """Appends events (the union of services/run_layout.py) to `events.jsonl` and forwards them to the control
+    plane when configured.
 
     Reporting never stops training: a failed POST keeps the events buffered for the next attempt.
     """
@@ -29,11 +38,11 @@ class Reporter:
         token: str | None = None,
         timeout_s: float = 5.0,
     ):
-        self.path = run_dir / "events.jsonl"
+        self.path = run_dir / EVENTS_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.url = f"{url.rstrip('/')}/v1/internal/jobs/{job_id}/events" if url and job_id else None
         self.token, self.timeout_s = token, timeout_s
-        self._pending: list[dict[str, Any]] = []
+        self._pending: list[dict[str, Any]] = []  # wire form of events not yet accepted
         self.cancel_requested: str | None = None  # reason, once the control plane asked to stop
 
     @classmethod
@@ -45,16 +54,25 @@ class Reporter:
             os.environ.get("TGC_JOB_TOKEN"),
         )
 
-    def emit(self, type_: str, **fields: Any) -> None:
-        event = json_safe({"type": type_, "time": time.time(), **fields})
+    def emit(self, event: TrainerEvent) -> None:
+        wire = event.wire()
         with open(self.path, "a") as fh:
-            fh.write(json.dumps(event) + "\n")
+            fh.write(json.dumps(wire) + "\n")
         if self.url:
-            self._pending.append(event)
+            self._pending.append(wire)
             self.flush()
 
-    def state(self, state: str, reason: str = "", step: int = 0) -> None:
-        self.emit("state", state=state, reason=reason, step=step)
+    def state(self, state: JobState, reason: str = "", step: int = 0) -> None:
+        self.emit(StateEvent(time=time.time(), state=state, reason=reason, step=step))
+
+    def step(self, step: int, metrics: dict[str, float]) -> None:
+        self.emit(StepEvent(time=time.time(), step=step, metrics=metrics))
+
+    def checkpoint(self, step: int, path: Path) -> None:
+        self.emit(CheckpointEvent(time=time.time(), step=step, path=str(path)))
+
+    def log(self, message: str) -> None:
+        self.emit(LogEvent(time=time.time(), message=message))
 
     def flush(self) -> None:
         if not self.url or not self._pending:

@@ -100,7 +100,7 @@ def test_run_dir_events_are_read_and_a_torn_last_line_is_skipped(tmp_path):
     lines = [json.dumps({"type": "step", "time": 1.0, "step": 1, "metrics": {"a": 1}}), '{"type": "st']
     (tmp_path / "events.jsonl").write_text("\n".join(lines))
     events = progress.read_run_dir_events(str(tmp_path))
-    assert [e["type"] for e in events] == ["step"]
+    assert [e.type for e in events] == ["step"]
     assert progress.read_run_dir_events(str(tmp_path / "missing")) is None
 
 

@@ -228,10 +228,10 @@ def test_reported_progress_is_served_as_metrics_logs_checkpoints_and_record(http
     rep = reporter(api_server, job_id, arm(api_server, job_id, tmp_path), tmp_path)
     rep.state("running", "started", 0)
     for step in (1, 2):
-        rep.emit("step", step=step, metrics={"reward_mean": step / 4, "loss": 1.0 / step})
+        rep.step(step, {"reward_mean": step / 4, "loss": 1.0 / step})
     (tmp_path / "checkpoints" / "step_2").mkdir(parents=True)
-    rep.emit("checkpoint", step=2, path=str(tmp_path / "checkpoints" / "step_2"))
-    rep.emit("log", message="halfway")
+    rep.checkpoint(2, tmp_path / "checkpoints" / "step_2")
+    rep.log("halfway")
     h = auth(api_server.acme)
     record = http.get(f"/v1/jobs/{job_id}", headers=h).json()
     assert record["state"] == "running" and record["step"] == 2
@@ -263,7 +263,7 @@ def test_cancel_is_answered_to_the_trainers_next_report(http, api_server, tmp_pa
     assert rep.cancel_requested is None
     r = http.post(f"/v1/jobs/{job_id}/cancel", json={"reason": "stop now"}, headers=auth(api_server.acme))
     assert r.json()["state"] == "running" and r.json()["cancel_requested"]
-    rep.emit("step", step=1, metrics={})
+    rep.step(1, {})
     assert rep.cancel_requested == "stop now"
     rep.state("cancelled", "stop now", 1)
     record = http.get(f"/v1/jobs/{job_id}", headers=auth(api_server.acme)).json()
@@ -277,8 +277,8 @@ def test_event_stream_delivers_state_steps_and_logs_then_ends(http, api_server, 
     def train() -> None:
         time.sleep(0.5)
         rep.state("running", "started", 0)
-        rep.emit("step", step=1, metrics={"loss": 1.0})
-        rep.emit("log", message="done soon")
+        rep.step(1, {"loss": 1.0})
+        rep.log("done soon")
         rep.state("succeeded", "completed all steps", 1)
 
     t = threading.Thread(target=train)
@@ -318,7 +318,7 @@ def test_prometheus_metrics_count_jobs_requests_and_training_gauges(http, api_se
     job_id = submit(http, api_server.acme).json()["id"]
     rep = reporter(api_server, job_id, arm(api_server, job_id, tmp_path), tmp_path)
     rep.state("running", "started", 0)
-    rep.emit("step", step=1, metrics={"reward_mean": 0.75})
+    rep.step(1, {"reward_mean": 0.75})
     text = http.get("/metrics", headers=auth(api_server.admin)).text
     assert 'tgc_jobs{state="queued"}' in text and 'tgc_job_submissions_total{tenant="acme"}' in text
     assert 'tgc_http_request_duration_seconds_count{method="POST",route="/v1/jobs",status="201"}' in text

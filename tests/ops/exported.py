@@ -1,11 +1,14 @@
 """Which metric names a PromQL expression reads that the code exports nowhere (the dashboard's and the alert
-rules' queries are checked against the source the same way)."""
+rules' queries are checked the same way): per-step metrics against the run contract's list
+(services/run_layout.py), the control plane's own tgc_ series against the source that defines them."""
 
 from __future__ import annotations
 
 import re
 from functools import cache
 from pathlib import Path
+
+from services.run_layout import METRIC_GAUGE, STEP_GAUGE, WATCHED_METRICS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -17,15 +20,12 @@ def _sources() -> str:
 
 def unexported(expr: str) -> list[str]:
     """The tgc_ series (Ray's exporter adds `ray_`; counters and histograms their suffixes) and the per-step
-    metric names (`metric="..."` or `metric=~"a|b"`) of `expr` that no module under services/ defines."""
-    sources = _sources()
+    metric names (`metric="..."` or `metric=~"a|b"`) of `expr` that the code does not export."""
     missing = []
     for name in re.findall(r"\b(?:ray_)?(tgc_[a-z_]+)", expr):
-        if f'"{re.sub(r"_(total|bucket|sum|count)$", "", name)}"' not in sources:
+        base = re.sub(r"_(total|bucket|sum|count)$", "", name)
+        if base not in (STEP_GAUGE, METRIC_GAUGE) and f'"{base}"' not in _sources():
             missing.append(name)
     for listed in re.findall(r'metric=~?"([^"]+)"', expr):
-        for key in listed.split("|"):
-            # pool stats are prefixed on the way (`rollout/` + "sync_s")
-            if f'"{key}"' not in sources and f'"{key.split("/")[-1]}"' not in sources:
-                missing.append(key)
+        missing += [key for key in listed.split("|") if key not in WATCHED_METRICS]
     return missing

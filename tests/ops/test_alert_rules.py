@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 import rlcore
+from services.run_layout import D2_RESIDUAL
 from tests.deploy.test_chart import render
 from tests.ops.exported import unexported
 
@@ -46,7 +47,7 @@ def test_promtool_accepts_the_rules_and_their_unit_tests_pass():
 def test_the_unit_tests_can_fail(tmp_path):
     """A rule whose threshold moved makes the unit tests fail: they pin behaviour, not just syntax."""
     loosened = RULES.read_text().replace(
-        '{metric="diag/d2_residual"} > 1e-4', '{metric="diag/d2_residual"} > 1'
+        f'{{metric="{D2_RESIDUAL}"}} > 1e-4', f'{{metric="{D2_RESIDUAL}"}} > 1'
     )
     assert loosened != RULES.read_text()
     (tmp_path / "rules.yaml").write_text(loosened)
@@ -75,7 +76,7 @@ def test_every_alert_is_tested_and_reads_only_what_the_code_exports():
 
 def test_the_cancellation_alert_reads_d2_against_the_trainers_tolerance():
     (rule,) = [r for r in rules() if r["alert"] == "TgcCancellationBroken"]
-    threshold = re.search(r'\{metric="diag/d2_residual"\} > ([0-9.e-]+)', rule["expr"])
+    threshold = re.search(rf'\{{metric="{re.escape(D2_RESIDUAL)}"\}} > ([0-9.e-]+)', rule["expr"])
     assert (
         threshold and float(threshold[1]) == rlcore.RESIDUAL_TOLERANCE
     )  # the trainer warns at the same level

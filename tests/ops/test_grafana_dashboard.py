@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from services import run_layout as rl
 from tests.deploy.test_chart import render
 from tests.ops.exported import unexported
 
@@ -21,10 +22,10 @@ DASHBOARD = ROOT / "helm" / "tgc-rl" / "dashboards" / "tgc-rl.json"
 COMPOSE = ROOT / "deploy" / "docker-compose.yaml"
 # What the issue asks to see, and a metric each panel must draw on for it.
 WANTED = {
-    "jobs by state": "tgc_jobs", "reward": "reward/mean", "accuracy": "reward/accuracy", "D1": "diag/d1_gcpr",
-    "D2": "diag/d2_residual", "entropy": "entropy", "tokens/s": "throughput/tokens_per_s",
-    "step phases": "timing/train_s", "verifier timeouts": "reward/timeouts", "verifier errors": "reward/errors",
-    "weight sync": "timing/sync_s", "sandbox runs": "tgc_sandbox_runs_total",
+    "jobs by state": "tgc_jobs", "reward": rl.REWARD_MEAN, "accuracy": rl.REWARD_ACCURACY, "D1": rl.D1_GCPR,
+    "D2": rl.D2_RESIDUAL, "entropy": rl.ENTROPY, "tokens/s": rl.THROUGHPUT_TOKENS_PER_S,
+    "step phases": rl.TIMING_TRAIN, "verifier timeouts": rl.REWARD_TIMEOUTS, "verifier errors": rl.REWARD_ERRORS,
+    "weight sync": rl.TIMING_SYNC, "sandbox runs": "tgc_sandbox_runs_total",
 }  # fmt: skip
 
 

@@ -7,6 +7,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
+from services.run_layout import JobState
 from services.trainer.reporting import Reporter
 
 
@@ -40,8 +41,8 @@ def control_plane():
 
 def test_events_are_written_locally(tmp_path):
     r = Reporter(tmp_path)
-    r.state("running", "started", 0)
-    r.emit("step", step=1, metrics={"reward/mean": 0.5})
+    r.state(JobState.RUNNING, "started", 0)
+    r.step(1, {"reward/mean": 0.5})
     lines = [json.loads(ln) for ln in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert [e["type"] for e in lines] == ["state", "step"] and lines[1]["metrics"]["reward/mean"] == 0.5
 
@@ -49,7 +50,7 @@ def test_events_are_written_locally(tmp_path):
 def test_events_reach_the_control_plane_with_the_job_token(tmp_path, control_plane):
     url = f"http://127.0.0.1:{control_plane.server_port}"
     r = Reporter(tmp_path, url, "job-7", "secret")
-    r.emit("step", step=1, metrics={})
+    r.step(1, {})
     path, auth, body = _ControlPlane.received[0]
     assert path == "/v1/internal/jobs/job-7/events" and auth == "Bearer secret"
     assert body["events"][0]["step"] == 1 and r.cancel_requested is None
@@ -58,15 +59,15 @@ def test_events_reach_the_control_plane_with_the_job_token(tmp_path, control_pla
 def test_control_plane_reply_requests_cancel(tmp_path, control_plane):
     _ControlPlane.cancel = True
     r = Reporter(tmp_path, f"http://127.0.0.1:{control_plane.server_port}", "j", "t")
-    r.emit("step", step=2, metrics={})
+    r.step(2, {})
     assert r.cancel_requested == "user asked"
 
 
 def test_unreachable_control_plane_buffers_then_delivers(tmp_path, control_plane):
     port = control_plane.server_port
     r = Reporter(tmp_path, "http://127.0.0.1:9", "j", "t", timeout_s=0.5)  # nothing listens on port 9
-    r.emit("step", step=1, metrics={})
-    r.emit("step", step=2, metrics={})
+    r.step(1, {})
+    r.step(2, {})
     assert len(r._pending) == 2
     r.url = f"http://127.0.0.1:{port}/v1/internal/jobs/j/events"
     r.flush()
@@ -75,7 +76,7 @@ def test_unreachable_control_plane_buffers_then_delivers(tmp_path, control_plane
 
 def test_non_finite_metrics_are_reported_as_null(tmp_path, control_plane):
     r = Reporter(tmp_path, f"http://127.0.0.1:{control_plane.server_port}", "j", "t")
-    r.emit("step", step=1, metrics={"loss": float("nan"), "grad_norm": float("inf"), "lr": 1e-5})
+    r.step(1, {"loss": float("nan"), "grad_norm": float("inf"), "lr": 1e-5})
     sent = _ControlPlane.received[0][2]["events"][0]["metrics"]
     assert sent == {"loss": None, "grad_norm": None, "lr": 1e-5} and not r._pending
     local = json.loads((tmp_path / "events.jsonl").read_text())
