@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from services.learner import Learner, LearnerGroup, LearnerGroupError, LearnerSpec
+from tests.learner.test_prefix_tree import multi_turn
 
 pytestmark = pytest.mark.slow
 
@@ -62,11 +63,13 @@ def test_two_ranks_reproduce_the_per_sequence_gradient(grpo_pair, make_batch):
     _assert_same_gradients(*grpo_pair, make_batch(n_groups=5, objective="grpo"))
 
 
+@pytest.mark.parametrize("turns", ["single", "multi"])
 def test_two_ranks_with_shared_prompts_reproduce_the_full_forward_gradient(
-    cp_pair, tiny_spec, tiny_model_path, make_batch
+    cp_pair, tiny_spec, tiny_model_path, make_batch, turns
 ):
     """The group computes each prompt once per micro-batch (the default): 3 + 2 micro-batches and a padding
-    pass over 2 ranks give the gradient of one full forward per row in one process."""
+    pass over 2 ranks give the gradient of one full forward per row in one process; multi: ragged
+    multi-turn trajectories whose loss masks have holes (tool output shared through a deterministic tool)."""
     group, _ = cp_pair
     full = Learner(
         LearnerSpec.of(
@@ -81,7 +84,12 @@ def test_two_ranks_with_shared_prompts_reproduce_the_full_forward_gradient(
         tiny_model_path,
     )
     assert not full.policy.prefix_tree
-    _assert_same_gradients(group, full, make_batch(n_groups=5, seed=3, objective="cp_grpo"))
+    batch = (
+        make_batch(n_groups=5, seed=3, objective="cp_grpo")
+        if turns == "single"
+        else multi_turn(3, n_groups=5)
+    )
+    _assert_same_gradients(group, full, batch)
 
 
 def test_two_ranks_take_the_same_optimizer_step(cp_pair, make_batch):
