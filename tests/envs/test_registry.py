@@ -42,6 +42,8 @@ def test_an_unconfined_sandbox_needs_its_grant():
         ({"name": "python_tool", "params": {"sandbox": "docker"}}, "sandbox"),
         ({"name": "python_tool", "params": {"unknown": 1}}, "unknown"),
         ({"name": "feedback", "bounds": {"max_turns": 0}}, "max_turns"),
+        ({"name": "openenv"}, "env"),
+        ({"name": "openenv", "params": {"env": "not a class"}}, "env"),
     ],
 )
 def test_the_spec_section_names_the_bad_field(spec, field):
