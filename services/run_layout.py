@@ -116,6 +116,25 @@ HEADLINE_METRICS: tuple[Headline, ...] = (
     Headline(TIMING_STEP, "s/step", "seconds per step", "seconds per step"),
 )
 
+
+# The curves of a run, top to bottom, as `curves.png` and the browser console draw them: (panel title,
+# [(metric, label)]): each headline metric in its panel, then token entropy, then the step time at the bottom.
+def _curve_panels() -> tuple[tuple[str, tuple[tuple[str, str], ...]], ...]:
+    grouped: dict[str, list[tuple[str, str]]] = {}
+    for h in HEADLINE_METRICS:
+        grouped.setdefault(h.panel, []).append((h.name, h.label))
+    last = grouped.pop("seconds per step", [])
+    entropy = [
+        (D7_ENTROPY_MEAN, "all tokens"),
+        (D7_ENTROPY_SHARED, "shared tokens"),
+        (D7_ENTROPY_FORK, "forks"),
+    ]
+    panels = [*grouped.items(), ("token entropy", entropy), *([("seconds per step", last)] if last else [])]
+    return tuple((title, tuple(series)) for title, series in panels)
+
+
+CURVE_PANELS = _curve_panels()
+
 # Every per-step metric name a dashboard query or an alert rule may read (tests/ops check them against this).
 WATCHED_METRICS = frozenset({
     REWARD_MEAN, REWARD_ACCURACY, REWARD_TIMEOUTS, REWARD_ERRORS, EVAL_ACCURACY, D1_GCPR, D2_RESIDUAL,

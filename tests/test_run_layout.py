@@ -11,6 +11,7 @@ from services.cli import _metrics_text
 from services.config import JobSpec
 from services.control import progress
 from services.run_layout import (
+    CURVE_PANELS,
     EVENTS_FILE,
     HEADLINE_METRICS,
     METRICS_FILE,
@@ -21,7 +22,6 @@ from services.run_layout import (
     StateEvent,
     StepEvent,
 )
-from services.trainer.curves import panels
 from services.trainer.main import summary
 from services.trainer.metrics import step_line
 from services.trainer.reporting import Reporter
@@ -73,7 +73,7 @@ def test_one_list_of_headline_metrics_feeds_console_summary_curves_and_cli(tmp_p
     assert [ln.split(":")[0].strip() for ln in said[1 : 1 + len(HEADLINE_METRICS)]] == [
         h.label for h in HEADLINE_METRICS
     ]
-    drawn = [name for _, series in panels() for name, _ in series]
+    drawn = [name for _, series in CURVE_PANELS for name, _ in series]
     assert all(h.name in drawn for h in HEADLINE_METRICS)
     columns = _metrics_text({"aaa": 1.0, "loss": 2.0, **row}, n=len(HEADLINE_METRICS)).split("  ")
     assert [c.split("=")[0] for c in columns] == [h.name for h in HEADLINE_METRICS]

@@ -5,29 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from services.run_layout import (
-    CURVES_FILE,
-    D7_ENTROPY_FORK,
-    D7_ENTROPY_MEAN,
-    D7_ENTROPY_SHARED,
-    HEADLINE_METRICS,
-)
+from services.run_layout import CURVE_PANELS, CURVES_FILE
 from services.trainer.metrics import read_metrics
-
-# Panels beside the headline metrics' own: (panel title, [(metric, label)]).
-EXTRA_PANELS: list[tuple[str, list[tuple[str, str]]]] = [
-    ("token entropy", [(D7_ENTROPY_MEAN, "all tokens"), (D7_ENTROPY_SHARED, "shared tokens"), (D7_ENTROPY_FORK, "forks")]),
-]  # fmt: skip
-_LAST = "seconds per step"  # the bottom panel, under the extras
-
-
-def panels() -> list[tuple[str, list[tuple[str, str]]]]:
-    """(panel title, [(metric, label)]) top to bottom: each headline metric in its panel, then the extras."""
-    grouped: dict[str, list[tuple[str, str]]] = {}
-    for h in HEADLINE_METRICS:
-        grouped.setdefault(h.panel, []).append((h.name, h.label))
-    last = [(_LAST, grouped.pop(_LAST))] if _LAST in grouped else []
-    return [*grouped.items(), *EXTRA_PANELS, *last]
 
 
 def plot_run(run_dir: Path, out: Path | None = None) -> Path:
@@ -41,7 +20,7 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
     rows = read_metrics(run_dir)
     drawn = [
         (title, [(k, label) for k, label in series if any(k in r for r in rows)])
-        for title, series in panels()
+        for title, series in CURVE_PANELS
     ]
     drawn = [(title, series) for title, series in drawn if series]  # a metric the run never had is left out
     if not drawn:
