@@ -233,7 +233,7 @@ def system_prompt(words: int) -> str:
 def step_items(spec, n_steps: int) -> list[list]:
     """The task items of each step, in the order the job takes them (its prompt stream from position 0)."""
     from services.tasks import load_task
-    from services.tasks.params import job_grants
+    from services.tasks.grants import job_grants
 
     task = load_task(spec.task.name, spec.task.params, spec.seed, job_grants())
     k = spec.prompts_per_step

@@ -141,13 +141,13 @@ def cmd_schema(args: argparse.Namespace) -> int:
     if args.task is None:
         print(json.dumps(JobSpec.model_json_schema(by_alias=True), indent=args.indent))
         return EXIT_OK
-    from services.tasks.params import params_model
+    from services.tasks.registry import builtin_names, params_model
 
     model = params_model(args.task)
     if model is None:
         print(
             f"error: {args.task!r} has no declared params (a custom `module:function` task takes free-form "
-            "params); built-in: arithmetic, code, humaneval, reasoning_gym:<dataset>",
+            f"params); built-in: {', '.join(builtin_names())}",
             file=sys.stderr,
         )
         return EXIT_INVALID
@@ -166,6 +166,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_INVALID
     if args.remote:
+        local = [
+            flag for flag, value in (("--checkpoint", args.checkpoint), ("--run-dir", args.run_dir)) if value
+        ]
+        if local:  # the server runs the job in a run dir of its own, on the model its workers can read
+            print(
+                f"error: {' and '.join(local)} apply to a local evaluation only; with --remote the server "
+                "chooses the run dir and evaluates the spec's model.source (set it to a checkpoint's `model` "
+                "directory on the workers' hosts to evaluate a checkpoint)",
+                file=sys.stderr,
+            )
+            return EXIT_INVALID
         with _client(args) as client:
             job = client.evaluate(spec).wait()
             if job.state.value != "succeeded":
@@ -173,12 +184,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 return EXIT_FAILED
             metrics = job.metrics()[0].metrics
     else:
+        from services.tasks import GrantError
         from services.trainer.main import ResourceError, run
 
         run_dir = Path(args.run_dir or f"runs/{spec.name}-eval-{time.strftime('%Y%m%d-%H%M%S')}")
         try:
             state = run(spec, run_dir, args.checkpoint)
-        except ResourceError as e:
+        except (ResourceError, GrantError) as e:
             print(f"error: {e}", file=sys.stderr)
             return EXIT_INVALID
         if state != "succeeded":
@@ -666,10 +678,12 @@ def _local_commands(sub, api: argparse.ArgumentParser) -> None:
 
 def _data_commands(sub, api: argparse.ArgumentParser) -> None:
     """Datasets: export built-in tasks to files; upload, list and remove a tenant's own."""
+    from services.tasks.registry import builtin_names
+
     dt = sub.add_parser("data", help="datasets: export a built-in task to a file; upload, list, remove yours")
     dsub = dt.add_subparsers(dest="data_command", required=True, metavar="ACTION")
     de = dsub.add_parser("export", help="write a built-in task's items as a JSONL or Parquet dataset")
-    de.add_argument("--task", required=True, help="arithmetic, code, humaneval or reasoning_gym:<name>")
+    de.add_argument("--task", required=True, help=", ".join(builtin_names(exportable_only=True)))
     de.add_argument("--params", default=None, help="the task's params as JSON, e.g. '{\"max_operand\": 20}'")
     de.add_argument("--rows", type=int, default=100)
     de.add_argument("--seed", type=int, default=0)

@@ -24,7 +24,9 @@ from pydantic import (
     model_validator,
 )
 
+from rlcore import list_objectives, resolve
 from services.tasks.params import DatasetParams, check_template
+from services.tasks.registry import BUILTIN_TASKS, GYM_PREFIX, is_gym_name, parse_params
 
 # Hard limits a submitted spec must respect (the control plane enforces them; the trainer too).
 MAX_STEPS = 1_000_000
@@ -245,15 +247,15 @@ class TaskSpec(_Strict):
     @field_validator("name")
     @classmethod
     def _known_task(cls, v: str) -> str:
-        if v in BUILTIN_TASKS or is_entry_point(v) or re.fullmatch(r"reasoning_gym:[\w.-]+", v, re.ASCII):
+        if v in BUILTIN_TASKS or is_entry_point(v) or is_gym_name(v):
             return v
-        if v.startswith("reasoning_gym:"):
+        if v.startswith(GYM_PREFIX):
             raise ValueError(
                 f"{v!r}: name the reasoning-gym dataset after the colon, e.g. 'reasoning_gym:chain_sum'"
             )
         raise ValueError(
             f"unknown task {v!r}; use one of {', '.join(BUILTIN_TASKS)}, "
-            "'reasoning_gym:<dataset>' or a custom factory 'package.module:function'"
+            f"'{GYM_PREFIX}<dataset>' or a custom factory 'package.module:function'"
         )
 
     _check_params = field_validator("params", mode="before")(_free_form("task.params"))
@@ -262,15 +264,11 @@ class TaskSpec(_Strict):
     @classmethod
     def _declared_params(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
         if "name" in info.data:  # a bad name is reported on its own
-            from services.tasks.params import parse_params
-
             parse_params(info.data["name"], v)
         return v
 
     def parsed_params(self):
         """`params` as the task's declared model (None for a custom task)."""
-        from services.tasks.params import parse_params
-
         return parse_params(self.name, self.params)
 
     @field_validator("reward")
@@ -296,8 +294,8 @@ class ObjectiveSpec(_Strict):
     @field_validator("name")
     @classmethod
     def _known_objective(cls, v: str) -> str:
-        names = _objective_names()
-        if names is not None and v not in names:
+        names = list_objectives()
+        if v not in names:
             raise ValueError(f"unknown objective {v!r}; choose one of: {', '.join(names)}")
         return v
 
@@ -305,10 +303,8 @@ class ObjectiveSpec(_Strict):
     @classmethod
     def _valid_overrides(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
         # rlcore's knob ranges and combinations, checked where the spec is parsed (torch-free)
-        if "name" not in info.data or _objective_names() is None:  # bad name (reported) or no rlcore here
+        if "name" not in info.data:  # a bad name is reported on its own
             return v
-        from rlcore import resolve
-
         resolve(info.data["name"], v)
         return v
 
@@ -734,8 +730,9 @@ class JobSpec(_Strict):
         if self.steps == 0 and self.eval is None:
             raise ValueError("steps: 0 evaluates only; add an `eval` section (or set steps >= 1)")
         if self.eval is not None:
-            if self.eval.dataset is None and (
-                self.task.name != "dataset" or not self.task.params.get("holdout")
+            task_params = self.task.parsed_params()
+            if self.eval.dataset is None and not (
+                isinstance(task_params, DatasetParams) and task_params.holdout
             ):
                 raise ValueError(
                     "eval.dataset: name the evaluation rows, or train on a `dataset` task with "
@@ -755,8 +752,8 @@ class JobSpec(_Strict):
 
     def privileges(self) -> dict[str, str]:
         """{field path: privilege} for every part of this spec that only an operator or admin may allow
-        (custom code, host paths, an unconfined sandbox); see services.tasks.params.PRIVILEGES."""
-        from services.tasks.params import CUSTOM_CODE, HOST_PATHS, privileged_fields
+        (custom code, host paths, an unconfined sandbox); see services.tasks.grants.PRIVILEGES."""
+        from services.tasks.grants import CUSTOM_CODE, HOST_PATHS, privileged_fields
 
         out: dict[str, str] = {}
         if is_entry_point(self.task.name):
@@ -825,7 +822,6 @@ def error_message(err: Any) -> str:
     return msg.removeprefix("Value error, ")
 
 
-BUILTIN_TASKS = ("arithmetic", "code", "humaneval", "dataset")
 BUILTIN_MODEL_SOURCES = frozenset({"smollm2-135m-instruct", "random"})
 # fullmatch, never `$` with match: `$` also matches before a trailing newline
 _ENTRY_POINT = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*", re.ASCII)
@@ -833,13 +829,4 @@ _ENTRY_POINT = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*", re.ASCI
 
 def is_entry_point(value: str) -> bool:
     """`package.module:function` syntax (the module is imported where the job runs, not here)."""
-    return bool(_ENTRY_POINT.fullmatch(value)) and not value.startswith("reasoning_gym:")
-
-
-def _objective_names() -> list[str] | None:
-    """rlcore's presets; None where rlcore (torch) is not importable, e.g. in a thin SDK install."""
-    try:
-        import rlcore
-    except ImportError:
-        return None
-    return rlcore.list_objectives()
+    return bool(_ENTRY_POINT.fullmatch(value)) and not value.startswith(GYM_PREFIX)

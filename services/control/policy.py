@@ -13,14 +13,15 @@ from dataclasses import dataclass
 
 from services.config import BUILTIN_MODEL_SOURCES, JobSpec
 from services.control.settings import ControlSettings
-from services.tasks.params import (
+from services.tasks.grants import (
     CUSTOM_CODE,
     HOST_PATHS,
     PRIVILEGES,
     UNSAFE_SANDBOX,
-    DatasetParams,
     encode_grants,
+    missing_grants,
 )
+from services.tasks.params import DatasetParams
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,8 @@ def caller_grants(settings: ControlSettings, is_admin: bool) -> frozenset[str]:
 def dataset_references(spec: JobSpec) -> dict[str, DatasetParams]:
     """{field path prefix: params} of every dataset a spec reads (the training task's, the evaluation's)."""
     out: dict[str, DatasetParams] = {}
-    if spec.task.name == "dataset":
-        out["task.params"] = spec.task.parsed_params()
+    if isinstance(task_params := spec.task.parsed_params(), DatasetParams):
+        out["task.params"] = task_params
     if spec.eval is not None and spec.eval.dataset is not None:
         out["eval.dataset"] = spec.eval.dataset
     return out
@@ -96,7 +97,7 @@ def check_spec(
     owns_dataset: Callable[[str], bool] | None = None,
 ) -> str:
     """Raise PolicyError listing every rule the spec breaks (field path + what to do); else return the
-    job's grants (services.tasks.params.encode_grants): exactly the privileges the spec uses.
+    job's grants (services.tasks.grants.encode_grants): exactly the privileges the spec uses.
     `owns_dataset(id)`: whether the caller may read that uploaded dataset (None: no dataset may be named)."""
     bad: list[Violation] = check_datasets(spec, settings, owns_dataset or (lambda _: False))
     if spec.steps > settings.max_steps:
@@ -150,10 +151,8 @@ def check_spec(
                 )
             )
     needed = spec.privileges()
-    granted = caller_grants(settings, is_admin)
-    for field, privilege in needed.items():
-        if privilege not in granted:
-            bad.append(Violation(field, _HOW_TO_GRANT[privilege]))
+    for field, privilege in missing_grants(needed, caller_grants(settings, is_admin)).items():
+        bad.append(Violation(field, _HOW_TO_GRANT[privilege]))
     if bad:
         raise PolicyError(bad)
     return encode_grants(set(needed.values()))

@@ -33,10 +33,15 @@ from services.control.telemetry import Telemetry
 from services.control.tokens import TokenStore
 from services.run_layout import SPEC_FILE
 from services.tasks.dataset import DATA_ROOT_ENV, DATASETS_DIR_ENV
-from services.tasks.params import GRANTS_ENV
+from services.tasks.grants import GRANTS_ENV
 
 log = logging.getLogger(__name__)
 _RUN_DIR_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+
+
+class SchedulerInvariantError(RuntimeError):
+    """A state the scheduler's own bookkeeping rules out (a bug, not a job's fault): raised, never skipped the
+    way `assert` is under `python -O`."""
 
 
 class Scheduler:
@@ -121,9 +126,22 @@ class Scheduler:
     def ray_ready(self) -> bool:
         return self.ray is not None and self.ray.ping()
 
+    def _connected(self) -> RayJobs:
+        if self.ray is None:
+            raise SchedulerInvariantError(
+                "the scheduler is not connected to Ray: tick() runs after _connect()"
+            )
+        return self.ray
+
+    @staticmethod
+    def _required(job: JobRow, field: str, value: str | None) -> str:
+        if not value:
+            raise SchedulerInvariantError(f"job {job.id} ({job.state}) has no {field} here")
+        return value
+
     # -- one pass ---------------------------------------------------------------------------------
     def tick(self) -> None:
-        assert self.ray is not None  # _connect() succeeded
+        self._connected()
         if not self._reconciled:
             for job in self.store.on_ray():
                 self._ingest_run_dir(job)
@@ -146,8 +164,9 @@ class Scheduler:
         return job
 
     def _monitor(self, job: JobRow) -> None:
-        assert self.ray is not None and job.ray_submission_id is not None
-        info = self.ray.info(job.ray_submission_id)
+        ray = self._connected()
+        sub_id = self._required(job, "Ray submission id", job.ray_submission_id)
+        info = ray.info(sub_id)
         if info is None:
             if job.state == JobState.STARTING and job.reported_at is None:
                 # Recorded as starting but never reached Ray (we stopped in between): submit it now.
@@ -162,12 +181,11 @@ class Scheduler:
             return
         if not info.finished:
             # The trainer said it ended but its driver lingers (stuck teardown): stop it after the grace.
-            sub_id = job.ray_submission_id
-            if sub_id and job.state in TERMINAL and job.finished_at \
+            if job.state in TERMINAL and job.finished_at \
                     and time.time() - job.finished_at > self.settings.cancel_grace_s \
                     and sub_id not in self._lingering_stopped:  # fmt: skip
                 self._lingering_stopped.add(sub_id)
-                self.ray.stop(sub_id)
+                ray.stop(sub_id)
                 self.store.log_event(job, f"the trainer ended {job.state} but its Ray job was still alive after "
                                           f"{self.settings.cancel_grace_s:.0f}s; stopped it", level="warning")  # fmt: skip
             return
@@ -204,13 +222,15 @@ class Scheduler:
         self.telemetry.job_finished(state, hard=bool(fields.get("hard_stopped")))
 
     def _enforce_cancel(self, job: JobRow) -> None:
-        assert self.ray is not None and job.cancel_requested_at is not None
+        ray = self._connected()
+        if job.cancel_requested_at is None:
+            raise SchedulerInvariantError(f"job {job.id}: enforcing a cancel that was never requested")
         waited = time.time() - job.cancel_requested_at
         never_reported = job.state == JobState.STARTING and job.reported_at is None
         if not never_reported and waited < self.settings.cancel_grace_s:
             return
         if job.ray_submission_id:
-            self.ray.stop(job.ray_submission_id)
+            ray.stop(job.ray_submission_id)
         if never_reported:
             reason = f"{job.cancel_reason} (before the trainer started; its Ray job was stopped)"
         else:
@@ -247,10 +267,12 @@ class Scheduler:
 
     def _submit(self, job: JobRow) -> None:
         """Write the attempt's spec, mint its reporting token and hand the driver to Ray."""
-        assert self.ray is not None and job.run_dir and job.ray_submission_id
+        ray = self._connected()
+        run_dir_name = self._required(job, "run directory", job.run_dir)
+        sub_id = self._required(job, "Ray submission id", job.ray_submission_id)
         secret = tokens.mint(tokens.JOB_PREFIX)
         try:
-            run_dir = Path(job.run_dir)
+            run_dir = Path(run_dir_name)
             run_dir.mkdir(parents=True, exist_ok=True)
             spec_path = run_dir / SPEC_FILE
             spec_path.write_text(JobSpec.parse(job.spec, source=f"job {job.id}").to_yaml())
@@ -271,7 +293,7 @@ class Scheduler:
             env[DATA_ROOT_ENV] = str(self.settings.data_root)
         meta = {"tgc_job_id": job.id, "tgc_tenant": job.tenant, "tgc_attempt": str(job.attempt)}
         try:
-            self.ray.submit(job.ray_submission_id, shlex.join(cmd), env, meta)
+            ray.submit(sub_id, shlex.join(cmd), env, meta)
         except (RayUnavailable, OSError) as e:  # requests' connection errors are OSErrors
             # Ray (or the network to it) is down: the job stays `starting`; monitoring resubmits it once
             # Ray answers again (the submission id is deterministic, so it never runs twice).

@@ -71,7 +71,7 @@ class JobRow:
     job_token_hash: str | None
     idempotency_key: str | None
     request_digest: str | None
-    grants: str  # comma-separated privileges granted at submission (services.tasks.params)
+    grants: str  # comma-separated privileges granted at submission (services.tasks.grants)
     transitions: list[TransitionRow] = field(default_factory=list)
 
     @classmethod

@@ -15,9 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from services.envs.base import BoundHit, EndReason, EnvContext, Environment, Message
 from services.envs.tokens import BridgeError, Span, TrajectoryBuilder
+
+if TYPE_CHECKING:
+    from services.batch import Completion
 
 TRUNCATION_MARKER = "\n...[truncated {n} tokens]"
 
@@ -63,6 +67,21 @@ class Trajectory:
     @property
     def model_tokens(self) -> int:
         return sum(self.loss_mask)
+
+    def completion(self, version: int) -> Completion:
+        """The trajectory after its first prompt as the learner's response (services.batch): its model and
+        context spans as segments, the end reason as its finish reason."""
+        from services.batch import Completion, Segment
+
+        segments = [
+            Segment(
+                list(self.token_ids[s.start : s.end]),
+                list(self.logprobs[s.start : s.end]) if s.kind == "model" else None,
+            )
+            for s in self.spans
+            if s.kind != "prompt"
+        ]
+        return Completion.from_segments(segments, self.end_reason, version)
 
     @property
     def context_tokens(self) -> int:

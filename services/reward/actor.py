@@ -17,7 +17,7 @@ from ray.util import metrics as ray_metrics
 from services.config import TaskSpec
 from services.reward.pool import RewardPool
 from services.tasks.base import Score, TaskItem
-from services.tasks.params import LOCAL_GRANTS, job_grants
+from services.tasks.grants import LOCAL_GRANTS, job_grants
 
 DEFAULT_MAX_CONCURRENCY = 4
 DEFAULT_MAX_PENDING_CALLS = 64

@@ -31,7 +31,7 @@ from typing import Any
 from services.config import TaskSpec
 from services.reward import metrics, wire
 from services.tasks.base import Score, TaskItem
-from services.tasks.params import LOCAL_GRANTS
+from services.tasks.grants import LOCAL_GRANTS
 
 log = logging.getLogger(__name__)
 

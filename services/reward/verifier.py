@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from services.tasks import GrantError, Score, TaskItem, load_task
-from services.tasks.params import CUSTOM_CODE, LOCAL_GRANTS
+from services.tasks.grants import CUSTOM_CODE, LOCAL_GRANTS
 
 RewardFn = Callable[[TaskItem, str], Any]
 
@@ -59,16 +59,15 @@ class Verifier:
         """Pay one-time costs (sympy, the sandbox check) before the first deadline starts."""
         if self.custom is not None:
             return
-        if hasattr(self.task, "warm_up"):
-            self.task.warm_up()
-        elif self.task.item(0).kind == "math":
+        self.task.warm_up()
+        if self.task.item(0).kind == "math":  # the verifier widens math scores with math_equivalence
             from services.tasks import math_equivalence
 
             math_equivalence.warm_up()
 
     def sandbox(self, mode: str = "bwrap", memory_mb: int | None = None):
         """The code sandbox for dataset rows; an unconfined one only with the operator's grant."""
-        from services.tasks.params import UNSAFE_SANDBOX
+        from services.tasks.grants import UNSAFE_SANDBOX
 
         if mode != "bwrap" and UNSAFE_SANDBOX not in self.grants:
             raise GrantError(f"sandbox {mode!r} needs the operator's grant '{UNSAFE_SANDBOX}'")

@@ -1,5 +1,7 @@
-"""The Ray actor that hosts one rollout engine: a thin wrapper that builds and places the engine and times its
-calls. `make_engine` is the one place that knows the engine modules (they import only engine.py)."""
+"""The Ray actor that hosts one rollout engine: it builds the engine in its own worker process (RolloutPool
+places the actors), counts the tokens and seconds of its generations, loads the object store's weights, and
+relays vLLM's weight-transfer calls (services/weight_sync/broadcast.py). `make_engine` is the one place that
+knows the engine modules; within this package they import only engine.py and spec.py."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from services.rollout.spec import RolloutSpec
 
 
 def make_engine(spec: RolloutSpec, model_path: Path | str) -> RolloutEngine:
-    """The engine `spec.resources.rollout_engine` asks for, loaded from the HF directory `model_path`."""
+    """The engine `spec.engine` (resources.rollout_engine) asks for, loaded from the HF directory `model_path`."""
     if engine_kind(spec) == "vllm":
         from services.rollout.vllm_engine import VLLMEngine
 
@@ -77,7 +79,8 @@ class RolloutActor:
         transfer = getattr(self.engine, "weight_transfer", None)
         if transfer is None:
             raise RuntimeError(
-                f"{self.name}: the {self.kind} engine has no NCCL weight transfer; use vllm on GPU"
+                f"{self.name}: the {self.kind} engine has no weight-transfer API; resources.weight_sync "
+                "'broadcast' needs the vllm engine"
             )
         transfer(op, payload, version)
 

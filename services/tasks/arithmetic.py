@@ -5,13 +5,13 @@ from __future__ import annotations
 import random
 
 from services.tasks.answers import last_number
-from services.tasks.base import Score, TaskItem
+from services.tasks.base import Score, Task, TaskItem
 from services.tasks.params import fill_template
 
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
 
-class ArithmeticTask:
+class ArithmeticTask(Task):
     name = "arithmetic"
 
     def __init__(

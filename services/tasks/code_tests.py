@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from services.sandbox import RunResult, Sandbox
-from services.tasks.base import Score, TaskItem
+from services.tasks.base import Score, Task, TaskItem
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
 _PYTHON_TAGS = ("python", "python3", "py", "")
@@ -139,7 +139,7 @@ def make_sandbox(mode: str = "bwrap", memory_mb: int | None = None) -> Sandbox:
     return sandbox
 
 
-class SandboxedCodeTask:
+class SandboxedCodeTask(Task):
     """What every code task shares: its sandbox (built on first use, in the reward worker, so that prompt-only
     users need no bwrap), scoring a response against the item's tests, and paying the sandbox check up front.
     Subclasses set `sandbox_mode`, `memory_mb` and `partial_credit`."""

@@ -26,10 +26,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from services.bounded_read import MAX_CELL_CHARS, DataError, DataLimits, loads_bounded, read_rows
-from services.tasks.base import Score, TaskItem
+from services.tasks.base import Score, Task, TaskItem
 from services.tasks.params import VERIFIERS, DatasetParams
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from services.sandbox import Sandbox
 
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".csv": "csv"}
@@ -321,7 +323,7 @@ def _plain(value: Any, where: str) -> Any:
 
 
 # -- the task ---------------------------------------------------------------------------------------
-class DatasetTask:
+class DatasetTask(Task):
     """Rows of a file as a deterministic, resumable stream of TaskItems.
 
     `role`: `train` (all rows but the held-out ones), `holdout` (only those) or `all`.
@@ -364,7 +366,19 @@ class DatasetTask:
         keep = held if self.role == "holdout" else set(range(len(rows))) - held
         return [r for i, r in enumerate(rows) if i in keep]
 
+    @classmethod
+    def from_params(cls, seed: int, params: BaseModel) -> DatasetTask:
+        if not isinstance(params, DatasetParams):
+            raise TypeError(f"the dataset task is built from DatasetParams, not {type(params).__name__}")
+        return cls(seed=seed, params=params)
+
     def __len__(self) -> int:
+        return len(self.rows)
+
+    def epoch_size(self) -> int:
+        return len(self.rows)
+
+    def distinct_items(self) -> int:
         return len(self.rows)
 
     def filter_prompts(self, fits: Callable[[TaskItem], bool]) -> int:

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from services.tasks.answers import last_number
-from services.tasks.params import LOCAL_GRANTS
-from services.tasks.registry import load_task
+from services.tasks.grants import LOCAL_GRANTS
+from services.tasks.registry import BUILTIN_TASKS, GYM_PREFIX, builtin_names, load_task
 
 MAX_EXPORT_ROWS = 1_000_000
 
@@ -24,13 +24,15 @@ def export_rows(
     """The first `rows` items of a built-in task as dataset rows (prompt, answer or tests, verifier, source)."""
     if not 1 <= rows <= MAX_EXPORT_ROWS:
         raise ValueError(f"rows={rows}: must be between 1 and {MAX_EXPORT_ROWS:,}")
-    if task == "dataset" or ":" in task and not task.startswith("reasoning_gym:"):
+    entry = BUILTIN_TASKS.get(task)
+    custom = ":" in task and not task.startswith(GYM_PREFIX)
+    if custom or (entry is not None and not entry.exportable):  # an unknown name: load_task says so
         raise ValueError(
-            f"task {task!r}: export a built-in task (arithmetic, code, humaneval, reasoning_gym:<name>)"
+            f"task {task!r}: export a built-in task ({', '.join(builtin_names(exportable_only=True))})"
         )
     source = load_task(task, params or {}, seed, LOCAL_GRANTS)
-    if task == "humaneval":
-        rows = min(rows, len(source))  # type: ignore[arg-type]  # HumanEvalTask has a length: each problem once
+    if (distinct := source.distinct_items()) is not None:
+        rows = min(rows, distinct)  # each item once
     out: list[dict] = []
     for i in range(rows):
         item = source.item(i)

@@ -12,14 +12,14 @@ import re
 from typing import Any
 
 from services.tasks.answers import last_number
-from services.tasks.base import Score, TaskItem
+from services.tasks.base import Score, Task, TaskItem
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S)
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 DEFAULT_INSTRUCTION = "\nReply with just the answer."
 
 
-class ReasoningGymTask:
+class ReasoningGymTask(Task):
     def __init__(
         self,
         dataset: str,

@@ -55,6 +55,9 @@ class HumanEvalTask(SandboxedCodeTask):
     def __len__(self) -> int:
         return len(self.problems)
 
+    def distinct_items(self) -> int:
+        return len(self.problems)  # each pass is a new permutation of the same problems: no data epochs
+
     def problem_index(self, index: int) -> int:
         n = len(self.problems)
         epoch, pos = divmod(index, n)

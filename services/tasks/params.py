@@ -2,8 +2,8 @@
 
 A spec that the API accepts must be one that can start, so the control plane validates `task.params`
 against these models at submit time (the same models build the task on the worker), and `tgc schema`
-publishes them. Fields that only the operator may switch carry `json_schema_extra={"privilege": ...}`;
-`privileged_fields` lists the ones a params mapping sets away from their safe default.
+publishes them; services.tasks.registry says which task has which. Fields that only the operator may switch
+carry `json_schema_extra={"privilege": ...}` (services.tasks.grants.privileged_fields lists those set).
 
 This module imports pydantic only (reasoning-gym lazily), so the control plane and the SDK can use it.
 """
@@ -14,7 +14,6 @@ import collections.abc
 import dataclasses
 import datetime
 import enum
-import os
 import re
 import types
 import typing
@@ -32,29 +31,7 @@ from pydantic import (
 )
 from pydantic.json_schema import JsonDict
 
-# Privileges a job spec can need; an admin token has all, operator settings grant some (see policy.py).
-CUSTOM_CODE = "custom_code"  # import and run code named by the spec (`module:function`)
-HOST_PATHS = "host_paths"  # read files or directories of the worker host named by the spec
-UNSAFE_SANDBOX = "unsafe_sandbox"  # run model-written code without the bubblewrap sandbox
-PRIVILEGES = (CUSTOM_CODE, HOST_PATHS, UNSAFE_SANDBOX)
-# What a process started by its own operator may do unasked: run the operator's code, read the operator's
-# files. An unconfined sandbox is never implied; the control plane's jobs carry exactly their grants.
-LOCAL_GRANTS = frozenset({CUSTOM_CODE, HOST_PATHS})
-GRANTS_ENV = "TGC_GRANTS"  # set by the control plane for each job it runs (comma-separated; may be empty)
-
-
-def job_grants() -> frozenset[str]:
-    """This job's grants: `TGC_GRANTS` where the control plane (or `tgc train --allow-unsafe-sandbox`) set it,
-    else LOCAL_GRANTS."""
-    raw = os.environ.get(GRANTS_ENV)
-    if raw is None:
-        return LOCAL_GRANTS
-    return frozenset(g for g in raw.split(",") if g in PRIVILEGES)
-
-
-def encode_grants(grants: frozenset[str] | set[str]) -> str:
-    return ",".join(sorted(g for g in grants if g in PRIVILEGES))
-
+from services.tasks.grants import HOST_PATHS, UNSAFE_SANDBOX
 
 MAX_TEMPLATE_CHARS = 4096
 
@@ -398,28 +375,10 @@ class DatasetParams(TaskParams):
         return self.path or self.file or self.dataset_id or f"hub:{self.hub_id}"
 
 
-TASK_PARAMS: dict[str, type[TaskParams]] = {
-    "arithmetic": ArithmeticParams,
-    "code": CodeParams,
-    "dataset": DatasetParams,
-    "humaneval": HumanEvalParams,
-}
-
-
-def params_model(task_name: str) -> type[TaskParams] | None:
-    """The params model of a built-in task; None for custom `module:function` tasks (free-form params)."""
-    if task_name.startswith("reasoning_gym:"):
-        return ReasoningGymParams
-    return TASK_PARAMS.get(task_name)
-
-
-def parse_params(task_name: str, params: dict[str, Any]) -> TaskParams | None:
-    """Validate `params` for `task_name`; raises ValueError whose lines start with `task.params.<field>`."""
-    model = params_model(task_name)
-    if model is None:
-        return None
+def validate_params(model: type[TaskParams], params: dict[str, Any]) -> TaskParams:
+    """`params` as `model`; raises ValueError whose lines start with `task.params.<field>`."""
     try:
-        parsed = model.model_validate(params)
+        return model.model_validate(params)
     except ValidationError as e:
         lines = []
         for err in e.errors():
@@ -428,18 +387,3 @@ def parse_params(task_name: str, params: dict[str, Any]) -> TaskParams | None:
                 else str(err["msg"]).removeprefix("Value error, ")  # fmt: skip
             lines.append(f"task.params.{loc}: {msg}" if loc else f"task.params: {msg}")
         raise ValueError("; ".join(lines)) from None
-    if isinstance(parsed, ReasoningGymParams):
-        check_gym_config(task_name.split(":", 1)[1], parsed.dataset_config())
-    return parsed
-
-
-def privileged_fields(parsed: TaskParams | None) -> dict[str, str]:
-    """{`task.params.<field>`: privilege} for each privileged field set away from its default."""
-    if parsed is None:
-        return {}
-    out = {}
-    for name, info in type(parsed).model_fields.items():
-        extra = info.json_schema_extra
-        if isinstance(extra, dict) and "privilege" in extra and getattr(parsed, name) != info.default:
-            out[f"task.params.{name}"] = str(extra["privilege"])
-    return out

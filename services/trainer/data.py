@@ -1,4 +1,5 @@
-"""The prompt stream of a job: deterministic by index, tokenised once, with a resumable position."""
+"""The prompt stream of a job: deterministic by index, tokenised once, with a resumable position; and the
+sampling seeds derived from the job seed."""
 
 from __future__ import annotations
 
@@ -6,11 +7,22 @@ from dataclasses import dataclass
 
 from services.config import JobSpec, ModelSpec
 from services.tasks import TaskItem, load_task
-from services.tasks.params import job_grants
+from services.tasks.grants import job_grants
+
+_SEED_MODULUS = 2**31 - 1  # the rollout engines take 31-bit seeds
+
+
+def derive_seed(job_seed: int, index: int, salt: int = 0) -> int:
+    """The one derivation of every seed a job draws from its own (sampling a prompt's group, a revision, an
+    evaluation, which traces to keep): distinct `index`/`salt` give unrelated seeds, and the same ones the
+    same seed on every run and every resume."""
+    return (job_seed * 1_000_003 + index * 7_919 + salt) % _SEED_MODULUS
 
 
 @dataclass
 class Prompt:
+    """One tokenised prompt: the `index`-th of a stream (training) or of the evaluation rows."""
+
     index: int
     item: TaskItem
     token_ids: list[int]
@@ -20,18 +32,13 @@ class PromptSource:
     def __init__(self, spec: JobSpec, tokenizer, position: int = 0):
         self.spec, self.tokenizer, self.position = spec, tokenizer, position
         self.task = load_task(spec.task.name, spec.task.params, spec.seed, job_grants())
-        self.dropped_too_long = 0
-        # a dataset: long prompts are dropped (and counted), not refused
-        if hasattr(self.task, "filter_prompts"):
-            limit = spec.sampling.max_prompt_tokens
-            self.dropped_too_long = self.task.filter_prompts(
-                lambda item: len(self.encode_item(item)) <= limit
-            )
+        # a task that can (a dataset) drops long prompts, counted, before the first; others refuse them in prompt()
+        limit = spec.sampling.max_prompt_tokens
+        self.dropped_too_long = self.task.filter_prompts(lambda item: len(self.encode_item(item)) <= limit)
 
     def available(self, n: int) -> bool:
         """Whether the next n prompts exist (a dataset with `epochs` runs out)."""
-        check = getattr(self.task, "available", None)
-        return check is None or check(self.position + n - 1)
+        return self.task.available(self.position + n - 1)
 
     def take(self, n: int) -> list[Prompt]:
         """The next n prompts of the stream; the position only moves forward (it is checkpointed)."""

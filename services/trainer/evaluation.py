@@ -13,25 +13,17 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from services.config import JobSpec
 from services.rollout.engine import Sampling
-from services.tasks import TaskItem
 from services.tasks.dataset import DatasetTask
+from services.trainer.data import Prompt, derive_seed, encode_item
 
 log = logging.getLogger("tgc.trainer")
 
 _EVAL_SEED_SALT = 0x65766131  # eval sampling seeds never coincide with training ones
-
-
-@dataclass
-class EvalPrompt:
-    index: int
-    item: TaskItem
-    token_ids: list[int]
 
 
 def eval_task(spec: JobSpec) -> DatasetTask:
@@ -56,18 +48,14 @@ class Evaluator:
         limit = spec.sampling.max_prompt_tokens
         self.task.filter_prompts(lambda item: len(encode(item)) <= limit)
         n = min(len(self.task), ev.max_prompts)
-        self.prompts = [
-            EvalPrompt(i, item, encode(item)) for i in range(n) for item in [self.task.eval_item(i)]
-        ]
+        self.prompts = [Prompt(i, item, encode(item)) for i in range(n) for item in [self.task.eval_item(i)]]
         self.k = ev.samples_per_prompt
         self.sampling = Sampling(
             0.0 if ev.greedy else ev.temperature,
             1.0 if ev.greedy else ev.top_p,
             ev.max_new_tokens or spec.sampling.max_new_tokens,
         )
-        self.seeds = [
-            (spec.seed * 1_000_003 + p.index * 7_919 + _EVAL_SEED_SALT) % (2**31 - 1) for p in self.prompts
-        ]
+        self.seeds = [derive_seed(spec.seed, p.index, _EVAL_SEED_SALT) for p in self.prompts]
         log.info(
             "evaluation: %d prompts x %d samples (%s), %d dropped as longer than %d prompt tokens",
             len(self.prompts),
@@ -118,7 +106,7 @@ class Evaluator:
 def summarise(scores, completions, k: int) -> dict[str, float]:
     """eval/ metrics of samples laid out prompt by prompt, k each."""
     n = len(scores)
-    correct = [s.reward >= 1.0 for s in scores]
+    correct = [s.correct for s in scores]
     prompts = n // k if k else 0
     lengths = [len(c.token_ids) for c in completions]
     # the length of right and wrong answers apart (when there are any): a 1/|o| length bias shows as their
@@ -150,7 +138,6 @@ def run_eval_only(
     from services.models import load_tokenizer, model_dir
     from services.reward import RewardPoolGroup
     from services.rollout import RolloutPool
-    from services.trainer.data import encode_item
     from services.trainer.metrics import MetricsSink
 
     tokenizer = load_tokenizer(spec.model)

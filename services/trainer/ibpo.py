@@ -25,11 +25,10 @@ from services.config import JobSpec
 from services.rollout.engine import Sampling
 from services.tasks import TaskItem
 from services.tasks.params import fill_template
-from services.trainer.data import encode_item
+from services.trainer.data import derive_seed, encode_item
 
 log = logging.getLogger("tgc.trainer")
 
-CORRECT = 1.0  # a reward >= this is a correct response (as `reward/accuracy` counts it)
 _SEED_SALT = 0x69627030  # revision sampling seeds never coincide with training or evaluation ones
 _REFERENCE_SEPARATOR = "\n\n---\n\n"
 
@@ -111,7 +110,7 @@ class Reviser:
         repaired, edited = 0, []
         for j, out, score in zip(jobs, outs, scores, strict=True):
             rec = groups[j.group].ibpo
-            ok = score.reward >= CORRECT
+            ok = score.correct
             rec.attempted[j.row], rec.revised_correct[j.row] = True, ok
             if ok:
                 repaired += 1
@@ -149,7 +148,7 @@ class Reviser:
         limit = self.spec.sampling.max_prompt_tokens
         for gi, g in enumerate(groups):
             g.ibpo = GroupRevisions.empty(len(g.completions))
-            correct = [s.reward >= CORRECT for s in g.scores]
+            correct = [s.correct for s in g.scores]
             refs = [j for j, c in enumerate(correct) if c]
             if not refs or len(refs) == len(correct):
                 continue
@@ -165,9 +164,7 @@ class Reviser:
                 if len(ids) > limit:
                     skipped += 1
                     continue
-                seed = (self.spec.seed * 1_000_003 + g.prompt.index * 7_919 + i * 104_729 + _SEED_SALT) % (
-                    2**31 - 1
-                )
+                seed = derive_seed(self.spec.seed, g.prompt.index, i * 104_729 + _SEED_SALT)
                 jobs.append(_Job(gi, i, ids, g.prompt.item, seed))
         return jobs, eligible, skipped
 

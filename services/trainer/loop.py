@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sized
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,8 +25,9 @@ from services.run_layout import (
     checkpoint_name,
 )
 from services.tasks import Score
+from services.tasks.params import DatasetParams
 from services.trainer.checkpoints import Checkpoints, read_state
-from services.trainer.data import Prompt, PromptSource
+from services.trainer.data import Prompt, PromptSource, derive_seed
 from services.trainer.metrics import MetricsSink
 from services.trainer.reporting import Reporter
 from services.trainer.traces import TraceWriter
@@ -140,7 +140,7 @@ class Trainer:
 
     # -- rollout ------------------------------------------------------------------------------------
     def _seeds(self, prompts: list[Prompt], attempt: int) -> list[int]:
-        return [(self.spec.seed * 1_000_003 + p.index * 7_919 + attempt) % (2**31 - 1) for p in prompts]
+        return [derive_seed(self.spec.seed, p.index, attempt) for p in prompts]
 
     def _generate_groups(
         self, prompts: list[Prompt], attempt: int = 0
@@ -302,18 +302,21 @@ class Trainer:
 
     def evaluate(self) -> dict[str, float]:
         """Held-out evaluation of the replicas' current weights (`eval` in the spec)."""
-        assert self.evaluator is not None, "evaluate() needs the spec's eval section"
+        if self.evaluator is None:
+            raise RuntimeError("evaluate() needs the spec's `eval` section; this job has none")
         return self.evaluator.run(self.rollout, self.rewards, self.step, self.tokenizer)
 
     def _data_done(self) -> str:
-        reason = f"trained on all {self.spec.task.params.get('epochs')} epoch(s) of the dataset at step {self.step}"
+        params = self.spec.task.parsed_params()
+        epochs = params.epochs if isinstance(params, DatasetParams) else None
+        reason = f"trained on all {epochs} epoch(s) of the dataset at step {self.step}"
         self.reporter.log(reason)
         return reason
 
     def _data_metrics(self) -> dict[str, float]:
         out = {"data/dropped_too_long": float(self.data.dropped_too_long)}
-        if isinstance(self.data.task, Sized):  # a dataset: a finite number of rows
-            out["data/epoch"] = self.trained_position / len(self.data.task)
+        if (size := self.data.task.epoch_size()) is not None:  # a finite data set (the dataset task's rows)
+            out["data/epoch"] = self.trained_position / size
         return out
 
     def _should_stop(self) -> bool:
@@ -387,7 +390,7 @@ def _rollout_metrics(rollout: Rollout, batch: TrainBatch) -> dict[str, float]:
     return {
         "reward/mean": rewards.mean().item(),
         "reward/std": rewards.std().item() if len(rewards) > 1 else 0.0,
-        "reward/accuracy": sum(s.reward >= 1.0 for s in scores) / n,
+        "reward/accuracy": sum(s.correct for s in scores) / n,
         "reward/timeouts": float(sum(s.status == "timeout" for s in scores)),
         "reward/errors": float(sum(s.status == "error" for s in scores)),
         "rollout/informative_groups": sum(g.informative for g in rollout.groups)

@@ -30,6 +30,7 @@ from services.run_layout import (
     TRAINER_STATE_FILE,
     JobState,
 )
+from services.tasks.grants import GrantError
 from services.trainer.reporting import Reporter
 
 log = logging.getLogger("tgc.trainer")
@@ -42,7 +43,7 @@ UNSAFE_HELP = (
 
 
 class ResourceError(ValueError):
-    """The spec asks for resources the cluster cannot provide (or privileges this job was not granted)."""
+    """The spec asks for resources the cluster cannot provide."""
 
 
 class ResumeMismatch(ValueError):
@@ -92,22 +93,20 @@ def _differences(a: object, b: object, path: str = "") -> list[tuple[str, object
 
 
 def check_grants(spec: JobSpec) -> None:
-    """Refuse a spec that needs a privilege this job lacks: the worker's own check, behind the control plane's."""
-    from services.tasks.params import job_grants
+    """Refuse (GrantError) a spec that needs a privilege this job lacks: the worker's own check, behind the
+    control plane's."""
+    from services.tasks.grants import job_grants, require_grants
 
-    grants = job_grants()
-    missing = {f: p for f, p in spec.privileges().items() if p not in grants}
-    if missing:
-        raise ResourceError(
-            "not allowed for this job: "
-            + "; ".join(f"{f} needs the grant '{p}'" for f, p in missing.items())
-            + " (the operator decides; see docs/security.md)"
-        )
+    require_grants(spec.privileges(), job_grants())
+
+
+class EvalStopped(Exception):
+    """SIGTERM/SIGINT during an evaluation-only job: it has no step boundary to stop at, so it stops at once."""
 
 
 def allow_unsafe_sandbox() -> None:
     """`--allow-unsafe-sandbox`: the operator running this process lets its job run code unconfined."""
-    from services.tasks.params import GRANTS_ENV, UNSAFE_SANDBOX, encode_grants, job_grants
+    from services.tasks.grants import GRANTS_ENV, UNSAFE_SANDBOX, encode_grants, job_grants
 
     os.environ[GRANTS_ENV] = encode_grants(job_grants() | {UNSAFE_SANDBOX})
 
@@ -248,9 +247,14 @@ def run(
 
     trainer = None
     started_ray = False
-    previous = _install_stop_handlers(
-        lambda reason: setattr(trainer, "stop_reason", reason) if trainer else None
-    )
+
+    def stop(reason: str) -> None:
+        if trainer is not None:
+            trainer.stop_reason = reason  # the loop checkpoints and stops at the next step boundary
+        elif spec.steps == 0:
+            raise EvalStopped(reason)
+
+    previous = _install_stop_handlers(stop)
     try:
         check_grants(spec)
         started_ray = init_ray(spec)
@@ -265,7 +269,10 @@ def run(
 
         trainer = Trainer(spec, run_dir, reporter, checkpoint, progress)
         return trainer.run()
-    except ResourceError as e:
+    except EvalStopped as e:
+        reporter.state(JobState.CANCELLED, str(e), 0)
+        return JobState.CANCELLED
+    except (ResourceError, GrantError) as e:
         reporter.state(JobState.FAILED, str(e), 0)
         raise
     except BaseException as e:
@@ -375,7 +382,7 @@ def train_command(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir or f"runs/{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
         state = run(spec, run_dir, args.resume)
-    except (ResourceError, ResumeMismatch) as e:
+    except (ResourceError, ResumeMismatch, GrantError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(summary(spec, run_dir, state))

@@ -27,6 +27,7 @@ from typing import IO, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.config import TracesSpec
+from services.trainer.data import derive_seed
 
 log = logging.getLogger("tgc.trainer")
 
@@ -180,7 +181,7 @@ class TraceWriter:
         the records it keeps. `advantages`: one per response, in group order (None: not known)."""
         if not self.spec.enabled:
             return []
-        rng = random.Random(self.seed * 1_000_003 + step)
+        rng = random.Random(derive_seed(self.seed, 0, step))
         picks = select([[s.reward for s in g.scores] for g in groups], self.spec, rng)
         starts = [0]
         for traced in groups:

@@ -1,22 +1,20 @@
-"""GPU weight sync: a broadcast from learner rank 0 straight into every rollout replica, through vLLM's native
-weight-transfer API (init_weight_transfer_engine -> start_weight_update -> update_weights -> finish_weight_update).
+"""`resources.weight_sync: broadcast`: learner rank 0 sends each step's weights straight into every vLLM rollout
+replica, through vLLM's native weight-transfer API (init_weight_transfer_engine -> start_weight_update ->
+update_weights -> finish_weight_update).
 
-On CPU the learner's weights go through the object store (`weights.py`); on GPUs that costs a device->host
-copy on the learner and host->device on every replica, so this path moves them GPU to GPU instead. It is
-kept apart from the object-store path and uses vLLM's own trainer-side engine, so this module only adapts
-our replicas to vLLM's client protocol:
+The object-store path (services/weight_sync/flat.py) costs a device->host copy on the learner and host->device
+on every replica on GPUs; this one moves the weights GPU to GPU with vLLM's own trainer-side NCCL engine, and
+runs the same protocol over gloo on CPU (services/weight_sync/gloo.py), which is how the tests exercise it.
+This module only adapts our replicas and learner ranks to that protocol (services/weight_sync/sync.py drives it):
 
-    client = pool.sync_client()                                 # driver; picklable, send it to learner ranks
-    # every learner rank (FSDP ranks all iterate the parameters; rank 0 sends):
-    sender = make_sender(client, model, master_address, master_port, rank)   # once
-    client.version = step; sender.send_weights()                # every step
+    client = pool.sync_client()                                   # a ReplicaSyncClient; picklable
+    learner_group.open_broadcast(functools.partial(BroadcastSender, client))   # every rank builds its sender
+    sender.send(learner, version)                                 # every step, on every rank; rank 0 sends
 
 Each replica is its own vLLM instance, so it joins the broadcast group at its own rank offset (vLLM's
 trainer engine assumes one instance at offset 1). A replica restarted after a crash is not in the group and
-starts from the pool's last object-store weights: publish through the object store now and then (and after
-a restart), and rebuild the group with a new `make_sender`. The trainer does this (`resources.weight_sync:
-broadcast`, services/weight_sync/sync.py), with one `BroadcastSender` per learner rank.
-On CPU the same protocol runs over gloo (`services.weight_sync.gloo.GlooSender`), which is how the tests exercise it.
+starts from the pool's last object-store weights, so WeightSync syncs through the object store after a
+restart (or a failed broadcast) and then opens the group again.
 """
 
 from __future__ import annotations

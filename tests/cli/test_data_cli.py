@@ -1,5 +1,7 @@
 """`tgc data export` writes files the dataset task reads back; `tgc eval` refuses a spec without `eval`."""
 
+import pytest
+
 from services.cli import main
 from services.tasks.dataset import DatasetTask
 
@@ -34,3 +36,19 @@ def test_eval_needs_an_eval_section(tmp_path, capsys):
     spec.write_text("name: x\ntask: {name: arithmetic}\n")
     assert main(["eval", str(spec)]) == 2
     assert "add an `eval` section" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--checkpoint", "--run-dir"])
+def test_eval_remote_refuses_the_local_only_flags_before_it_submits(tmp_path, capsys, monkeypatch, flag):
+    import services.cli as cli
+
+    spec = tmp_path / "job.yaml"
+    spec.write_text(f"name: x\neval: {{dataset: {{path: {tmp_path / 'rows.jsonl'}}}}}\n")
+
+    def no_server(args):
+        raise AssertionError("must refuse before it contacts the server")
+
+    monkeypatch.setattr(cli, "_client", no_server)
+    assert main(["eval", str(spec), "--remote", flag, str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert flag in err and "local evaluation only" in err and "model.source" in err

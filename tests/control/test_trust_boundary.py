@@ -24,9 +24,9 @@ from services.control.settings import ControlSettings
 from services.control.store import JobStore
 from services.control.tokens import TokenStore
 from services.tasks import load_task
-from services.tasks.base import GrantError
-from services.tasks.params import LOCAL_GRANTS, PRIVILEGES, UNSAFE_SANDBOX, params_model
-from services.trainer.main import ResourceError, check_grants
+from services.tasks.grants import LOCAL_GRANTS, PRIVILEGES, UNSAFE_SANDBOX, GrantError
+from services.tasks.registry import params_model
+from services.trainer.main import check_grants
 from tests.servers import auth
 
 
@@ -95,14 +95,14 @@ def test_the_worker_refuses_an_ungranted_unsafe_sandbox_whatever_the_spec_says()
 def test_a_control_plane_job_gets_only_its_recorded_grants(monkeypatch):
     spec = JobSpec.parse({**UNSAFE_SPECS[0], "model": {"source": "/srv/models/x"}})
     monkeypatch.setenv("TGC_GRANTS", "")  # what the scheduler sets for a job granted nothing
-    with pytest.raises(ResourceError, match="task.params.sandbox needs the grant 'unsafe_sandbox'"):
+    with pytest.raises(GrantError, match="task.params.sandbox needs the grant 'unsafe_sandbox'"):
         check_grants(spec)
     with pytest.raises(GrantError, match="custom code"):
         load_task("services.tasks.arithmetic:ArithmeticTask", {}, 0, grants=frozenset())
     monkeypatch.setenv("TGC_GRANTS", "unsafe_sandbox,host_paths,bogus")
     check_grants(spec)
     monkeypatch.delenv("TGC_GRANTS")  # a local run: the operator's own code and files, never unconfined
-    with pytest.raises(ResourceError, match="unsafe_sandbox"):
+    with pytest.raises(GrantError, match="unsafe_sandbox"):
         check_grants(spec)
 
 

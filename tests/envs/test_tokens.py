@@ -148,3 +148,17 @@ def test_the_bridge_failure_ends_the_run_with_its_reason(tokenizer):
     t = run.result()
     assert (t.end_reason, t.turns, env.closed) == ("bridge", 1, 1)
     assert "does not extend" in t.detail
+
+
+def test_a_trajectory_is_the_learners_response_after_its_prompt(template, tokenizer):
+    script = [(Message("tool", "x = 1"),), (Message("user", "and?"),)]
+    ctx = context()
+    run = run_of(ScriptedEnv(ctx, script), ctx, template)
+    log = drive(run, _engine(tokenizer, seed=3, stop_every=2))
+    t = run.result()
+    c = t.completion(version=7)
+    assert t.token_ids[: t.prompt_len] == log[0][0].prompt_ids
+    assert tuple(c.token_ids) == t.token_ids[t.prompt_len :]
+    assert c.model_mask == [bool(m) for m in t.loss_mask[t.prompt_len :]]
+    assert tuple(c.logprobs) == t.logprobs[t.prompt_len :]
+    assert (c.finish_reason, c.version) == ("done", 7)

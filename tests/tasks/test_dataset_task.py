@@ -12,7 +12,8 @@ from services.config import JobSpec, SpecError
 from services.tasks import load_task
 from services.tasks.dataset import DataError, DataExhausted, DatasetTask, read_table, score_row
 from services.tasks.export import export_rows, write_rows
-from services.tasks.params import LOCAL_GRANTS, DatasetParams
+from services.tasks.grants import LOCAL_GRANTS
+from services.tasks.params import DatasetParams
 
 
 @pytest.fixture(scope="module")

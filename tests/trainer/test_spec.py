@@ -1,5 +1,7 @@
 """The job spec: YAML round trip and field-level errors for bad input."""
 
+import sys
+
 import pytest
 
 from services.config import JobSpec, SpecError
@@ -135,3 +137,12 @@ def test_auto_dtype_is_stored_as_auto_and_resolved_by_each_actor_on_its_host(mon
     monkeypatch.setattr(config, "cpu_has_native_bf16", lambda: True)
     assert config.resolve_dtype("auto", on_gpu=False) == "bfloat16"
     assert config.resolve_dtype("float32", on_gpu=True) == "float32"
+
+
+def test_the_objective_is_checked_wherever_a_spec_is_parsed(monkeypatch):
+    # rlcore is part of every install (torch-free); no import failure may skip the objective's check
+    monkeypatch.setitem(sys.modules, "rlcore", None)
+    with pytest.raises(SpecError, match="unknown objective 'nope'"):
+        JobSpec.parse({"objective": {"name": "nope"}})
+    with pytest.raises(SpecError, match="kl_coef"):
+        JobSpec.parse({"objective": {"name": "cp_grpo", "overrides": {"kl_coef": -1}}})

@@ -1,0 +1,112 @@
+"""One task registry: every list of task names comes from BUILTIN_TASKS, and a task's optional capabilities are
+declared on the contract (services.tasks.base.Task) with defaults, not discovered by probing the object."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from services.cli import main
+from services.config import JobSpec, SpecError
+from services.tasks import load_task
+from services.tasks.arithmetic import ArithmeticTask
+from services.tasks.base import Task, TaskItem
+from services.tasks.dataset import DatasetTask
+from services.tasks.humaneval import HumanEvalTask
+from services.tasks.params import ArithmeticParams
+from services.tasks.registry import BUILTIN_TASKS, BuiltinTask, CustomTask, builtin_names
+
+
+def _listed(text: str, after: str) -> list[str]:
+    return [n.strip(" '") for n in text.split(after, 1)[1].replace(" or ", ", ").split(", ")]
+
+
+def test_tgc_schema_names_every_task_when_it_does_not_know_one(capsys):
+    assert main(["schema", "--task", "nope"]) == 2
+    assert _listed(capsys.readouterr().err.strip(), "built-in: ") == builtin_names()
+    assert "dataset" in builtin_names()  # the one the hand-written list had lost
+
+
+@pytest.fixture
+def countdown(monkeypatch):
+    """A new built-in task: one registry entry (its module here: the arithmetic task's)."""
+    entry = BuiltinTask(
+        "countdown", ArithmeticParams, "services.tasks.arithmetic:ArithmeticTask", exportable=False
+    )
+    monkeypatch.setitem(BUILTIN_TASKS, "countdown", entry)
+    return entry
+
+
+def test_one_registry_entry_reaches_the_spec_the_schema_load_task_and_every_message(countdown, capsys):
+    assert (
+        JobSpec.parse({"task": {"name": "countdown", "params": {"max_operand": 3}}}).task.name == "countdown"
+    )
+    with pytest.raises(SpecError, match="max_operand"):
+        JobSpec.parse({"task": {"name": "countdown", "params": {"max_operand": -1}}})
+    assert isinstance(load_task("countdown", {"max_operand": 3}, seed=1), ArithmeticTask)
+    assert main(["schema", "--task", "countdown"]) == 0 and "max_operand" in capsys.readouterr().out
+    with pytest.raises(SpecError) as e:
+        JobSpec.parse({"task": {"name": "mbpp"}})
+    assert "countdown" in str(e.value)
+    with pytest.raises(ValueError, match="countdown"):
+        load_task("mbpp")
+    assert main(["schema", "--task", "nope"]) == 2 and "countdown" in capsys.readouterr().err
+
+
+def test_export_refuses_the_tasks_the_registry_marks_unexportable(countdown, tmp_path, capsys):
+    for name in ("countdown", "dataset"):
+        assert main(["data", "export", "--task", name, "--out", str(tmp_path / "x.jsonl")]) == 2
+        err = capsys.readouterr().err
+        assert "export a built-in task" in err and "humaneval" in err and "countdown," not in err
+
+
+def test_every_registered_task_builds_from_its_entry_and_is_a_task(tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"prompt": "1+1?", "answer": "2"}\n')
+    params = {"dataset": {"path": str(rows)}}
+    for name, entry in BUILTIN_TASKS.items():
+        task = load_task(name, params.get(name, {}), seed=3)
+        assert isinstance(task, Task) and task.name == name
+        assert entry.factory.rsplit(":", 1)[1] == type(task).__name__
+
+
+def _data_metrics(task, position: int) -> dict[str, float]:
+    from services.trainer.loop import Trainer
+
+    trainer = SimpleNamespace(data=SimpleNamespace(task=task, dropped_too_long=0), trained_position=position)
+    return Trainer._data_metrics(trainer)  # type: ignore[arg-type]
+
+
+def test_humaneval_has_no_data_epoch_and_a_dataset_has_one(tmp_path):
+    humaneval = HumanEvalTask(seed=0)
+    assert humaneval.epoch_size() is None and humaneval.distinct_items() == 164
+    assert "data/epoch" not in _data_metrics(humaneval, 82)
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(f'{{"prompt": "q{i}", "answer": "{i}"}}\n' for i in range(4)))
+    dataset = DatasetTask(path=str(rows))
+    assert dataset.epoch_size() == 4
+    assert _data_metrics(dataset, 6)["data/epoch"] == 1.5
+
+
+class _Plain:
+    """A custom task as a user writes one: item and score only, no base class."""
+
+    name = "plain"
+
+    def item(self, index: int) -> TaskItem:
+        return TaskItem(id=str(index), prompt=f"say {index}", answer=str(index))
+
+    def score(self, item: TaskItem, response: str) -> float:
+        return float(response.strip() == item.answer)
+
+
+def make_plain(seed: int = 0) -> _Plain:
+    return _Plain()
+
+
+def test_a_custom_task_without_the_base_class_gets_the_contracts_defaults():
+    task = load_task(f"{__name__}:make_plain", {}, seed=0)
+    assert isinstance(task, CustomTask) and task.name == f"{__name__}:make_plain"
+    assert task.item(2).prompt == "say 2" and task.score(task.item(2), "2") == 1.0
+    assert task.available(10**9) and task.epoch_size() is None and task.distinct_items() is None
+    assert task.filter_prompts(lambda item: False) == 0  # it cannot drop items: too long stays an error
+    task.warm_up()
