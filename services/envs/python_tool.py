@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from services.envs.base import EnvContext, Message, StepInfo, StepResult
 from services.sandbox import RunResult, Sandbox, SandboxLimits
+from services.tasks.grants import UNSAFE_SANDBOX
 
 _BLOCK = re.compile(r"```[ \t]*(?:python3?|py)[ \t]*\n(.*?)```", re.S)
 _TRUNCATED = "\n...[truncated {n} characters]"
@@ -48,7 +49,7 @@ class PythonToolParams(BaseModel):
         "bwrap",
         pattern="^(bwrap|unsafe_local)$",
         description="`bwrap` (default), or `unsafe_local` (no isolation: needs the operator's grant).",
-        json_schema_extra={"privilege": "unsafe_sandbox"},
+        json_schema_extra={"privilege": UNSAFE_SANDBOX},
     )
     memory_mb: int = Field(512, ge=64, le=4096, description="Address-space limit of the cell's process.")
     max_output_chars: int = Field(

@@ -21,16 +21,7 @@ from services.envs.calculator import CalculatorEnv, CalculatorParams
 from services.envs.feedback import FeedbackEnv, FeedbackParams
 from services.envs.openenv import OpenEnvAdapter, OpenEnvParams
 from services.envs.python_tool import PythonToolEnv, PythonToolParams
-from services.tasks import GrantError
-
-try:
-    from services.tasks.grants import CUSTOM_CODE, LOCAL_GRANTS, UNSAFE_SANDBOX
-except ImportError:  # before the privileges moved to their own module (issue 30's seams)
-    from services.tasks.params import (  # type: ignore[attr-defined,no-redef]
-        CUSTOM_CODE,
-        LOCAL_GRANTS,
-        UNSAFE_SANDBOX,
-    )
+from services.tasks.grants import CUSTOM_CODE, LOCAL_GRANTS, privileged_fields, require_grants
 
 BUILTIN_PARAMS: dict[str, type[BaseModel]] = {
     "calculator": CalculatorParams,
@@ -81,16 +72,12 @@ def load_env(
     """Build the environment `name` for the trajectory of `ctx`. Refuses a custom class without the
     `custom_code` grant and an unconfined sandbox without `unsafe_sandbox`, naming the field."""
     parsed = parse_env_params(name, params)
-    if isinstance(parsed, PythonToolParams) and parsed.sandbox != "bwrap" and UNSAFE_SANDBOX not in grants:
-        raise GrantError(
-            f"env.params.sandbox: {parsed.sandbox!r} needs the operator's grant '{UNSAFE_SANDBOX}', "
-            "which this job does not have (see docs/security.md)"
-        )
+    # the fields a built-in marks privileged (e.g. python_tool's `sandbox: unsafe_local`), as for tasks
+    require_grants(
+        {f"env.params.{k.rsplit('.', 1)[1]}": v for k, v in privileged_fields(parsed).items()}, grants
+    )
     if isinstance(parsed, OpenEnvParams):
-        if CUSTOM_CODE not in grants:
-            raise GrantError(
-                f"env.params.env: {parsed.env!r} is custom code and needs the operator's grant '{CUSTOM_CODE}'"
-            )
+        require_grants({"env.params.env": CUSTOM_CODE}, grants)  # it imports and runs the named class
         return OpenEnvAdapter(ctx, parsed)
     if isinstance(parsed, CalculatorParams):
         return CalculatorEnv(ctx, parsed)
@@ -98,8 +85,7 @@ def load_env(
         return FeedbackEnv(ctx, parsed)
     if isinstance(parsed, PythonToolParams):
         return PythonToolEnv(ctx, parsed)
-    if CUSTOM_CODE not in grants:
-        raise GrantError(f"env.name {name!r}: custom code needs the operator's grant '{CUSTOM_CODE}'")
+    require_grants({"env.name": CUSTOM_CODE}, grants)
     module, _, attr = name.partition(":")
     try:
         factory = getattr(importlib.import_module(module), attr)
