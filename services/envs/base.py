@@ -65,6 +65,8 @@ class StepResult:
     info: StepInfo = field(default_factory=StepInfo)
 
     def __post_init__(self) -> None:
+        if self.observation is not None and not isinstance(self.observation, tuple):
+            object.__setattr__(self, "observation", tuple(self.observation))  # a list is fine to pass
         if not (isinstance(self.reward, int | float) and math.isfinite(self.reward)):
             raise ValueError(f"StepResult.reward={self.reward!r}: must be a finite number")
         if not self.done and not self.observation:

@@ -60,7 +60,12 @@ class OpenEnvAdapter:
     def __init__(self, ctx: EnvContext, params: OpenEnvParams):
         self.ctx, self.params = ctx, params
         self.env = _import(params.env)(**params.env_kwargs)
-        hints = typing.get_type_hints(self.env.step)
+        try:
+            hints = typing.get_type_hints(self.env.step)
+        except Exception as e:  # an annotation that does not resolve
+            raise ValueError(
+                f"env.params.env {params.env!r}: cannot read its step() annotations ({e})"
+            ) from None
         action = next((h for n, h in hints.items() if n not in ("return", "timeout_s")), None)
         if not (isinstance(action, type) and issubclass(action, BaseModel)):
             raise ValueError(f"env.params.env {params.env!r}: its step() does not annotate a pydantic action")

@@ -3,7 +3,7 @@
 import pytest
 from pydantic import ValidationError
 
-from services.envs import EnvBounds, Message, Sample
+from services.envs import EnvBounds, Message, Sample, StepResult
 from services.envs.rollout import TRUNCATION_MARKER
 from tests.envs.scripted import ScriptedEnv, context, drive, run_of
 
@@ -126,3 +126,17 @@ def test_an_environment_that_raises_ends_only_its_trajectory(template, tokenizer
     t = run.result()
     assert (t.end_reason, env.closed) == ("env_error", 1)
     assert "RuntimeError: boom" in t.detail
+
+
+def test_a_step_result_checks_what_it_is_given():
+    assert StepResult([Message("tool", "x")]).observation == (Message("tool", "x"),)  # a list becomes a tuple
+    with pytest.raises(ValueError, match="needs a non-empty observation"):
+        StepResult(None)
+    with pytest.raises(ValueError, match="done step has no observation"):
+        StepResult((Message("user", "x"),), done=True)
+    with pytest.raises(ValueError, match="assistant"):
+        StepResult((Message("assistant", "I said"),))
+    with pytest.raises(ValueError, match="finite"):
+        StepResult(None, float("nan"), done=True)
+    with pytest.raises(ValueError, match="role"):
+        Message("robot", "x")  # type: ignore[arg-type]
