@@ -13,7 +13,7 @@ import re
 from fractions import Fraction
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.envs.base import EnvContext, Message, StepInfo, StepResult
 
@@ -25,6 +25,16 @@ class CalcError(ValueError):
     """The expression is not one the calculator evaluates; the message says why (the model sees it)."""
 
 
+class WorkedExample(BaseModel):
+    """A few-shot example played as real chat turns before the question: the user asks, the model calls the
+    calculator, the tool answers (computed here, as in a trajectory), the model answers."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    question: str = Field(..., min_length=1, max_length=2048)
+    expression: str = Field(..., min_length=1, max_length=200)
+    answer: str = Field(..., min_length=1, max_length=2048)
+
+
 class CalculatorParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     max_expression_chars: int = Field(200, ge=1, le=4096, description="Longest expression evaluated.")
@@ -33,6 +43,18 @@ class CalculatorParams(BaseModel):
     system_prompt: str | None = Field(
         None, max_length=8192, description="A system message placed before the task's prompt."
     )
+    examples: list[WorkedExample] = Field(
+        [], max_length=4, description="Worked examples played as chat turns before the question."
+    )
+
+    @model_validator(mode="after")
+    def _examples_evaluate(self) -> CalculatorParams:
+        for i, example in enumerate(self.examples):
+            try:
+                evaluate(example.expression, self)
+            except CalcError as e:
+                raise ValueError(f"examples[{i}].expression {example.expression!r}: {e}") from None
+        return self
 
 
 class _Parser:
@@ -158,13 +180,28 @@ def evaluate(expression: str, params: CalculatorParams | None = None) -> str:
     return f"{sign}{whole}.{frac:012d}".rstrip("0").rstrip(".")
 
 
+def _result_line(expression: str, params: CalculatorParams) -> tuple[str, bool]:
+    """What the tool says for one call, and whether it evaluated."""
+    try:
+        return f"{expression.strip()} = {evaluate(expression, params)}", True
+    except CalcError as e:
+        return f"{expression.strip()[:80]}: error: {e}", False
+
+
 class CalculatorEnv:
     def __init__(self, ctx: EnvContext, params: CalculatorParams):
         self.ctx, self.params = ctx, params
 
     def reset(self) -> list[Message]:
-        first = [Message("system", self.params.system_prompt)] if self.params.system_prompt else []
-        return [*first, Message("user", self.ctx.item.prompt)]
+        out = [Message("system", self.params.system_prompt)] if self.params.system_prompt else []
+        for example in self.params.examples:
+            out += [
+                Message("user", example.question),
+                Message("assistant", f"<calc>{example.expression}</calc>"),
+                Message("tool", _result_line(example.expression, self.params)[0]),
+                Message("assistant", example.answer),
+            ]
+        return [*out, Message("user", self.ctx.item.prompt)]
 
     def step(self, model_text: str) -> StepResult:
         calls = _CALL.findall(model_text)
@@ -174,11 +211,9 @@ class CalculatorEnv:
         lines, errors = [], 0
         for expression in calls:
             self.ctx.start_tool_call()  # counts the call; raises at max_tool_calls or the deadline
-            try:
-                lines.append(f"{expression.strip()} = {evaluate(expression, self.params)}")
-            except CalcError as e:
-                errors += 1
-                lines.append(f"{expression.strip()[:80]}: error: {e}")
+            line, ok = _result_line(expression, self.params)
+            lines.append(line)
+            errors += not ok
         return StepResult((Message("tool", "\n".join(lines)),), info=StepInfo(tool_errors=errors))
 
     def close(self) -> None:

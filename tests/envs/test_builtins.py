@@ -153,3 +153,20 @@ def test_python_tool_calls_stop_at_the_bound():
     with pytest.raises(BoundHit) as hit:
         env.step("```python\nprint(2)\n```")
     assert hit.value.reason == "max_tool_calls"
+
+
+def test_calculator_worked_examples_are_real_chat_turns(template, tokenizer):
+    example = {"question": "What is 12 * 34?", "expression": "12*34", "answer": "12 * 34 = 408."}
+    env = CalculatorEnv(context(), CalculatorParams(examples=[example]))
+    assert env.reset() == [
+        Message("user", "What is 12 * 34?"),
+        Message("assistant", "<calc>12*34</calc>"),
+        Message("tool", "12*34 = 408"),
+        Message("assistant", "12 * 34 = 408."),
+        Message("user", "What is 2 + 3?"),
+    ]
+
+
+def test_a_worked_example_that_does_not_evaluate_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"examples\[0\].expression"):
+        CalculatorParams(examples=[{"question": "q", "expression": "2^", "answer": "a"}])
