@@ -102,6 +102,8 @@ class TrajectoryRun:
         self._waiting = False
         try:
             first = list(env.reset())
+            if first and first[-1].role == "assistant":
+                raise ValueError("the first observation ends with an assistant message; the model answers it")
             builder.start(first)
         except BridgeError as e:
             self._end("bridge", str(e))

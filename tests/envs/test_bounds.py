@@ -140,3 +140,15 @@ def test_a_step_result_checks_what_it_is_given():
         StepResult(None, float("nan"), done=True)
     with pytest.raises(ValueError, match="role"):
         Message("robot", "x")  # type: ignore[arg-type]
+
+
+def test_a_first_observation_the_model_cannot_answer_ends_the_run(template):
+    ctx = context()
+
+    class EndsWithAssistant(ScriptedEnv):
+        def reset(self):
+            return [Message("user", "hi"), Message("assistant", "hello")]
+
+    run = run_of(EndsWithAssistant(ctx, []), ctx, template)
+    assert run.request() is None
+    assert run.result().end_reason == "env_error" and "assistant" in run.result().detail
