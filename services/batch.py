@@ -154,9 +154,8 @@ def collate(
             ids[i, P : P + n] = torch.tensor(c.token_ids, dtype=torch.long)
             model = torch.ones(n) if c.model_mask is None else torch.tensor(c.model_mask, dtype=torch.float32)
             rmask[i, :n] = model
-            rlp[i, :n] = (
-                torch.tensor(c.logprobs, dtype=torch.float32) * model
-            )  # engine log-probs: model tokens
+            # the engine gives log-probs for the model's tokens only
+            rlp[i, :n] = torch.tensor(c.logprobs, dtype=torch.float32) * model
     versions = torch.tensor([c.version for c in completions], dtype=torch.long)
     return SampledBatch(
         ids, attn, rmask, torch.tensor(group_ids, dtype=torch.long), rlp, rewards, versions, P

@@ -6,10 +6,24 @@ in test_prefix_tree.py."""
 from __future__ import annotations
 
 import pytest
+import torch
 
+from services.batch import Completion, Segment, collate
 from services.learner import Learner
 from services.learner.plan import group_spans
 from tests.learner.test_prefix_tree import _one_thread, multi_turn  # noqa: F401 (the autouse fixture)
+
+
+def test_segments_collate_to_one_response_with_holes_and_engine_logprobs_on_model_tokens():
+    segments = [Segment([5, 6], [-0.5, -1.0]), Segment([7, 8, 9]), Segment([10], [-2.0])]
+    comp = Completion.from_segments(segments, "stop", 3)
+    b = collate([[1, 2]] * 2, [comp, Completion([5], [-0.1], "stop", 3)], [0, 0], torch.zeros(2), pad_id=0)
+    assert b.response_ids[0].tolist() == [5, 6, 7, 8, 9, 10]
+    assert b.response_mask[0].tolist() == [1, 1, 0, 0, 0, 1] and b.history_mask[0].tolist() == [1] * 6
+    assert b.rollout_logprobs[0].tolist() == [-0.5, -1.0, 0, 0, 0, -2.0]
+    assert b.history_mask[1].tolist() == [1, 0, 0, 0, 0, 0]
+    with pytest.raises(ValueError, match=r"segments\[1\].logprobs: 1 entries for 3 token_ids"):
+        Completion.from_segments([segments[0], Segment([7, 8, 9], [-1.0])], "stop", 3)
 
 
 def test_the_batch_has_holes_and_the_plan_counts_observations_as_tree_nodes():
