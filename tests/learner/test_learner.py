@@ -8,6 +8,7 @@ from services.learner import Learner
 from services.learner.logprobs import PolicyLogprobs
 from services.learner.plan import group_spans, plan_minibatches
 from services.learner.sharding import bf16_supported
+from tests.learner.test_prefix_tree import multi_turn
 
 pytestmark = pytest.mark.slow
 
@@ -141,8 +142,12 @@ def test_micro_batches_sum_to_the_full_batch_gradient(learner_spec, tiny_model_p
         torch.testing.assert_close(g_split[name], g_whole[name], rtol=1e-4, atol=1e-7)
 
 
-def test_a_token_budget_cuts_micro_batches_and_keeps_the_gradient(learner_spec, tiny_model_path, make_batch):
-    batch = make_batch(n_groups=4)
+@pytest.mark.parametrize("turns", ["single", "multi"])
+def test_a_token_budget_cuts_micro_batches_and_keeps_the_gradient(
+    learner_spec, tiny_model_path, make_batch, turns
+):
+    # multi: trajectories with tool output between the model's turns, counted as tree nodes by the budget
+    batch = make_batch(n_groups=4) if turns == "single" else multi_turn(0, n_groups=4)
     widest = max(g.tree_tokens for g in group_spans(batch))
     budgeted = Learner(
         learner_spec(**{"optim.micro_batch_size": 64, "optim.micro_batch_tokens": 2 * widest}),
