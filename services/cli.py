@@ -158,6 +158,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     """Evaluate the spec's model (or a checkpoint) on its `eval` rows, locally or (`--remote`) as a job."""
     from services.config import JobSpec, SpecError
+    from services.run_layout import EVENTS_FILE, METRICS_FILE, JobState
 
     try:
         spec = JobSpec.from_yaml(args.spec)
@@ -179,7 +180,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             return EXIT_INVALID
         with _client(args) as client:
             job = client.evaluate(spec).wait()
-            if job.state.value != "succeeded":
+            if job.state != JobState.SUCCEEDED:
                 print(f"error: evaluation job {job.id} {job.state.value}: {job.reason}", file=sys.stderr)
                 return EXIT_FAILED
             metrics = job.metrics()[0].metrics
@@ -193,10 +194,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         except (ResourceError, GrantError) as e:
             print(f"error: {e}", file=sys.stderr)
             return EXIT_INVALID
-        if state != "succeeded":
-            print(f"error: evaluation {state} (see {run_dir}/events.jsonl)", file=sys.stderr)
+        if state != JobState.SUCCEEDED:
+            print(f"error: evaluation {state} (see {run_dir / EVENTS_FILE})", file=sys.stderr)
             return EXIT_FAILED
-        metrics = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+        metrics = json.loads((run_dir / METRICS_FILE).read_text().splitlines()[-1])
         print(f"run dir {run_dir} (each sample's verdict: {run_dir}/eval/step_0.jsonl)")
     from services.trainer.evaluation import format_table
 
@@ -309,6 +310,8 @@ def follow_job(job, console) -> int:
     """Show a job's progress until it ends: a progress bar over steps, state changes and log lines."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from services.run_layout import ENDED_OK
+
     bar = Progress(
         TextColumn("[bold]{task.description}"), TextColumn("{task.fields[state]}"), BarColumn(),
         MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[metrics]}"), console=console,
@@ -336,7 +339,7 @@ def follow_job(job, console) -> int:
                 bar.console.print(f"{_ts(ev.time)}  {d.get('message', '')}", markup=False)
     r = job.record
     console.print(f"{r.id}: {_state_markup(r.state.value)} — {r.reason}")
-    return EXIT_OK if r.state.value in ("succeeded", "cancelled") else EXIT_FAILED
+    return EXIT_OK if r.state in ENDED_OK else EXIT_FAILED
 
 
 def cmd_submit(args: argparse.Namespace) -> int:

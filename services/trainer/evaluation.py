@@ -18,6 +18,7 @@ from typing import Any
 
 from services.config import JobSpec
 from services.rollout.engine import Sampling
+from services.run_layout import EVAL_ACCURACY
 from services.tasks.dataset import DatasetTask
 from services.trainer.data import Prompt, derive_seed, encode_item
 
@@ -117,7 +118,7 @@ def summarise(scores, completions, k: int) -> dict[str, float]:
         if found:
             apart[f"eval/length_{name}_mean"] = sum(found) / len(found)
     return {
-        "eval/accuracy": sum(correct) / max(n, 1),
+        EVAL_ACCURACY: sum(correct) / max(n, 1),
         "eval/reward_mean": sum(s.reward for s in scores) / max(n, 1),
         f"eval/pass@{k}": sum(any(correct[i * k : (i + 1) * k]) for i in range(prompts)) / max(prompts, 1),
         "eval/prompts": float(prompts),

@@ -21,6 +21,21 @@ from services.run_layout import (
     CHECKPOINTS_DIR,
     D2_RESIDUAL,
     D4_GROUPS_COMPLETE,
+    PRESERVES_CANCELLATION,
+    RESPONSE_LENGTH_MEAN,
+    RESPONSE_TOKENS,
+    REWARD_ACCURACY,
+    REWARD_ERRORS,
+    REWARD_MEAN,
+    REWARD_TIMEOUTS,
+    ROLLOUT_INFORMATIVE_GROUPS,
+    THROUGHPUT_TOKENS_PER_S,
+    TIMING_GENERATE,
+    TIMING_PREPARE,
+    TIMING_REWARD,
+    TIMING_STEP,
+    TIMING_SYNC,
+    TIMING_TRAIN,
     JobState,
     checkpoint_name,
 )
@@ -159,7 +174,7 @@ class Trainer:
             Group(p, cs, scores[i * G : (i + 1) * G])
             for i, (p, cs) in enumerate(zip(prompts, outs, strict=True))
         ]
-        return groups, {"timing/generate_s": t1 - t0, "timing/reward_s": t2 - t1}
+        return groups, {TIMING_GENERATE: t1 - t0, TIMING_REWARD: t2 - t1}
 
     def _rollout(self) -> Rollout:
         """Sample a step's groups; with dynamic sampling, replace all-equal-reward groups (DAPO)."""
@@ -222,10 +237,10 @@ class Trainer:
         }
         m.update(
             {
-                "timing/train_s": t2 - t1,
-                "timing/sync_s": t3 - t2,
-                "timing/prepare_s": t1 - t0,
-                "objective/preserves_cancellation": float(self.residuals.preserves),
+                TIMING_TRAIN: t2 - t1,
+                TIMING_SYNC: t3 - t2,
+                TIMING_PREPARE: t1 - t0,
+                PRESERVES_CANCELLATION: float(self.residuals.preserves),
                 "policy/version": float(self.version),
                 "policy/staleness_mean": staleness.mean().item(),
                 "policy/staleness_max": staleness.max().item(),
@@ -275,8 +290,8 @@ class Trainer:
                 pending = pool.submit(self._rollout) if pool and more else None
                 metrics = self.train_step(rollout)
                 self.step += 1
-                metrics["timing/step_s"] = time.perf_counter() - t0
-                metrics["throughput/tokens_per_s"] = metrics["response/tokens"] / metrics["timing/step_s"]
+                metrics[TIMING_STEP] = time.perf_counter() - t0
+                metrics[THROUGHPUT_TOKENS_PER_S] = metrics[RESPONSE_TOKENS] / metrics[TIMING_STEP]
                 every = spec.eval.every_steps if spec.eval is not None else 0
                 if self.evaluator is not None and (not more or (every and self.step % every == 0)):
                     metrics.update(self.evaluate())
@@ -388,15 +403,14 @@ def _rollout_metrics(rollout: Rollout, batch: TrainBatch) -> dict[str, float]:
     rewards = batch.rewards
     n = max(len(scores), 1)
     return {
-        "reward/mean": rewards.mean().item(),
+        REWARD_MEAN: rewards.mean().item(),
         "reward/std": rewards.std().item() if len(rewards) > 1 else 0.0,
-        "reward/accuracy": sum(s.correct for s in scores) / n,
-        "reward/timeouts": float(sum(s.status == "timeout" for s in scores)),
-        "reward/errors": float(sum(s.status == "error" for s in scores)),
-        "rollout/informative_groups": sum(g.informative for g in rollout.groups)
-        / max(len(rollout.groups), 1),
-        "response/length_mean": lengths.mean().item(),
+        REWARD_ACCURACY: sum(s.correct for s in scores) / n,
+        REWARD_TIMEOUTS: float(sum(s.status == "timeout" for s in scores)),
+        REWARD_ERRORS: float(sum(s.status == "error" for s in scores)),
+        ROLLOUT_INFORMATIVE_GROUPS: sum(g.informative for g in rollout.groups) / max(len(rollout.groups), 1),
+        RESPONSE_LENGTH_MEAN: lengths.mean().item(),
         "response/length_max": lengths.max().item(),
         "response/truncated_frac": sum(c.finish_reason == "length" for c in comps) / n,
-        "response/tokens": lengths.sum().item(),
+        RESPONSE_TOKENS: lengths.sum().item(),
     }

@@ -7,6 +7,8 @@ import json
 import logging
 import os
 import time
+from collections.abc import Mapping
+from numbers import Real
 from pathlib import Path
 from typing import Any
 
@@ -65,8 +67,17 @@ class Reporter:
     def state(self, state: JobState, reason: str = "", step: int = 0) -> None:
         self.emit(StateEvent(time=time.time(), state=state, reason=reason, step=step))
 
-    def step(self, step: int, metrics: dict[str, float]) -> None:
-        self.emit(StepEvent(time=time.time(), step=step, metrics=metrics))
+    def step(self, step: int, metrics: Mapping[str, object]) -> None:
+        """A step's metrics; values that are not numbers are left out, as in metrics.jsonl (a bad metric must
+        not end the training it describes, nor make the control plane refuse the batch)."""
+        numbers = {k: float(v) for k, v in metrics.items() if isinstance(v, Real)}
+        if len(numbers) < len(metrics):
+            log.warning(
+                "step %d: metrics that are not numbers not reported: %s",
+                step,
+                sorted(metrics.keys() - numbers.keys()),
+            )
+        self.emit(StepEvent(time=time.time(), step=step, metrics=numbers))
 
     def checkpoint(self, step: int, path: Path) -> None:
         self.emit(CheckpointEvent(time=time.time(), step=step, path=str(path)))
