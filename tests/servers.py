@@ -28,6 +28,24 @@ def auth(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
+def arm(api_server: ApiServer, job_id: str, run_dir: Path) -> str:
+    """Do what the scheduler does at submission on a server without Ray: mark the job starting with `run_dir`
+    and mint its reporting token (returned: what a trainer's Reporter sends)."""
+    from services.control import tokens
+    from services.control.db import make_engine
+    from services.control.store import JobStore
+
+    engine = make_engine(f"sqlite:///{(api_server.cp.data_dir / 'tgc.db').resolve()}")
+    try:
+        store = JobStore(engine)
+        store.start_attempt(store.get(job_id), f"tgc-{job_id}-1", str(run_dir))
+        secret = tokens.mint(tokens.JOB_PREFIX)
+        store.update(job_id, job_token_hash=tokens.digest(secret))
+    finally:
+        engine.dispose()
+    return secret
+
+
 @contextmanager
 def control_plane_with_ray(data_dir: Path, *args: str) -> Iterator[LocalControlPlane]:
     """A started control plane that runs jobs on its managed local Ray head; both are stopped on exit."""

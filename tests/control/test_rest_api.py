@@ -8,28 +8,14 @@ from pathlib import Path
 
 import httpx
 
-from services.control import tokens
-from services.control.db import make_engine
-from services.control.store import JobStore
 from services.trainer.reporting import Reporter
-from tests.servers import auth
+from tests.servers import arm, auth
 
 TINY = {"name": "tiny", "steps": 3, "group_size": 2, "prompts_per_step": 2}
 
 
 def submit(http, token: str, spec: dict | None = None, **headers: str) -> httpx.Response:
     return http.post("/v1/jobs", json=spec or TINY, headers={**auth(token), **headers})
-
-
-def arm(api_server, job_id: str, run_dir: Path) -> str:
-    """Do what the scheduler does at submission (mark starting, mint the job's reporting token)."""
-    engine = make_engine(f"sqlite:///{api_server.cp.data_dir / 'tgc.db'}")
-    store = JobStore(engine)
-    store.start_attempt(store.get(job_id), f"tgc-{job_id}-1", str(run_dir))
-    secret = tokens.mint(tokens.JOB_PREFIX)
-    store.update(job_id, job_token_hash=tokens.digest(secret))
-    engine.dispose()
-    return secret
 
 
 def reporter(api_server, job_id: str, secret: str, run_dir: Path) -> Reporter:

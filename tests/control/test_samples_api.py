@@ -12,14 +12,12 @@ import pytest
 from services.batch import Completion
 from services.cli import main
 from services.config import TracesSpec
-from services.control.db import make_engine
-from services.control.store import JobStore
 from services.sdk import Client, NotFound, TraceRecord
 from services.tasks import Score, TaskItem
 from services.trainer.data import Prompt
 from services.trainer.loop import Group
 from services.trainer.traces import TRACES_DIR, TraceWriter, trace_files
-from tests.servers import auth
+from tests.servers import arm, auth
 
 SPEC = {"name": "traced", "steps": 3, "group_size": 4, "prompts_per_step": 3}
 STEPS = 3
@@ -39,14 +37,8 @@ def _started_job(api_server, token: str, run_dir: Path) -> str:
     """A job the scheduler would have started: its record names `run_dir` (the server here runs no Ray)."""
     r = httpx.post(f"{api_server.url}/v1/jobs", json=SPEC, headers=auth(token))
     r.raise_for_status()
-    job_id = r.json()["id"]
-    engine = make_engine(f"sqlite:///{(api_server.cp.data_dir / 'tgc.db').resolve()}")
-    try:
-        store = JobStore(engine)
-        store.start_attempt(store.get(job_id), f"tgc-{job_id}-1", str(run_dir))
-    finally:
-        engine.dispose()
-    return job_id
+    arm(api_server, r.json()["id"], run_dir)
+    return r.json()["id"]
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ with its managed Ray head):
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import secrets
@@ -30,6 +29,7 @@ import yaml
 from services.control.local import LocalControlPlane, free_port
 from services.control.ray_cluster import LocalRayCluster
 from services.sdk import Client
+from tests.browser import CHROMIUM, Browser
 from tests.ops.raynodes import state_api
 from tests.proc_helpers import wait_for
 
@@ -38,7 +38,6 @@ ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "helm" / "tgc-rl" / "dashboards" / "tgc-rl.json"
 RULES = ROOT / "helm" / "tgc-rl" / "alerts" / "tgc-rl.rules.yaml"
 PROMETHEUS = shutil.which("prometheus")
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 JOB = "obs"
 ROLES = (f"{JOB}-learner-0", f"{JOB}-rollout-0", f"{JOB}-reward-0")
 # Grafana's variables as the dashboard opens: every job, and a rate window of four scrape intervals.
@@ -265,79 +264,21 @@ def test_each_actor_of_a_running_job_is_named_for_its_job_and_role(stack):
     CHROMIUM is None, reason="Debian's chromium is not installed (scripts/setup.sh installs it)"
 )
 def test_ray_dashboard_actors_page_shows_the_job_s_actors(stack, tmp_path):
-    from websockets.sync.client import connect
-
-    profile = tmp_path / "chromium-profile"
-    proc = subprocess.Popen(
-        [
-            CHROMIUM,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-first-run",
-            f"--user-data-dir={profile}",
-            "--remote-debugging-port=0",
-            "--window-size=1600,1000",
-            "about:blank",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        active = profile / "DevToolsActivePort"
-        wait_for(lambda: active.exists() and active.read_text().strip(), 60, "Chromium's DevTools port")
-        port = active.read_text().split()[0]
-        page = next(
-            t
-            for t in httpx.get(f"http://127.0.0.1:{port}/json/list", timeout=10).json()
-            if t["type"] == "page"
-        )
-        with connect(page["webSocketDebuggerUrl"], max_size=None, open_timeout=30) as ws:
-            calls = iter(range(1, 10**6))
-
-            def cdp(method: str, **params) -> dict:
-                n = next(calls)
-                ws.send(json.dumps({"id": n, "method": method, "params": params}))
-                while True:
-                    msg = json.loads(ws.recv(timeout=60))
-                    if msg.get("id") == n:
-                        assert "error" not in msg, msg
-                        return msg["result"]
-
-            # what a person does once: paste the head's Ray token, which the dashboard keeps as this cookie
-            cdp("Network.enable")
-            cdp(
-                "Network.setCookie",
-                name="ray-authentication-token",
-                value=stack.head.token,
-                url=stack.head.dashboard_url,
-                httpOnly=True,
+    with Browser(tmp_path / "chromium-profile", width=1600) as browser:
+        # what a person does once: paste the head's Ray token, which the dashboard keeps as this cookie
+        browser.cdp("Network.enable")
+        browser.cdp("Network.setCookie", name="ray-authentication-token", value=stack.head.token,
+                    url=stack.head.dashboard_url, httpOnly=True)  # fmt: skip
+        browser.navigate(f"{stack.head.dashboard_url}/#/actors")
+        text = ""
+        try:
+            text = wait_for(
+                lambda: (t := browser.text()) and all(r in t for r in ROLES) and t,
+                120,
+                "the job's actors on the dashboard's actors page",
             )
-            cdp("Page.navigate", url=f"{stack.head.dashboard_url}/#/actors")
-
-            def page_text() -> str:
-                return cdp(
-                    "Runtime.evaluate",
-                    expression="document.body ? document.body.innerText : ''",
-                    returnByValue=True,
-                )["result"].get("value", "")
-
-            text = ""
-            try:
-                text = wait_for(
-                    lambda: (t := page_text()) and all(r in t for r in ROLES) and t,
-                    120,
-                    "the job's actors on the dashboard's actors page",
-                )
-            finally:
-                shot = base64.b64decode(cdp("Page.captureScreenshot", format="png")["data"])
-                (stack.root / "ray-dashboard-actors.png").write_bytes(shot)  # kept: what a person sees
-    finally:
-        _kill_session(proc)
+        finally:
+            shot = browser.screenshot(stack.root / "ray-dashboard-actors.png")  # kept: what a person sees
     assert shot.startswith(b"\x89PNG") and len(shot) > 20_000
     assert "ALIVE" in text and "RolloutActor" in text
 
