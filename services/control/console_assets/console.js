@@ -56,7 +56,9 @@ async function renderList() {
   show("list");
   const body = $("jobs").querySelector("tbody");
   let timer = null;
+  let stopped = false;
   const refresh = async () => {
+    if (stopped) return;
     try {
       const page = await call("/v1/jobs?limit=100");
       body.replaceChildren(...page.jobs.map((job) => {
@@ -69,10 +71,10 @@ async function renderList() {
       }));
       $("no-jobs").hidden = page.jobs.length > 0;
     } catch (e) { $("error").textContent = e.message; }
-    timer = setTimeout(refresh, 3000);
+    if (!stopped) timer = setTimeout(refresh, 3000);
   };
   await refresh();
-  return { stop: () => clearTimeout(timer) };
+  return { stop: () => { stopped = true; clearTimeout(timer); } };
 }
 
 // -- one job -----------------------------------------------------------------------------------------------
@@ -231,11 +233,16 @@ async function renderJob(id) {
 }
 
 // -- routing -------------------------------------------------------------------------------------------------
+let routes = 0;  // a newer route supersedes one still loading
+
 async function route() {
+  const mine = ++routes;
   view.stop();
+  view = { stop: () => {} };
   if (!token()) { show("login"); return; }
   const match = location.hash.match(/^#\/jobs\/([\w-]+)$/);
-  view = match ? await renderJob(match[1]) : await renderList();
+  const next = match ? await renderJob(match[1]) : await renderList();
+  if (mine === routes) view = next; else next.stop();
 }
 
 $("login").addEventListener("submit", async (event) => {
