@@ -233,7 +233,7 @@ class JobStore:
                     reason="accepted", time=now,
                 ))  # fmt: skip
                 append_event(conn, job_id, 1, {
-                    "type": "state", "time": now, "state": "queued", "previous": None, "reason": "accepted",
+                    "type": "state", "time": now, "state": JobState.QUEUED.value, "previous": None, "reason": "accepted",
                     "step": None, "source": "control",
                 })  # fmt: skip
                 job = JobRow.from_row(conn.execute(sa.select(db.jobs).where(db.jobs.c.id == job_id)).one())

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from services.config import MlflowTrackerSpec, TrackerSpec, WandbTrackerSpec
+from services.run_layout import JobState
 from services.trainer.traces import TraceRecord
 
 log = logging.getLogger("tgc.trackers")
@@ -55,7 +56,7 @@ class RunInfo:
 
 @dataclass(frozen=True)
 class RunEnd:
-    state: str  # succeeded | cancelled | failed
+    state: JobState  # succeeded | cancelled | failed
     final_checkpoint: str | None
     artifacts: Sequence[Path]  # curves.png, spec.yaml ...: uploaded where the tracker keeps files
 
@@ -132,7 +133,7 @@ class MlflowTracker:
                 self.client.log_artifact(self.run_id, str(path))
         if end.final_checkpoint:
             self.client.set_tag(self.run_id, "tgc.final_checkpoint", end.final_checkpoint)
-        status = {"succeeded": "FINISHED", "cancelled": "KILLED"}.get(end.state, "FAILED")
+        status = {JobState.SUCCEEDED: "FINISHED", JobState.CANCELLED: "KILLED"}.get(end.state, "FAILED")
         self.client.set_terminated(self.run_id, status=status)
 
 
@@ -172,10 +173,10 @@ class WandbTracker:
         self.run.log({"samples": wandb.Table(columns=list(SAMPLE_COLUMNS), data=rows)}, step=step)
 
     def finish(self, end: RunEnd) -> None:
-        self.run.summary["tgc/state"] = end.state
+        self.run.summary["tgc/state"] = str(end.state)
         if end.final_checkpoint:
             self.run.summary["tgc/final_checkpoint"] = end.final_checkpoint
-        self.run.finish(exit_code=0 if end.state == "succeeded" else 1)
+        self.run.finish(exit_code=0 if end.state == JobState.SUCCEEDED else 1)
         import wandb
 
         wandb.teardown()  # its service process (wandb-core) would otherwise live as long as the trainer
