@@ -11,7 +11,7 @@ from services.cli import main
 from services.config import JobSpec
 from services.run_layout import CHECKPOINTS_DIR, EVENTS_FILE, SPEC_FILE
 from services.trainer.checkpoints import Checkpoints
-from services.trainer.main import ResumeMismatch, check_resume, run
+from services.trainer.main import RESUME_MAY_CHANGE, ResumeMismatch, check_resume, run
 from tests.trainer.conftest import BASE
 
 ORIGINAL = JobSpec.parse(BASE)
@@ -82,3 +82,11 @@ def test_tgc_train_resume_with_a_changed_spec_exits_2_naming_the_field(tmp_path,
     spec_file.write_text(yaml.safe_dump({**BASE, "group_size": 6}))
     assert main(["train", str(spec_file), "--run-dir", str(run_dir), "--resume"]) == 2
     assert "group_size (4 -> 6)" in capsys.readouterr().err
+
+
+def test_what_may_change_names_spec_fields_and_none_that_decides_training():
+    fields = {f.alias or name for name, f in JobSpec.model_fields.items()}
+    assert RESUME_MAY_CHANGE <= fields  # a misspelt name would let nothing through and guard nothing
+    trained = {"model", "task", "objective", "sampling", "optim", "async", "ibpo", "group_size", "prompts_per_step",
+               "seed", "dynamic_sampling"}  # fmt: skip
+    assert trained <= fields and trained.isdisjoint(RESUME_MAY_CHANGE)
