@@ -149,7 +149,7 @@ WATCHED_METRICS = frozenset({
 MAX_LOG_MESSAGE = 8192
 MAX_METRICS_PER_STEP = 512
 
-_Step = Annotated[int, Strict(), Field(ge=0)]
+_Step = Annotated[int, Strict(), Field(ge=0, le=2**31 - 1)]  # the store keeps steps as 32-bit integers
 _Time = Annotated[float, Field(allow_inf_nan=False, description="unix seconds")]
 
 
@@ -209,8 +209,17 @@ class StepEvent(_Event):
         for k, x in v.items():
             if x is not None and (isinstance(x, bool) or not isinstance(x, numbers.Real)):
                 raise ValueError(f"{k}: must be a number, got {type(x).__name__}")
-            out[str(k)] = float(x) if x is not None and math.isfinite(float(x)) else None  # JSON has no NaN
+            out[str(k)] = _finite(x) if x is not None else None
         return out
+
+
+def _finite(x: numbers.Real) -> float | None:
+    """The value as a float, or None where it has none (NaN, infinities, an integer beyond float range)."""
+    try:
+        f = float(x)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None  # JSON has no NaN
 
 
 class CheckpointEvent(_Event):

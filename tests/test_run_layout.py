@@ -57,12 +57,17 @@ def test_unknown_and_malformed_lines_are_kept_or_skipped_never_raised(tmp_path):
         json.dumps([1, 2]),  # not an object
         json.dumps({"type": "checkpoint", "time": 3.0, "step": -1, "path": "/x"}),  # a field out of range
         json.dumps({"type": "state", "time": 4.0, "state": "queued"}),  # a state only the control plane sets
+        json.dumps(
+            {"type": "step", "time": 5.0, "step": 2**40, "metrics": {}}
+        ),  # beyond the store's integers
+        json.dumps({"type": "step", "time": 6.0, "step": 3, "metrics": {"huge": 10**400}}),  # kept, as null
         "null",
         '{"type": "log", "ti',  # cut by a crash
     ]
     (tmp_path / EVENTS_FILE).write_text("\n".join(lines))
     read = progress.read_run_dir_events(str(tmp_path))
-    assert [type(e) for e in read] == [StepEvent, OtherEvent]
+    assert [type(e) for e in read] == [StepEvent, OtherEvent, StepEvent]
+    assert read[2].metrics == {"huge": None}
     assert read[1].type == "rollout_sample" and read[1].wire()["text"] == "a newer trainer's event"
 
 
