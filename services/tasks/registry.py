@@ -80,12 +80,18 @@ def parse_params(task_name: str, params: dict[str, Any]) -> TaskParams | None:
     return parsed
 
 
-def _import(entry_point: str, what: str) -> Any:
+def _builtin(entry_point: str) -> Any:
+    """A built-in task's class; an import error here is ours (or a missing dependency), so it stays one."""
+    module, _, attr = entry_point.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _custom(entry_point: str) -> Any:
     module, _, attr = entry_point.partition(":")
     try:
         return getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as e:
-        raise ValueError(f"{what} {entry_point!r}: cannot import {attr} from {module} ({e})") from None
+        raise ValueError(f"task.name {entry_point!r}: cannot import {attr} from {module} ({e})") from None
 
 
 def load_task(
@@ -102,14 +108,14 @@ def load_task(
     require_grants(privileged_fields(parsed), grants)
     entry = BUILTIN_TASKS.get(name)
     if entry is not None and parsed is not None:
-        return _import(entry.factory, "task").from_params(seed, parsed)
+        return _builtin(entry.factory).from_params(seed, parsed)
     if name.startswith(GYM_PREFIX) and isinstance(parsed, ReasoningGymParams):
         dataset = name.removeprefix(GYM_PREFIX)
-        return _import(GYM_FACTORY, "task")(dataset, seed=seed, **parsed.model_dump(exclude_unset=True))
+        return _builtin(GYM_FACTORY)(dataset, seed=seed, **parsed.model_dump(exclude_unset=True))
     if ":" in name:
         if CUSTOM_CODE not in grants:
             raise GrantError(f"task.name {name!r}: custom code needs the operator's grant '{CUSTOM_CODE}'")
-        task = _import(name, "task.name")(seed=seed, **params)
+        task = _custom(name)(seed=seed, **params)
         return task if isinstance(task, Task) else CustomTask(name, task)
     raise ValueError(
         f"unknown task.name {name!r}; use {', '.join(repr(n) for n in builtin_names())} or 'module:function'"
