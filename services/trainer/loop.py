@@ -4,6 +4,7 @@ group (FSDP2) -> weights published once to the object store (or broadcast) -> ro
 from __future__ import annotations
 
 import logging
+import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from services.rollout import RolloutSpec, engine_kind
 from services.run_layout import (
     CANCEL_FILE,
     CHECKPOINTS_DIR,
+    CURVES_FILE,
     D2_RESIDUAL,
     D4_GROUPS_COMPLETE,
     PRESERVES_CANCELLATION,
@@ -29,6 +31,7 @@ from services.run_layout import (
     REWARD_MEAN,
     REWARD_TIMEOUTS,
     ROLLOUT_INFORMATIVE_GROUPS,
+    SPEC_FILE,
     THROUGHPUT_TOKENS_PER_S,
     TIMING_GENERATE,
     TIMING_PREPARE,
@@ -46,6 +49,7 @@ from services.trainer.data import Prompt, PromptSource, derive_seed
 from services.trainer.metrics import MetricsSink
 from services.trainer.reporting import Reporter
 from services.trainer.traces import TraceWriter
+from services.trainer.trackers import RunEnd, RunInfo, Trackers, flatten
 from services.weight_sync import WeightSync
 
 log = logging.getLogger("tgc.trainer")
@@ -89,7 +93,12 @@ class Trainer:
         self.objective = rlcore.get_objective(spec.objective.name, **spec.objective.overrides)
         self.tokenizer = load_tokenizer(spec.model)
         self.checkpoints = Checkpoints(run_dir / CHECKPOINTS_DIR, spec.checkpoint.keep_last)
-        self.metrics = MetricsSink(run_dir, spec.name, spec.steps, progress)
+        self.outcome = JobState.FAILED  # what run() ended with; the trackers' runs end with it
+        params = flatten(spec.model_dump(mode="json", by_alias=True))
+        self.trackers = Trackers.from_spec(
+            spec.trackers, RunInfo(spec.name, os.environ.get("TGC_JOB_ID", ""), run_dir, params)
+        )
+        self.metrics = MetricsSink(run_dir, spec.name, spec.steps, progress, self.trackers)
         self.traces = TraceWriter(run_dir, spec.traces, spec.seed)
         self.stop_reason: str | None = None
         self.step = 0
@@ -152,6 +161,9 @@ class Trainer:
                 log.warning("shutdown of %s failed: %s", part, e)
         self.metrics.close()
         self.traces.close()
+        latest = self.checkpoints.latest()
+        artifacts = [self.run_dir / CURVES_FILE, self.run_dir / SPEC_FILE]  # curves: written before shutdown
+        self.trackers.close(RunEnd(self.outcome, str(latest) if latest else None, artifacts))
 
     # -- rollout ------------------------------------------------------------------------------------
     def _seeds(self, prompts: list[Prompt], attempt: int) -> list[int]:
@@ -234,6 +246,7 @@ class Trainer:
             **self._data_metrics(),
             **_prefixed("rollout/", self.rollout.stats()),
             **_prefixed("reward/", self.rewards.stats()),
+            **self.trackers.stats(),
         }
         m.update(
             {
@@ -259,7 +272,8 @@ class Trainer:
             adv = (adv * batch.response_mask).sum(1) / batch.response_mask.sum(1).clamp_min(1)
         decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
         try:
-            self.traces.add_step(self.step + 1, rollout.groups, adv.tolist(), decode)
+            records = self.traces.add_step(self.step + 1, rollout.groups, adv.tolist(), decode)
+            self.trackers.log_samples(self.step + 1, records)
         except Exception as e:  # a sample that cannot be recorded must not end the training it describes
             log.warning("traces: step %d not sampled: %s", self.step + 1, e)
 
@@ -308,8 +322,10 @@ class Trainer:
             self.save()
             if self.stop_reason:
                 self.reporter.state(JobState.CANCELLED, self.stop_reason, self.step)
+                self.outcome = JobState.CANCELLED
                 return JobState.CANCELLED
             self.reporter.state(JobState.SUCCEEDED, finished, self.step)
+            self.outcome = JobState.SUCCEEDED
             return JobState.SUCCEEDED
         finally:
             if pool is not None:

@@ -53,7 +53,7 @@ class ResumeMismatch(ValueError):
 # What a resume may change: how long the run goes, what it is called, where it runs, how it is checkpointed,
 # evaluated and traced. Everything else (model, task, objective, group_size, sampling, optim, seed, ...) decides
 # what is trained, and the checkpoint's optimizer state and data position only mean something under it.
-RESUME_MAY_CHANGE = frozenset({"name", "steps", "checkpoint", "eval", "traces", "resources"})
+RESUME_MAY_CHANGE = frozenset({"name", "steps", "checkpoint", "eval", "traces", "trackers", "resources"})
 
 
 def check_resume(spec: JobSpec, checkpoint: Path) -> None:
@@ -285,11 +285,11 @@ def run(
         log.error("job failed at step %d: %s", step, reason)
         return JobState.FAILED
     finally:
+        _write_curves(run_dir)  # before the trainer's shutdown, which hands it to the trackers
         if trainer is not None:
             trainer.shutdown()
         reporter.flush()
         _restore_handlers(previous)
-        _write_curves(run_dir)
         if started_ray or os.environ.get("RAY_ADDRESS"):
             save_actor_logs(run_dir)
         if started_ray:

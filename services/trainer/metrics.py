@@ -7,6 +7,10 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from services.trainer.trackers import Trackers
 
 from services.run_layout import HEADLINE_METRICS, METRIC_GAUGE, METRICS_FILE, STEP_GAUGE, TENSORBOARD_DIR
 
@@ -27,7 +31,15 @@ def read_metrics(run_dir: Path) -> list[dict[str, float]]:
 
 
 class MetricsSink:
-    def __init__(self, run_dir: Path, job_name: str, total_steps: int, progress: bool | None = None):
+    def __init__(
+        self,
+        run_dir: Path,
+        job_name: str,
+        total_steps: int,
+        progress: bool | None = None,
+        trackers: Trackers | None = None,
+    ):
+        self.trackers = trackers  # experiment trackers (spec.trackers): the same rows as metrics.jsonl
         self.path = run_dir / METRICS_FILE
         self.job_name, self.total_steps = job_name, total_steps
         self._tb = None
@@ -54,6 +66,8 @@ class MetricsSink:
         clean = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and math.isfinite(v)}
         with open(self.path, "a") as fh:
             fh.write(json.dumps({"step": step, **clean}) + "\n")
+        if self.trackers:
+            self.trackers.log_metrics(step, clean)
         if self._tb is not None:
             for k, v in clean.items():
                 self._tb.add_scalar(k, v, step)

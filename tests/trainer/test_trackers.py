@@ -261,3 +261,47 @@ def test_wandb_offline_keeps_the_metrics_the_config_and_sample_tables(tmp_path, 
     [table] = list(run_dir.glob("files/media/table/samples_2_*.table.json"))
     rows = json.loads(table.read_text())
     assert rows["columns"][:3] == ["step", "group", "index"] and len(rows["data"]) == 3
+
+
+# -- a whole job -------------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_a_job_sends_its_metrics_jsonl_rows_to_mlflow_and_wandb(
+    mlflow_server, ray_cluster, tmp_path, monkeypatch
+):
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    from services.trainer.main import run
+
+    from .conftest import read_metrics, tiny_spec
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    spec = tiny_spec(name="tracked-job", steps=3, trackers=[{"kind": "mlflow", "experiment": "tgc-job"},
+                                                          {"kind": "wandb", "samples_every": 1}])  # fmt: skip
+    assert run(spec, tmp_path) == "succeeded"
+    rows = {r["step"]: {k: v for k, v in r.items() if k != "step"} for r in read_metrics(tmp_path)}
+    assert sorted(rows) == [1, 2, 3]
+    assert rows[3]["trackers/mlflow/dropped"] == rows[3]["trackers/wandb/failed"] == 0.0
+
+    client = MlflowClient(tracking_uri=mlflow_server)
+    [found] = client.search_runs([client.get_experiment_by_name("tgc-job").experiment_id])
+    assert found.info.status == "FINISHED" and found.data.tags["tgc.final_checkpoint"].endswith("step_3")
+    keys = {k for r in rows.values() for k in r}
+    assert set(found.data.metrics) == keys  # every metric of metrics.jsonl, under its own name
+    for key in keys:  # and every value of every step
+        got = {h.step: h.value for h in client.get_metric_history(found.info.run_id, key)}
+        assert got == {s: r[key] for s, r in rows.items() if key in r}, key
+    assert {"curves.png", "spec.yaml", "samples"} <= {
+        a.path for a in client.list_artifacts(found.info.run_id)
+    }
+
+    [run_file] = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+    history = {}
+    for record in _wandb_records(run_file):
+        if record.WhichOneof("record_type") == "history":
+            row = {"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in record.history.item}
+            history[int(row["_step"])] = row
+    for step, metrics in rows.items():
+        assert {k: history[step][k] for k in metrics} == pytest.approx(metrics), step
+        assert history[step]["samples/_type"] == "table-file"
