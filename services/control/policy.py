@@ -118,6 +118,11 @@ def check_spec(
             "prompts_per_step", f"group_size * prompts_per_step = {samples} exceeds this server's limit of "
             f"{settings.max_samples_per_step} samples per step",
         ))  # fmt: skip
+    if spec.traces.max_total_bytes > settings.max_trace_bytes:
+        bad.append(Violation(
+            "traces.max_total_bytes", f"{spec.traces.max_total_bytes} bytes; at most {settings.max_trace_bytes} "
+            "on this server (setting max_trace_bytes): lower it (and steps_per_file x max_step_bytes to fit)",
+        ))  # fmt: skip
     for path, value in (
         ("model.config_overrides", spec.model.config_overrides),
         ("task.params", spec.task.params),

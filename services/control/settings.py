@@ -11,6 +11,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services import config as spec_limits
 
+# the schema's own bounds of traces.max_total_bytes: the operator's cap may only be tighter
+_TRACE_BOUNDS = spec_limits.TracesSpec.model_fields["max_total_bytes"].metadata
+_TRACE_BYTES_GE = next(b.ge for b in _TRACE_BOUNDS if hasattr(b, "ge"))
+_TRACE_BYTES_LE = next(b.le for b in _TRACE_BOUNDS if hasattr(b, "le"))
+
 
 class ControlSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -76,6 +81,11 @@ class ControlSettings(BaseModel):
         ge=256,
         description="Max JSON size of each free-form mapping (config_overrides, params, ...).",
     )
+    max_trace_bytes: int = Field(
+        _TRACE_BYTES_LE, ge=_TRACE_BYTES_GE, le=_TRACE_BYTES_LE,
+        description="Most rollout-trace bytes one job may keep (its spec's traces.max_total_bytes); a spec "
+        "asking for more is refused with 422. Below the spec's default (64 MiB), tenants must set it.",
+    )  # fmt: skip
     allow_custom_code: bool = Field(
         False,
         description="Let non-admin tenants name their own code (`module:function` tasks/rewards, local model "

@@ -322,4 +322,5 @@ def test_the_charts_limits_are_the_servers_defaults_and_reach_it():
 
 LIMIT_SETTINGS = ("max_queued_jobs", "rate_limit_per_s", "rate_limit_burst", "max_streams_per_tenant",
                   "stream_max_s", "stream_reauth_s", "keep_alive_s", "client_header_timeout_s",
-                  "client_body_timeout_s", "job_retention_s", "max_ended_jobs_per_tenant", "retention_sweep_s")  # fmt: skip
+                  "client_body_timeout_s", "job_retention_s", "max_ended_jobs_per_tenant", "retention_sweep_s",
+                  "max_trace_bytes")  # fmt: skip
