@@ -522,11 +522,31 @@ class WandbTrackerSpec(_Strict):
 TrackerSpec = Annotated[MlflowTrackerSpec | WandbTrackerSpec, Field(discriminator="kind")]
 
 
+# rollouts held ahead in k_step mode: each holds its groups in memory and moves the data position on
+MAX_ASYNC_DEPTH = 8
+
+
 class AsyncSpec(_Strict):
-    mode: Literal["sync", "one_step_off"] = Field(
-        "sync", description="`one_step_off`: generate step k+1 while the learner trains on step k."
+    mode: Literal["sync", "one_step_off", "k_step"] = Field(
+        "sync",
+        description="`one_step_off`: generate step n+1 while the learner trains on step n; `k_step`: keep up to "
+        "`max_staleness` (k) rollouts generated ahead of the learner (a k-deep queue; samples lag up to k versions).",
     )
     max_staleness: int = Field(1, ge=0, le=64, description="Max policy-version lag of a trained sample.")
+
+    @model_validator(mode="after")
+    def _k_step_depth(self) -> AsyncSpec:
+        if self.mode == "k_step" and not 2 <= self.max_staleness <= MAX_ASYNC_DEPTH:
+            raise ValueError(
+                f"async.max_staleness must be between 2 and {MAX_ASYNC_DEPTH} with async.mode 'k_step' (got "
+                f"{self.max_staleness}): it is the queue depth k; for a lag of one use async.mode 'one_step_off'"
+            )
+        return self
+
+    @property
+    def depth(self) -> int:
+        """Rollouts generated ahead of the learner: 0 (sync), 1 (one_step_off) or k = max_staleness (k_step)."""
+        return {"sync": 0, "one_step_off": 1}.get(self.mode, self.max_staleness)
 
 
 class EvalSpec(_Strict):
@@ -776,7 +796,7 @@ class JobSpec(_Strict):
 
     def actor_threads(self, role: Literal["learner", "rollout"]) -> int:
         """torch threads of one learner rank / rollout replica (`resources.threads_per_actor`)."""
-        return self.resources.threads(role, asynchronous=self.async_.mode == "one_step_off")
+        return self.resources.threads(role, asynchronous=self.async_.depth > 0)
 
     # -- I/O --------------------------------------------------------------------------------------
     @classmethod

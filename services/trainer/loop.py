@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -280,9 +281,10 @@ class Trainer:
     # -- the job ------------------------------------------------------------------------------------
     def run(self) -> JobState:
         spec = self.spec
-        asynchronous = spec.async_.mode == "one_step_off"
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout") if asynchronous else None
-        pending: Future | None = None
+        depth = spec.async_.depth  # rollouts generated ahead while the learner trains (0: sync)
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout") if depth else None
+        # in submission order; one worker generates them one after another, so each takes the data after the last
+        ahead: deque[Future[Rollout | None]] = deque()
         self.reporter.state(JobState.RUNNING, "resumed" if self.resumed else "started", self.step)
         finished = "completed all steps"
         try:
@@ -295,14 +297,24 @@ class Trainer:
                 finished = self._data_done()
             while finished == "completed all steps" and self.step < spec.steps and not self._should_stop():
                 t0 = time.perf_counter()
-                rollout = pending.result() if pending is not None else self._rollout()
-                lag = self.version - min(c.version for g in rollout.groups for c in g.completions)
-                if lag > spec.async_.max_staleness:  # too old for the bound: drop and sample afresh
+                rollout = ahead.popleft().result() if ahead else self._rollout()
+                if rollout is None:  # dynamic sampling's refills used up the data a queued rollout needed
+                    finished = self._data_done()
+                    break
+                stale = 0
+                if _lag(self.version, rollout) > spec.async_.max_staleness:  # too old: drop, sample afresh
+                    stale = 1
+                    _drain(ahead)  # the fresh rollout is sampled on this thread: nothing may be in flight
                     rollout = self._rollout()
-                # decided before a prefetch moves the data position; a dataset's `epochs` may end the job early
-                more = self.step + 1 < spec.steps and self.data.available(spec.prompts_per_step)
-                pending = pool.submit(self._rollout) if pool and more else None
+                # from this rollout's end, not the live position (queued rollouts move it); `epochs` may end the job
+                more = self.step + 1 < spec.steps and self.data.task.available(
+                    rollout.end_position + spec.prompts_per_step - 1
+                )
+                # a rollout submitted now (version v) is trained at version v + len(ahead) <= v + k at the latest
+                while pool and more and len(ahead) < min(depth, spec.steps - self.step - 1):
+                    ahead.append(pool.submit(self._rollout_ahead))
                 metrics = self.train_step(rollout)
+                metrics["rollout/stale_dropped"] = float(stale)
                 self.step += 1
                 metrics[TIMING_STEP] = time.perf_counter() - t0
                 metrics[THROUGHPUT_TOKENS_PER_S] = metrics[RESPONSE_TOKENS] / metrics[TIMING_STEP]
@@ -317,8 +329,8 @@ class Trainer:
                 every = spec.checkpoint.every_steps
                 if every and self.step % every == 0 and self.step < spec.steps:
                     self.save()
-            if pending is not None:
-                pending.cancel()
+            for f in ahead:  # rollouts never trained on: the checkpoint's data position is before them
+                f.cancel()
             self.save()
             if self.stop_reason:
                 self.reporter.state(JobState.CANCELLED, self.stop_reason, self.step)
@@ -330,6 +342,10 @@ class Trainer:
         finally:
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
+
+    def _rollout_ahead(self) -> Rollout | None:
+        """A queued rollout (on the worker, after those before it); None when the data has run out."""
+        return self._rollout() if self.data.available(self.spec.prompts_per_step) else None
 
     def evaluate(self) -> dict[str, float]:
         """Held-out evaluation of the replicas' current weights (`eval` in the spec)."""
@@ -406,6 +422,21 @@ class ResidualWatch:
         log.warning(message)
         self.reporter.log(message)
         return message
+
+
+def _lag(version: int, rollout: Rollout) -> int:
+    """Versions between the learner's and the oldest weights that sampled the rollout."""
+    return version - min(c.version for g in rollout.groups for c in g.completions)
+
+
+def _drain(ahead: deque[Future[Rollout | None]]) -> None:
+    """Discard the queued rollouts: cancel those not started, wait for the one generating."""
+    for f in ahead:
+        f.cancel()
+    for f in ahead:
+        if not f.cancelled():
+            f.result()
+    ahead.clear()
 
 
 def _prefixed(prefix: str, stats: dict[str, float]) -> dict[str, float]:

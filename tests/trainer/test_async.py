@@ -1,0 +1,155 @@
+"""k-step asynchrony: `async.mode: k_step` keeps up to k = `async.max_staleness` rollouts generated ahead of the
+learner; the bound is checked per rollout and the lag is measured per step."""
+
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from services.batch import Completion
+from services.config import MAX_ASYNC_DEPTH, JobSpec, SpecError
+from services.tasks import Score, TaskItem
+from services.trainer.checkpoints import read_state
+from services.trainer.data import Prompt
+from services.trainer.loop import Group, Rollout, Trainer, _drain, _lag
+
+from .conftest import read_metrics, tiny_spec
+
+
+@pytest.mark.parametrize("k", [0, 1, MAX_ASYNC_DEPTH + 1])
+def test_k_step_refuses_a_depth_outside_its_range_naming_the_field(k):
+    with pytest.raises(SpecError, match=r"async\.max_staleness must be between 2 and") as e:
+        JobSpec.parse({"async": {"mode": "k_step", "max_staleness": k}})
+    assert f"got {k}" in str(e.value) and "one_step_off" in str(e.value)
+
+
+def test_the_modes_generate_ahead_as_deep_as_they_say_and_k_step_gets_one_step_offs_threads():
+    depth = lambda a: JobSpec.parse({"async": a}).async_.depth  # noqa: E731
+    assert depth({}) == 0 and depth({"mode": "one_step_off", "max_staleness": 3}) == 1
+    assert depth({"mode": "k_step", "max_staleness": 3}) == 3
+    res = {"cpus_per_learner": 1, "cpus_per_rollout": 1}  # both phases at once: each keeps its own
+    k_step = JobSpec.parse({"async": {"mode": "k_step", "max_staleness": 2}, "resources": res})
+    one_off = JobSpec.parse({"async": {"mode": "one_step_off"}, "resources": res})
+    sync = JobSpec.parse({"resources": res})
+    for role in ("learner", "rollout"):
+        assert k_step.actor_threads(role) == one_off.actor_threads(role)
+    assert (k_step.actor_threads("learner"), k_step.actor_threads("rollout")) != (
+        sync.actor_threads("learner"),
+        sync.actor_threads("rollout"),
+    )
+
+
+def test_lag_is_to_the_oldest_weights_in_the_rollout():
+    prompt = Prompt(0, TaskItem(id="0", prompt="q"), [1])
+    comps = [Completion([1], [0.0], "stop", v) for v in (5, 3, 5)]
+    rollout = Rollout([Group(prompt, comps, [Score(0.0)] * 3)], end_position=1)
+    assert _lag(6, rollout) == 3
+
+
+def test_drain_cancels_queued_rollouts_and_waits_for_the_one_generating():
+    started, release = threading.Event(), threading.Event()
+
+    def generating() -> str:
+        started.set()
+        release.wait(5)
+        return "done"
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        running = pool.submit(generating)
+        queued = pool.submit(lambda: "never")
+        ahead: deque[Future] = deque([running, queued])
+        assert started.wait(5)
+        threading.Timer(0.2, release.set).start()
+        _drain(ahead)
+        assert running.done() and running.result() == "done"  # nothing is left generating on the worker
+        assert queued.cancelled() and not ahead
+
+
+@pytest.mark.slow
+def test_k_step_trains_on_samples_up_to_k_versions_old_and_resumes(ray_cluster, tmp_path):
+    from services.trainer.main import run
+
+    k = 2
+    mode = {"async.mode": "k_step", "async.max_staleness": k, "checkpoint.every_steps": 0}
+    assert run(tiny_spec(steps=3, **mode), tmp_path) == "succeeded"
+    assert run(tiny_spec(steps=6, **mode), tmp_path, resume="latest") == "succeeded"
+    rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert [r["policy/version"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    lags = [r["policy/staleness_max"] for r in rows]
+    # the first step of each run is sampled before any update (a resume stamps the checkpoint's version)
+    assert lags[0] == 0 and lags[3] == 0
+    assert max(lags) == k  # two rollouts were generated ahead while the learner trained: lag 2 occurs ...
+    assert all(0 <= lag <= k for lag in lags)  # ... and never more than k
+    assert all(r["rollout/stale_dropped"] == 0 for r in rows)  # the queue's depth keeps every one in bound
+    # queued rollouts never trained on are sampled again after the resume: the position is the trained data's
+    assert read_state(tmp_path / "checkpoints" / "step_6")["data_position"] == 6 * 2
+
+
+class _Queue(Trainer):
+    """The loop's `run()` alone: a rollout is stamped with the version the learner has when it is generated,
+    a training step advances the version (no Ray, no model)."""
+
+    def __init__(self, spec: JobSpec, tags: dict[int, int] | None = None):
+        self.spec, self.step, self.version, self.resumed, self.evaluator = spec, 0, 0, False, None
+        self.stop_reason, self.tags, self.logged = None, tags or {}, []
+        self.data = SimpleNamespace(position=0, available=lambda n: True)
+        self.data.task = SimpleNamespace(available=lambda index: True)
+        self.reporter = SimpleNamespace(state=lambda *a: None, step=lambda *a: None, log=lambda *a: None)
+        self.metrics = SimpleNamespace(log=lambda step, m: self.logged.append(m))
+        self.residuals = SimpleNamespace(check=lambda *a: None)
+        self.generated = 0
+
+    def _rollout(self) -> Rollout:
+        version = self.tags.get(
+            self.generated, self.version
+        )  # a replica that kept older weights than it says
+        self.generated += 1
+        self.data.position += 1
+        prompt = Prompt(0, TaskItem(id="0", prompt="q"), [1])
+        return Rollout(
+            [Group(prompt, [Completion([1], [0.0], "stop", version)], [Score(0.0)])], self.data.position
+        )
+
+    def train_step(self, rollout: Rollout) -> dict[str, float]:
+        lag = _lag(self.version, rollout)
+        # the learner is slower than generation: what the queue should hold is generated before the update
+        # (a deadline, not a fixed sleep, so a loaded machine does not change the lags)
+        due, deadline = min(self.step + 1 + self.spec.async_.depth, self.spec.steps), time.monotonic() + 5
+        while self.generated < due and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.version += 1
+        return {"lag": float(lag), "response/tokens": 1.0}
+
+    def save(self) -> Path:
+        return Path()
+
+    def _should_stop(self) -> bool:
+        return False
+
+
+def _queue(mode: str, k: int, steps: int = 6, **kw) -> _Queue:
+    spec = JobSpec.parse({"steps": steps, "async": {"mode": mode, "max_staleness": k}})
+    loop = _Queue(spec, **kw)
+    assert loop.run() == "succeeded"
+    return loop
+
+
+def test_the_queue_holds_k_rollouts_ahead_and_each_is_trained_within_k_versions():
+    for k in (2, 3):
+        loop = _queue("k_step", k)
+        # the queue fills while step 1 trains; then every rollout waited k steps: the bound, never more
+        assert [m["lag"] for m in loop.logged] == [0] + [min(s, k) for s in range(1, 6)]
+        assert loop.generated == 6  # none beyond the last step
+    assert [m["lag"] for m in _queue("one_step_off", 1).logged] == [0, 1, 1, 1, 1, 1]
+    assert [m["lag"] for m in _queue("sync", 1).logged] == [0] * 6
+
+
+def test_a_rollout_older_than_the_bound_is_dropped_counted_and_sampled_afresh():
+    loop = _queue("k_step", 2, tags={2: -5})  # the second queued rollout claims weights 5 versions old
+    assert [m["rollout/stale_dropped"] for m in loop.logged] == [0, 0, 1, 0, 0, 0]
+    assert max(m["lag"] for m in loop.logged) <= 2 and loop.logged[2]["lag"] == 0
