@@ -19,9 +19,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from services.config import JobSpec
 from services.control import api_datasets, api_internal, api_jobs
 from services.control.auth import metrics_reader
+from services.control.console import install_console
 from services.control.datasets import DatasetStore, upload_policy
 from services.control.db import make_engine
-from services.control.console import install_console
 from services.control.docs_ui import install_docs_ui
 from services.control.errors import error_response, install_error_handlers, refuse_unknown_query
 from services.control.limits import BodyReadTimeout, BodySizeLimit, RateLimiter, StreamSlots
