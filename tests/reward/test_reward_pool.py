@@ -21,13 +21,15 @@ def math_item(answer: str, i: int = 0) -> TaskItem:
 
 @pytest.fixture(scope="module")
 def arith_pool():
-    with RewardPool(TaskSpec(name="arithmetic", reward_workers=2, reward_timeout_s=3.0), seed=0) as pool:
+    # the deadline bounds the hung cases; a loaded 2-core machine (two test workers, Ray beside) can starve a
+    # sound verification for seconds, so it is long enough never to cut one
+    with RewardPool(TaskSpec(name="arithmetic", reward_workers=2, reward_timeout_s=10.0), seed=0) as pool:
         yield pool
 
 
 @pytest.fixture(scope="module")
 def judge_pool():
-    spec = TaskSpec(name="arithmetic", reward=JUDGE, reward_workers=2, reward_timeout_s=3.0)
+    spec = TaskSpec(name="arithmetic", reward=JUDGE, reward_workers=2, reward_timeout_s=10.0)
     with RewardPool(spec, seed=0) as pool:
         yield pool
 
