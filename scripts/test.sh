@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy  # the packages listed in pyproject.toml [tool.mypy]
+# Screenshots the browser tests take are kept here (tests/browser.py), passed or failed.
+export TGC_TEST_ARTIFACTS="${TGC_TEST_ARTIFACTS:-$PWD/test-artifacts}"
 # Two workers, a test file each at a time (module fixtures stay in one process): much of a test's time is
 # waiting on subprocesses, Ray and servers, so two share the cores well. TGC_TEST_WORKERS=0 runs in one process.
 .venv/bin/python -m pytest -q -n "${TGC_TEST_WORKERS:-2}" --dist loadfile --durations=25 "$@"  # no -x: one failure must not hide the others

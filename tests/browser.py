@@ -106,3 +106,18 @@ class Browser:
             Path(folder).mkdir(parents=True, exist_ok=True)
             shutil.copy(path, Path(folder) / path.name)
         return shot
+
+
+def log_in_to_console(browser: Browser, url: str, token: str) -> None:
+    """What a person does on the job console (`url`/console): paste a token and open it."""
+    browser.navigate(f"{url}/console")
+    browser.wait(
+        "document.readyState === 'complete' && document.getElementById('token') !== null", 30, "the page"
+    )
+    browser.js("sessionStorage.clear(); location.hash = ''; true")
+    browser.navigate(f"{url}/console")
+    browser.wait("!document.getElementById('login').hidden", 30, "the login form")
+    browser.js(
+        f"document.getElementById('token').value = {json.dumps(token)};"
+        "document.getElementById('login').requestSubmit(); true"
+    )

@@ -21,13 +21,13 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 import rlcore
-from rlcore.shared_nodes import SharedPrefixes
 from services.batch import SampledBatch, TrainBatch
 from services.learner import checkpoint, sharding
 from services.learner.logprobs import PolicyLogprobs
@@ -35,6 +35,9 @@ from services.learner.plan import MicroBatchLimit, MiniBatch, group_spans, plan_
 from services.learner.schedule import lr_factor
 from services.learner.spec import LearnerSpec
 from services.learner.step_metrics import StepMetrics
+
+if TYPE_CHECKING:
+    from rlcore.shared_nodes import SharedPrefixes
 
 
 class Learner:
@@ -361,6 +364,10 @@ class Learner:
         behaviour = micro.rollout_logprobs.to(self.device)
         # One scan of the token history for the mismatch and the diagnostics: nodes are shared on the whole
         # history (multi-turn observations included), measured on model tokens (rlcore.shared_nodes).
+        from rlcore.shared_nodes import (
+            SharedPrefixes,  # numba: here, not at import (the GPU check's torch-only run)
+        )
+
         prefixes = SharedPrefixes.of(micro.response_ids, micro.history_mask, micro.group_ids)
         if first_pass:  # numerics of the rollout engine vs this learner, before any update of this batch
             self._mismatch(old_mb, behaviour, micro, mask, prefixes, metrics)

@@ -5,7 +5,6 @@ cancels the job; another tenant's token sees nothing of it. Model output shows a
 
 from __future__ import annotations
 
-import json
 import re
 
 import httpx
@@ -20,7 +19,7 @@ from services.trainer.data import Prompt
 from services.trainer.loop import Group
 from services.trainer.reporting import Reporter
 from services.trainer.traces import TraceWriter
-from tests.browser import CHROMIUM, Browser
+from tests.browser import CHROMIUM, Browser, log_in_to_console
 from tests.proc_helpers import wait_for
 from tests.servers import arm, auth
 
@@ -84,18 +83,6 @@ def _submit(api_server, token: str) -> str:
     return r.json()["id"]
 
 
-def _log_in(browser: Browser, url: str, token: str) -> None:
-    browser.navigate(f"{url}/console")
-    browser.wait(
-        "document.getElementById('token') !== null && document.readyState === 'complete'", 30, "the page"
-    )
-    browser.js("sessionStorage.clear(); location.hash = '';")
-    browser.navigate(f"{url}/console")
-    browser.wait("!document.getElementById('login').hidden", 30, "the login form")
-    browser.js(f"document.getElementById('token').value = {json.dumps(token)};"
-               "document.getElementById('login').requestSubmit(); true")  # fmt: skip
-
-
 def _points(browser: Browser, metric: str) -> int:
     return int(browser.js(f"(document.querySelector('polyline[data-metric=\"{metric}\"]') || {{dataset: {{}}}})"
                           ".dataset.points || '0'"))  # fmt: skip
@@ -112,7 +99,7 @@ def test_a_tenant_follows_a_running_job_in_the_browser_and_cancels_it(api_server
     trainer.step(1)
     trainer.step(2)
     with Browser(tmp_path / "profile") as browser:
-        _log_in(browser, api_server.url, api_server.acme)
+        log_in_to_console(browser, api_server.url, api_server.acme)
         rows = browser.wait(
             "[...document.querySelectorAll('tr[data-job]')].map(r => r.dataset.job)", 30, "jobs"
         )
@@ -169,7 +156,7 @@ def test_a_tenant_follows_a_running_job_in_the_browser_and_cancels_it(api_server
         browser.screenshot(tmp_path / "console-job-cancelled.png")
 
         # another tenant: not in its list, and the job's page is a 404
-        _log_in(browser, api_server.url, api_server.globex)
+        log_in_to_console(browser, api_server.url, api_server.globex)
         rows = browser.wait(
             "[...document.querySelectorAll('tr[data-job]')].map(r => r.dataset.job)", 30, "jobs"
         )
@@ -185,6 +172,6 @@ def test_a_tenant_follows_a_running_job_in_the_browser_and_cancels_it(api_server
 )
 def test_a_refused_token_returns_to_the_login_form(api_server, tmp_path):
     with Browser(tmp_path / "profile") as browser:
-        _log_in(browser, api_server.url, "tgc_not-a-token")
+        log_in_to_console(browser, api_server.url, "tgc_not-a-token")
         browser.wait("document.getElementById('login-error').textContent.includes('401')", 30, "the refusal")
         assert browser.js("sessionStorage.getItem('tgc-token')") is None

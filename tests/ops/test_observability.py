@@ -29,7 +29,7 @@ import yaml
 from services.control.local import LocalControlPlane, free_port
 from services.control.ray_cluster import LocalRayCluster
 from services.sdk import Client
-from tests.browser import CHROMIUM, Browser
+from tests.browser import CHROMIUM, Browser, log_in_to_console
 from tests.ops.raynodes import state_api
 from tests.proc_helpers import wait_for
 
@@ -121,7 +121,8 @@ class Stack:
         ).json()
         assert ran["run_result"]["stdout"].strip() == "42", ran
         self.start_prometheus()
-        self.client = Client(self.plane.url, self.plane.create_token("ops"))
+        self.token = self.plane.create_token("ops")
+        self.client = Client(self.plane.url, self.token)
         self.started = time.time()
         self.job = self.client.submit(job_spec())
 
@@ -206,7 +207,8 @@ class Stack:
     def stop(self) -> None:
         try:
             if getattr(self, "job", None) is not None:
-                self.job.cancel()
+                if self.job.refresh().state not in ("succeeded", "failed", "cancelled"):
+                    self.job.cancel()  # the console test cancels it from the browser
                 self.job.wait(timeout=180)
                 self.client.close()
         finally:
@@ -325,3 +327,32 @@ def test_alert_rules_evaluate_on_the_running_job_and_cancellation_holds(stack):
         rules["TgcCancellationBroken"]["state"] == "inactive"
         and rules["TgcServerErrors"]["state"] == "inactive"
     )
+
+
+@pytest.mark.skipif(
+    CHROMIUM is None, reason="Debian's chromium is not installed (scripts/setup.sh installs it)"
+)
+def test_the_browser_console_follows_the_running_job_and_cancels_it(stack, tmp_path):
+    """Last in this module: it cancels the job. The console shows the Ray-run trainer's steps, curves and
+    samples as they arrive, and its cancel button stops the job."""
+    job = stack.job.id
+    curve = "document.querySelector('polyline[data-metric=\"reward/mean\"]')"
+    with Browser(tmp_path / "profile") as browser:
+        log_in_to_console(browser, stack.plane.url, stack.token)
+        browser.wait(f"document.querySelector('tr[data-job=\"{job}\"]') !== null", 60, "the job in the list")
+        browser.js(f"location.hash = '#/jobs/{job}'; true")
+        points = int(browser.wait(f"{curve} && {curve}.dataset.points", 60, "the reward curve"))
+        traced = int(browser.wait("document.querySelectorAll('#samples .sample').length && "
+                                  "document.getElementById('sample-step').max", 60, "samples"))  # fmt: skip
+        # live: later steps reach the page without a reload
+        browser.wait(f"Number({curve}.dataset.points) > {points}", 300, "a later step on the curve")
+        browser.wait(
+            f"Number(document.getElementById('sample-step').max) > {traced}", 300, "a later step's samples"
+        )
+        browser.screenshot(stack.root / "console-running-job.png")
+        browser.js("document.getElementById('cancel').click(); true")
+        browser.wait(
+            "document.getElementById('job-state').textContent === 'cancelled'", 300, "the job cancelled"
+        )
+        browser.screenshot(stack.root / "console-cancelled-job.png")
+    assert stack.job.refresh().state == "cancelled" and "console" in stack.job.refresh().reason
