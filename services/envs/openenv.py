@@ -14,7 +14,6 @@ only where the environment does. OpenEnv's servers (Docker, WebSocket) are not u
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 import typing
@@ -23,6 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.envs.base import EnvContext, Message, StepResult
+from services.tasks.registry import import_entry_point
 
 _BASE_FIELDS = ("done", "reward", "metadata")
 
@@ -40,14 +40,6 @@ class OpenEnvParams(BaseModel):
     role: Literal["user", "tool"] = Field("user", description="The role of observation messages.")
 
 
-def _import(name: str) -> Any:
-    module, _, attr = name.partition(":")
-    try:
-        return getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"env.params.env {name!r}: cannot import {attr} from {module} ({e})") from None
-
-
 def _str_fields(model: type[BaseModel], required: bool) -> list[str]:
     return [
         name
@@ -59,7 +51,7 @@ def _str_fields(model: type[BaseModel], required: bool) -> list[str]:
 class OpenEnvAdapter:
     def __init__(self, ctx: EnvContext, params: OpenEnvParams):
         self.ctx, self.params = ctx, params
-        self.env = _import(params.env)(**params.env_kwargs)
+        self.env = import_entry_point(params.env, "env.params.env")(**params.env_kwargs)
         try:
             hints = typing.get_type_hints(self.env.step)
         except Exception as e:  # an annotation that does not resolve

@@ -9,7 +9,6 @@ needs the operator's `custom_code` grant, exactly as a custom task does (service
 
 from __future__ import annotations
 
-import importlib
 import re
 from typing import Any
 
@@ -22,6 +21,7 @@ from services.envs.feedback import FeedbackEnv, FeedbackParams
 from services.envs.openenv import OpenEnvAdapter, OpenEnvParams
 from services.envs.python_tool import PythonToolEnv, PythonToolParams
 from services.tasks.grants import CUSTOM_CODE, LOCAL_GRANTS, privileged_fields, require_grants
+from services.tasks.registry import import_entry_point
 
 BUILTIN_PARAMS: dict[str, type[BaseModel]] = {
     "calculator": CalculatorParams,
@@ -86,10 +86,6 @@ def load_env(
     if isinstance(parsed, PythonToolParams):
         return PythonToolEnv(ctx, parsed)
     require_grants({"env.name": CUSTOM_CODE}, grants)
-    module, _, attr = name.partition(":")
-    try:
-        factory = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"env.name {name!r}: cannot import {attr} from {module} ({e})") from None
+    factory = import_entry_point(name, "env.name")
     env: Environment = factory(ctx, dict(params or {}))
     return env

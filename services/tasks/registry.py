@@ -86,12 +86,14 @@ def _builtin(entry_point: str) -> Any:
     return getattr(importlib.import_module(module), attr)
 
 
-def _custom(entry_point: str) -> Any:
+def import_entry_point(entry_point: str, field: str) -> Any:
+    """The object `module:attr` names (custom code: tasks, environments); ValueError naming `field` when it
+    does not import."""
     module, _, attr = entry_point.partition(":")
     try:
         return getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as e:
-        raise ValueError(f"task.name {entry_point!r}: cannot import {attr} from {module} ({e})") from None
+        raise ValueError(f"{field} {entry_point!r}: cannot import {attr} from {module} ({e})") from None
 
 
 def load_task(
@@ -115,7 +117,7 @@ def load_task(
     if ":" in name:
         if CUSTOM_CODE not in grants:
             raise GrantError(f"task.name {name!r}: custom code needs the operator's grant '{CUSTOM_CODE}'")
-        task = _custom(name)(seed=seed, **params)
+        task = import_entry_point(name, "task.name")(seed=seed, **params)
         return task if isinstance(task, Task) else CustomTask(name, task)
     raise ValueError(
         f"unknown task.name {name!r}; use {', '.join(repr(n) for n in builtin_names())} or 'module:function'"
