@@ -9,6 +9,9 @@ cd "$(dirname "$0")/.."
 .venv/bin/mypy  # the packages listed in pyproject.toml [tool.mypy]
 # Screenshots the browser tests take are kept here (tests/browser.py), passed or failed.
 export TGC_TEST_ARTIFACTS="${TGC_TEST_ARTIFACTS:-$PWD/test-artifacts}"
+# Each test file's time is written here, for tests/durations.json (the order files are handed out in).
+export TGC_RECORD_DURATIONS="${TGC_RECORD_DURATIONS:-$TGC_TEST_ARTIFACTS/durations.json}"
 # Two workers, a test file each at a time (module fixtures stay in one process): much of a test's time is
 # waiting on subprocesses, Ray and servers, so two share the cores well. TGC_TEST_WORKERS=0 runs in one process.
-.venv/bin/python -m pytest -q -n "${TGC_TEST_WORKERS:-2}" --dist loadfile --durations=25 "$@"  # no -x: one failure must not hide the others
+# Files are handed out longest first (tests/scheduling.py), not in xdist's order by number of tests.
+.venv/bin/python -m pytest -q -n "${TGC_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder --durations=25 "$@"  # no -x: one failure must not hide the others

@@ -4,17 +4,27 @@ import os
 
 import pytest
 
-from tests import image_build
+from tests import image_build, scheduling
 from tests.proc_helpers import descendants, local_ray, wait_until
+
+_durations: scheduling.DurationRecorder | None = None  # in the session's first process, when asked for
 
 
 def pytest_collection_modifyitems(items):
-    image_build.image_tests_last(items)
+    # every xdist worker collects and orders alike; the controller hands out the files in this order
+    scheduling.order_files(items, workers=int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
 
 
 def pytest_configure(config):
+    global _durations
     if not hasattr(config, "workerinput"):  # the session's first process, before any xdist worker starts
         image_build.prepare()
+        _durations = scheduling.recorder_from_environment()
+
+
+def pytest_runtest_logreport(report):
+    if _durations is not None:  # the controller sees every worker's reports
+        _durations.add(report)
 
 
 def pytest_collection_finish(session):
@@ -30,6 +40,8 @@ def pytest_xdist_node_collection_finished(node, ids):
 
 def pytest_sessionfinish(session):
     image_build.stop()
+    if _durations is not None and not session.config.option.collectonly:
+        _durations.write()
 
 
 @pytest.fixture

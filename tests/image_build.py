@@ -1,6 +1,6 @@
 """The test image, built once a session and in the background: the build is mostly downloads and unpacking
 (~10 min on a new machine), so it starts when collection ends, beside the other tests, and the image tests
-run last and wait for it.
+run once it had time (tests/scheduling.py) and wait for it.
 
 The build runs detached (its own session, parented by init), so no test sees its processes as its own
 stray children; the session's end stops it if it is still running.
@@ -123,11 +123,6 @@ def start_if_selected(nodeids: list[str]) -> None:
     ):
         _build = BackgroundBuild(Path(os.environ[FOLDER_VAR]))
         _build.start()
-
-
-def image_tests_last(items: list) -> None:
-    """Moves the image tests to the end of the session (stable otherwise), to give the build the most time."""
-    items.sort(key=lambda item: item.nodeid.startswith(IMAGE_TESTS))
 
 
 def build_image(timeout: float) -> BuildResult:
