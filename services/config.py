@@ -524,13 +524,28 @@ TrackerSpec = Annotated[MlflowTrackerSpec | WandbTrackerSpec, Field(discriminato
 
 # rollouts held ahead in k_step mode: each holds its groups in memory and moves the data position on
 MAX_ASYNC_DEPTH = 8
+# The behaviour correction of an async job whose objective.overrides name none: token-level truncated IS,
+# min(w_t, C) with C = behaviour_cap (2), node-local so it keeps cancellation (docs/objectives.md#k-step-asynchrony).
+ASYNC_CORRECTION = "token_tis"
+
+
+def async_objective_overrides(name: str, overrides: dict[str, Any], depth: int) -> dict[str, Any]:
+    """`overrides` as an objective with `depth` rollouts generated ahead runs them: ASYNC_CORRECTION added in
+    async modes unless `behaviour_correction` is set (`none` turns it off) or the preset's ratio is GMPO's
+    geo_mean (where no correction is defined); sync jobs (depth 0) unchanged."""
+    if depth == 0 or "behaviour_correction" in overrides or resolve(name, overrides).ratio == "geo_mean":
+        return dict(overrides)
+    return {**overrides, "behaviour_correction": ASYNC_CORRECTION}
 
 
 class AsyncSpec(_Strict):
     mode: Literal["sync", "one_step_off", "k_step"] = Field(
         "sync",
         description="`one_step_off`: generate step n+1 while the learner trains on step n; `k_step`: keep up to "
-        "`max_staleness` (k) rollouts generated ahead of the learner (a k-deep queue; samples lag up to k versions).",
+        "`max_staleness` (k) rollouts generated ahead of the learner (a k-deep queue; samples lag up to k versions). "
+        "Both async modes correct for the lag by default: the objective gets `behaviour_correction: token_tis` "
+        "(min(pi_old / pi_behaviour, behaviour_cap = 2) per token, which keeps cancellation) unless "
+        "`objective.overrides` sets `behaviour_correction`; `behaviour_correction: none` turns it off.",
     )
     max_staleness: int = Field(1, ge=0, le=64, description="Max policy-version lag of a trained sample.")
 
@@ -793,6 +808,10 @@ class JobSpec(_Strict):
                 }
             )
         return out
+
+    def objective_overrides(self) -> dict[str, Any]:
+        """The objective's knob overrides as the job runs them (the async default correction added)."""
+        return async_objective_overrides(self.objective.name, self.objective.overrides, self.async_.depth)
 
     def actor_threads(self, role: Literal["learner", "rollout"]) -> int:
         """torch threads of one learner rank / rollout replica (`resources.threads_per_actor`)."""

@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # annotations only: a LearnerSpec built without a JobSpec nee
 @dataclass(frozen=True)
 class LearnerSpec:
     objective: str  # rlcore preset name (objective.name)
-    objective_overrides: dict[str, Any]  # objective.overrides
+    objective_overrides: dict[str, Any]  # JobSpec.objective_overrides() (async default added)
     optim: OptimSpec  # the learner's own section, whole
     model_dtype: str  # model.dtype, `auto` kept (services.config.resolve_dtype, on the rank's host)
     tokenizer: str | None  # model.tokenizer: saved beside a checkpoint's weights (None: the model's own)
@@ -33,7 +33,7 @@ class LearnerSpec:
     def of(cls, job: JobSpec) -> LearnerSpec:
         return cls(
             objective=job.objective.name,
-            objective_overrides=dict(job.objective.overrides),
+            objective_overrides=job.objective_overrides(),  # async modes: the default correction added
             optim=job.optim,
             model_dtype=job.model.dtype,
             tokenizer=job.model.tokenizer,
