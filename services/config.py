@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from rlcore import list_objectives, resolve
+from services.envs.registry import EnvSpec
 from services.tasks.params import DatasetParams, check_template
 from services.tasks.registry import BUILTIN_TASKS, GYM_PREFIX, is_gym_name, parse_params
 
@@ -701,6 +702,11 @@ class JobSpec(_Strict):
         default_factory=TracesSpec,
         description="Rollout traces: a bounded sample of each step's trajectories.",
     )
+    env: EnvSpec | None = Field(
+        None,
+        description="Multi-turn: the environment each trajectory runs in (name, params, bounds; "
+        "docs/multi_turn.md). None: single-turn.",
+    )
     trackers: list[TrackerSpec] = Field(
         default_factory=list,
         max_length=2,
@@ -729,6 +735,13 @@ class JobSpec(_Strict):
         if isinstance(objective, dict) and objective.get("name") == IBPO_PRESET and data.get("ibpo") is None:
             data = {**data, "ibpo": {"mask": "symmetric"}}
         return data
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_params_free_form(cls, v: Any) -> Any:
+        if isinstance(v, dict) and isinstance(v.get("params"), dict):
+            check_free_form(v["params"], "env.params")
+        return v
 
     @field_validator("trackers", mode="before")
     @classmethod
@@ -778,12 +791,26 @@ class JobSpec(_Strict):
                     f"eval.max_new_tokens ({self.eval.max_new_tokens}) exceeds sampling.max_new_tokens "
                     f"({self.sampling.max_new_tokens}), the rollout engines' length budget"
                 )
+        if self.env is not None:
+            self._check_env(self.env)
         if self.ibpo is not None and (self.ibpo.max_new_tokens or 0) > self.sampling.max_new_tokens:
             raise ValueError(
                 f"ibpo.max_new_tokens ({self.ibpo.max_new_tokens}) exceeds sampling.max_new_tokens "
                 f"({self.sampling.max_new_tokens}), the rollout engines' length budget"
             )
         return self
+
+    def _check_env(self, env: EnvSpec) -> None:
+        """What a multi-turn job cannot combine yet, and the engines' prompt limit on every turn."""
+        for section in ("ibpo", "eval"):
+            if getattr(self, section) is not None:
+                raise ValueError(f"{section}: not supported with `env` (multi-turn) yet; remove one of them")
+        if env.bounds.max_total_tokens > self.sampling.max_prompt_tokens:
+            raise ValueError(
+                f"env.bounds.max_total_tokens ({env.bounds.max_total_tokens}) exceeds sampling.max_prompt_tokens "
+                f"({self.sampling.max_prompt_tokens}): each turn's prompt is the whole history, so lower the "
+                "first or raise the second"
+            )
 
     def privileges(self) -> dict[str, str]:
         """{field path: privilege} for every part of this spec that only an operator or admin may allow
@@ -800,6 +827,8 @@ class JobSpec(_Strict):
         if self.model.tokenizer is not None:
             out["model.tokenizer"] = HOST_PATHS
         out.update(privileged_fields(self.task.parsed_params()))
+        if self.env is not None:
+            out.update(self.env.privileges())
         if self.eval is not None and self.eval.dataset is not None:
             out.update(
                 {

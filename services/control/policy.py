@@ -126,6 +126,7 @@ def check_spec(
     for path, value in (
         ("model.config_overrides", spec.model.config_overrides),
         ("task.params", spec.task.params),
+        ("env.params", spec.env.params if spec.env is not None else None),
         ("objective.overrides", spec.objective.overrides),
         # the same fields as task.params of a dataset task, so the same bound (what the tenant set)
         (

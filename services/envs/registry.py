@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from services.envs.base import EnvContext, Environment
 from services.envs.bounds import EnvBounds
@@ -21,6 +21,7 @@ from services.envs.feedback import FeedbackEnv, FeedbackParams
 from services.envs.openenv import OpenEnvAdapter, OpenEnvParams
 from services.envs.python_tool import PythonToolEnv, PythonToolParams
 from services.tasks.grants import CUSTOM_CODE, LOCAL_GRANTS, privileged_fields, require_grants
+from services.tasks.params import validate_params
 from services.tasks.registry import import_entry_point
 
 BUILTIN_PARAMS: dict[str, type[BaseModel]] = {
@@ -41,18 +42,20 @@ def check_env_name(name: str) -> str:
 
 
 def parse_env_params(name: str, params: dict[str, Any] | None) -> BaseModel | None:
-    """A built-in's params checked against its schema (pydantic names the field); None for custom ones,
-    whose params the class checks itself."""
+    """A built-in's params checked against its schema (ValueError whose lines start with
+    `env.params.<field>`); None for custom ones, whose params the class checks itself."""
     model = BUILTIN_PARAMS.get(check_env_name(name))
-    return model.model_validate(params or {}) if model else None
+    return validate_params(model, params or {}, "env.params") if model else None
 
 
 class EnvSpec(BaseModel):
-    """The environment section of a multi-turn job spec (not in JobSpec yet: see docs/multi_turn.md)."""
+    """The environment section of a multi-turn job spec (`env:` in services.config.JobSpec)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: str = Field(..., min_length=1, max_length=200, description="A built-in or 'module:Class'.")
-    params: dict[str, Any] = Field(default_factory=dict, description="The environment's own parameters.")
+    params: dict[str, Any] = Field(
+        default_factory=dict, validate_default=True, description="The environment's own parameters."
+    )
     bounds: EnvBounds = Field(default_factory=EnvBounds)
 
     @field_validator("name")
@@ -60,10 +63,23 @@ class EnvSpec(BaseModel):
     def _name(cls, v: str) -> str:
         return check_env_name(v)
 
-    @model_validator(mode="after")
-    def _params(self) -> EnvSpec:
-        parse_env_params(self.name, self.params)
-        return self
+    @field_validator("params")
+    @classmethod
+    def _params(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        if "name" in info.data:  # a bad name is reported on its own
+            parse_env_params(info.data["name"], v)
+        return v
+
+    def privileges(self) -> dict[str, str]:
+        """{field path: privilege} of what this section may only run with the operator's grant: the same
+        fields `load_env` refuses without it (the control plane checks them at submission)."""
+        parsed = parse_env_params(self.name, self.params)
+        out = {f"env.params.{k.rsplit('.', 1)[1]}": v for k, v in privileged_fields(parsed).items()}
+        if isinstance(parsed, OpenEnvParams):
+            out["env.params.env"] = CUSTOM_CODE
+        elif parsed is None:
+            out["env.name"] = CUSTOM_CODE
+        return out
 
 
 def load_env(
@@ -72,12 +88,9 @@ def load_env(
     """Build the environment `name` for the trajectory of `ctx`. Refuses a custom class without the
     `custom_code` grant and an unconfined sandbox without `unsafe_sandbox`, naming the field."""
     parsed = parse_env_params(name, params)
-    # the fields a built-in marks privileged (e.g. python_tool's `sandbox: unsafe_local`), as for tasks
-    require_grants(
-        {f"env.params.{k.rsplit('.', 1)[1]}": v for k, v in privileged_fields(parsed).items()}, grants
-    )
+    # privileged params (python_tool's `sandbox: unsafe_local`), an OpenEnv class, a custom class
+    require_grants(EnvSpec(name=name, params=dict(params or {})).privileges(), grants)
     if isinstance(parsed, OpenEnvParams):
-        require_grants({"env.params.env": CUSTOM_CODE}, grants)  # it imports and runs the named class
         return OpenEnvAdapter(ctx, parsed)
     if isinstance(parsed, CalculatorParams):
         return CalculatorEnv(ctx, parsed)
@@ -85,7 +98,6 @@ def load_env(
         return FeedbackEnv(ctx, parsed)
     if isinstance(parsed, PythonToolParams):
         return PythonToolEnv(ctx, parsed)
-    require_grants({"env.name": CUSTOM_CODE}, grants)
     factory = import_entry_point(name, "env.name")
     env: Environment = factory(ctx, dict(params or {}))
     return env

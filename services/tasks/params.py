@@ -18,7 +18,7 @@ import re
 import types
 import typing
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -375,8 +375,11 @@ class DatasetParams(TaskParams):
         return self.path or self.file or self.dataset_id or f"hub:{self.hub_id}"
 
 
-def validate_params(model: type[TaskParams], params: dict[str, Any]) -> TaskParams:
-    """`params` as `model`; raises ValueError whose lines start with `task.params.<field>`."""
+M = TypeVar("M", bound=BaseModel)
+
+
+def validate_params(model: type[M], params: dict[str, Any], field: str = "task.params") -> M:
+    """`params` as `model`; raises ValueError whose lines start with `<field>.<name>` (task.params.<name>)."""
     try:
         return model.model_validate(params)
     except ValidationError as e:
@@ -385,5 +388,5 @@ def validate_params(model: type[TaskParams], params: dict[str, Any]) -> TaskPara
             loc = ".".join(str(p) for p in err["loc"])
             msg = "unknown field; known: " + ", ".join(model.model_fields) if err["type"] == "extra_forbidden" \
                 else str(err["msg"]).removeprefix("Value error, ")  # fmt: skip
-            lines.append(f"task.params.{loc}: {msg}" if loc else f"task.params: {msg}")
+            lines.append(f"{field}.{loc}: {msg}" if loc else f"{field}: {msg}")
         raise ValueError("; ".join(lines)) from None
