@@ -89,6 +89,14 @@ TIMING_STEP = "timing/step_s"
 ROLLOUT_SYNC = "rollout/sync_s"
 ROLLOUT_INFORMATIVE_GROUPS = "rollout/informative_groups"
 PRESERVES_CANCELLATION = "objective/preserves_cancellation"
+# Off-policy (docs/objectives.md#behaviour-policy-corrections): the learner's k3 KL to the sampling engine, the
+# spread of the engine's log-probs across copies of shared tokens (the token-level corrections' cancellation
+# condition), the share of tokens the behaviour correction truncated or masked, and the policy lag.
+MISMATCH_K3 = "mismatch/k3_kl"
+MISMATCH_SPREAD_MEAN = "mismatch/shared_spread_mean"
+MISMATCH_SPREAD_MAX = "mismatch/shared_spread_max"
+BEHAVIOUR_CORRECTED_FRAC = "objective/behaviour/corrected_frac"
+POLICY_STALENESS_MAX = "policy/staleness_max"
 
 # Prometheus series of a running job (Ray's exporter prefixes `ray_`): its last step, and each step metric
 # with the metric's name as the `metric` label.
@@ -140,7 +148,8 @@ WATCHED_METRICS = frozenset({
     REWARD_MEAN, REWARD_ACCURACY, REWARD_TIMEOUTS, REWARD_ERRORS, EVAL_ACCURACY, D1_GCPR, D2_RESIDUAL,
     D4_GROUPS_COMPLETE, ENTROPY, D7_ENTROPY_MEAN, D7_ENTROPY_SHARED, D7_ENTROPY_FORK, RESPONSE_LENGTH_MEAN,
     THROUGHPUT_TOKENS_PER_S, TIMING_GENERATE, TIMING_REWARD, TIMING_PREPARE, TIMING_TRAIN, TIMING_SYNC,
-    TIMING_STEP, ROLLOUT_SYNC, ROLLOUT_INFORMATIVE_GROUPS, PRESERVES_CANCELLATION,
+    TIMING_STEP, ROLLOUT_SYNC, ROLLOUT_INFORMATIVE_GROUPS, PRESERVES_CANCELLATION, MISMATCH_K3,
+    MISMATCH_SPREAD_MEAN, MISMATCH_SPREAD_MAX, BEHAVIOUR_CORRECTED_FRAC, POLICY_STALENESS_MAX,
 })  # fmt: skip
 
 

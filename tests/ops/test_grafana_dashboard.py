@@ -25,7 +25,8 @@ WANTED = {
     "jobs by state": "tgc_jobs", "reward": rl.REWARD_MEAN, "accuracy": rl.REWARD_ACCURACY, "D1": rl.D1_GCPR,
     "D2": rl.D2_RESIDUAL, "entropy": rl.ENTROPY, "tokens/s": rl.THROUGHPUT_TOKENS_PER_S,
     "step phases": rl.TIMING_TRAIN, "verifier timeouts": rl.REWARD_TIMEOUTS, "verifier errors": rl.REWARD_ERRORS,
-    "weight sync": rl.TIMING_SYNC, "sandbox runs": "tgc_sandbox_runs_total",
+    "weight sync": rl.TIMING_SYNC, "sandbox runs": "tgc_sandbox_runs_total", "off-policy mismatch": rl.MISMATCH_K3,
+    "behaviour correction": rl.BEHAVIOUR_CORRECTED_FRAC, "shared-token spread": rl.MISMATCH_SPREAD_MAX,
 }  # fmt: skip
 
 

@@ -6,8 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 import rlcore
+from rlcore.offpolicy import MISMATCH_KEYS
+from services import run_layout as rl
 from services.config import ASYNC_CORRECTION, JobSpec
 from services.learner.spec import LearnerSpec
 
@@ -61,3 +64,14 @@ def test_gmpo_has_no_correction_defined_and_stays_uncorrected_in_async_modes():
 def test_the_schema_says_how_the_default_is_turned_off():
     schema = json.dumps(JobSpec.model_json_schema(by_alias=True))
     assert "behaviour_correction: token_tis" in schema and "behaviour_correction: none" in schema
+
+
+def test_the_watched_off_policy_names_are_the_ones_rlcore_and_the_learner_emit():
+    # the learner reports rlcore's mismatch keys as they are and the objective's metrics under `objective/`
+    assert {rl.MISMATCH_K3, rl.MISMATCH_SPREAD_MEAN, rl.MISMATCH_SPREAD_MAX} <= set(MISMATCH_KEYS)
+    obj = rlcore.get_objective("cp_grpo", behaviour_correction="token_tis")
+    old = torch.tensor([[-1.0, -2.0], [-1.0, -0.5]])
+    args = (old.clone(), old, torch.tensor([1.0, -1.0]), torch.ones(2, 2), torch.tensor([0, 0]))
+    out = obj.loss(*args, behaviour_logprobs=old - 1.0)
+    frac = out.metrics[rl.BEHAVIOUR_CORRECTED_FRAC.removeprefix("objective/")]
+    assert float(frac) == 1.0  # w = e > C = 2 on every token
