@@ -11,9 +11,14 @@ Client commands read the server URL and token from --url/--token or TGC_URL/TGC_
 Exit codes: 0 ok, 1 the job failed / an API error, 2 invalid input, 3 server unreachable.
 """
 
+# The client distribution (clients/) ships this module with the SDK and the wire layer only: at module level
+# it imports the stdlib alone, and each command that runs here (the server, the trainer, the tasks) imports
+# what it needs inside its function and is marked `local=True` (main() names the full install when absent).
+
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -22,6 +27,17 @@ from pathlib import Path
 from typing import Any
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_UNREACHABLE = 0, 1, 2, 3
+
+
+_FULL_INSTALL_NEEDED = (
+    "`tgc {command}` runs on this machine, with the trainer and the server: it needs the full install "
+    "(pip install tgc-rl); this is the client only (tgc-rl-client)"
+)
+
+
+def full_install() -> bool:
+    """Whether the trainer and the server are installed here (`tgc-rl`), not only the client (`tgc-rl-client`)."""
+    return importlib.util.find_spec("services.trainer") is not None
 
 
 # -- server-side commands -------------------------------------------------------------------------
@@ -157,15 +173,8 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """Evaluate the spec's model (or a checkpoint) on its `eval` rows, locally or (`--remote`) as a job."""
-    from services.config import JobSpec, SpecError
     from services.run_layout import EVENTS_FILE, METRICS_FILE, JobState
 
-    try:
-        spec = JobSpec.from_yaml(args.spec)
-        spec = JobSpec.parse({**spec.to_dict(), "steps": 0}, source=str(args.spec))
-    except (SpecError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_INVALID
     if args.remote:
         local = [
             flag for flag, value in (("--checkpoint", args.checkpoint), ("--run-dir", args.run_dir)) if value
@@ -178,16 +187,29 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return EXIT_INVALID
-        with _client(args) as client:
-            job = client.evaluate(spec).wait()
+        from services.sdk import spec_to_dict
+
+        with _client(args) as client:  # the server validates the spec (Invalid names each bad field)
+            job = client.evaluate(spec_to_dict(args.spec)).wait()
             if job.state != JobState.SUCCEEDED:
                 print(f"error: evaluation job {job.id} {job.state.value}: {job.reason}", file=sys.stderr)
                 return EXIT_FAILED
             metrics = job.metrics()[0].metrics
+    elif not full_install():
+        print(f"error: {_FULL_INSTALL_NEEDED.format(command='eval')} (or evaluate on the server: --remote)",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_INVALID
     else:
+        from services.config import JobSpec, SpecError
         from services.tasks import GrantError
         from services.trainer.main import ResourceError, run
 
+        try:
+            spec = JobSpec.from_yaml(args.spec)
+            spec = JobSpec.parse({**spec.to_dict(), "steps": 0}, source=str(args.spec))
+        except (SpecError, OSError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return EXIT_INVALID
         run_dir = Path(args.run_dir or f"runs/{spec.name}-eval-{time.strftime('%Y%m%d-%H%M%S')}")
         try:
             state = run(spec, run_dir, args.checkpoint)
@@ -199,10 +221,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
             return EXIT_FAILED
         metrics = json.loads((run_dir / METRICS_FILE).read_text().splitlines()[-1])
         print(f"run dir {run_dir} (each sample's verdict: {run_dir}/eval/step_0.jsonl)")
-    from services.trainer.evaluation import format_table
-
-    print(format_table(metrics))
+    print(_eval_table(metrics))
     return EXIT_OK
+
+
+def _eval_table(metrics: dict[str, Any]) -> str:
+    """The eval/ metrics as an aligned two-column table."""
+    rows = [(k, v) for k, v in metrics.items() if k.startswith("eval/") or k == "timing/eval_s"]
+    width = max((len(k) for k, _ in rows), default=0)
+    return "\n".join(
+        f"{k:<{width}}  {v:.4g}" if isinstance(v, float) else f"{k:<{width}}  {v}" for k, v in rows
+    )
 
 
 def cmd_data_export(args: argparse.Namespace) -> int:
@@ -548,12 +577,12 @@ def _operator_commands(sub, db: argparse.ArgumentParser) -> None:
         help="let tenants' jobs run model-written code WITHOUT the sandbox when they ask (see docs/security.md)",
     )
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    s.set_defaults(func=cmd_serve)
+    s.set_defaults(func=cmd_serve, local=True)
 
     cl = sub.add_parser("cluster", help="the managed local Ray head that `tgc serve` starts: status, stop")
     cl.add_argument("cluster_command", choices=["status", "stop"], metavar="{status,stop}")
     cl.add_argument("--data-dir", type=Path, default=None, help="control plane data dir (env TGC_DATA_DIR)")
-    cl.set_defaults(func=cmd_cluster, db_url=None)
+    cl.set_defaults(func=cmd_cluster, db_url=None, local=True)
 
     t = sub.add_parser("token", help="manage bearer tokens (talks to the database directly)")
     tsub = t.add_subparsers(dest="token_command", required=True, metavar="ACTION")
@@ -564,18 +593,18 @@ def _operator_commands(sub, db: argparse.ArgumentParser) -> None:
     tc.add_argument(
         "--max-concurrent", type=int, default=None, help="also set the tenant's concurrent-job quota"
     )
-    tc.set_defaults(func=cmd_token_create)
+    tc.set_defaults(func=cmd_token_create, local=True)
     tl = tsub.add_parser("list", parents=[db], help="list tokens (never their secrets)")
     tl.add_argument("--tenant", default=None)
-    tl.set_defaults(func=cmd_token_list)
+    tl.set_defaults(func=cmd_token_list, local=True)
     tr = tsub.add_parser("revoke", parents=[db], help="revoke a token by id")
     tr.add_argument("token_id")
-    tr.set_defaults(func=cmd_token_revoke)
+    tr.set_defaults(func=cmd_token_revoke, local=True)
 
     q = sub.add_parser("quota", parents=[db], help="set a tenant's limit on concurrent jobs")
     q.add_argument("tenant")
     q.add_argument("max_concurrent", type=int)
-    q.set_defaults(func=cmd_quota)
+    q.set_defaults(func=cmd_quota, local=True)
 
 
 def _job_commands(sub, api: argparse.ArgumentParser) -> None:
@@ -642,10 +671,13 @@ def _job_commands(sub, api: argparse.ArgumentParser) -> None:
 def _local_commands(sub, api: argparse.ArgumentParser) -> None:
     """Run, evaluate and plot here, and print the schemas."""
     tr2 = sub.add_parser("train", help="run a job locally, in this process (no control plane)")
-    from services.trainer.main import add_train_arguments
+    if full_install():
+        from services.trainer.main import add_train_arguments
 
-    add_train_arguments(tr2)
-    tr2.set_defaults(func=cmd_train)
+        add_train_arguments(tr2)
+    else:  # the client alone: main() says what to install
+        tr2.add_argument("arguments", nargs=argparse.REMAINDER)
+    tr2.set_defaults(func=cmd_train, local=True)
 
     ev = sub.add_parser(
         "eval",
@@ -667,7 +699,7 @@ def _local_commands(sub, api: argparse.ArgumentParser) -> None:
     )
     pl.add_argument("run_dir", type=Path)
     pl.add_argument("--out", type=Path, default=None, help="another file name (default RUN_DIR/curves.png)")
-    pl.set_defaults(func=cmd_plot)
+    pl.set_defaults(func=cmd_plot, local=True)
 
     sc = sub.add_parser("schema", help="print the job spec's JSON schema")
     sc.add_argument("--indent", type=int, default=2)
@@ -676,22 +708,25 @@ def _local_commands(sub, api: argparse.ArgumentParser) -> None:
         default=None,
         help="print this task's `task.params` schema instead (fields marked `privilege` need the operator)",
     )
-    sc.set_defaults(func=cmd_schema)
+    sc.set_defaults(func=cmd_schema, local=True)
 
 
 def _data_commands(sub, api: argparse.ArgumentParser) -> None:
     """Datasets: export built-in tasks to files; upload, list and remove a tenant's own."""
-    from services.tasks.registry import builtin_names
-
     dt = sub.add_parser("data", help="datasets: export a built-in task to a file; upload, list, remove yours")
     dsub = dt.add_subparsers(dest="data_command", required=True, metavar="ACTION")
     de = dsub.add_parser("export", help="write a built-in task's items as a JSONL or Parquet dataset")
-    de.add_argument("--task", required=True, help=", ".join(builtin_names(exportable_only=True)))
+    if full_install():
+        from services.tasks.registry import builtin_names
+
+        de.add_argument("--task", required=True, help=", ".join(builtin_names(exportable_only=True)))
+    else:
+        de.add_argument("--task", required=True, help="a built-in task (the full install)")
     de.add_argument("--params", default=None, help="the task's params as JSON, e.g. '{\"max_operand\": 20}'")
     de.add_argument("--rows", type=int, default=100)
     de.add_argument("--seed", type=int, default=0)
     de.add_argument("--out", type=Path, required=True, help="a .jsonl or .parquet file")
-    de.set_defaults(func=cmd_data_export)
+    de.set_defaults(func=cmd_data_export, local=True)
     du = dsub.add_parser("upload", parents=[api], help="upload a JSONL / Parquet / CSV file; prints its id")
     du.add_argument("file", type=Path)
     du.add_argument(
@@ -708,6 +743,9 @@ def _data_commands(sub, api: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "local", False) and not full_install():
+        print(f"error: {_FULL_INSTALL_NEEDED.format(command=args.command)}", file=sys.stderr)
+        return EXIT_INVALID
     from services.sdk.errors import Invalid, TgcError, Unavailable
 
     try:

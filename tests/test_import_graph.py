@@ -42,8 +42,11 @@ def _runtime_nodes(tree: ast.AST):
 def _imports(path: Path, modules: dict[str, Path], type_checking: bool) -> set[str]:
     """The modules of `modules` that the file imports (with `type_checking`, those under `if TYPE_CHECKING:`
     too): `from a.b import c` is a.b.c when that is a module."""
+    return _imports_of(ast.parse(path.read_text()), modules, type_checking)
+
+
+def _imports_of(tree: ast.AST, modules: dict[str, Path], type_checking: bool = True) -> set[str]:
     out = set()
-    tree = ast.parse(path.read_text())
     for node in ast.walk(tree) if type_checking else _runtime_nodes(tree):
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
@@ -121,3 +124,34 @@ def test_no_two_modules_of_a_package_import_each_other():
     assert "services.tasks.base" in graph["services.tasks.registry"]  # the walk sees imports
     assert "services.rollout.vllm_engine" in graph["services.rollout.actor"]  # inside functions too
     assert _cycles(graph) == []
+
+
+def _client_modules() -> dict[str, Path]:
+    """The modules the client distribution ships (clients/pyproject.toml), by dotted name."""
+    import tomllib
+
+    paths = tomllib.loads((ROOT / "clients" / "pyproject.toml").read_text())["tool"]["tgc-client"]["modules"]
+    names = {v: k for k, v in _sources().items()}
+    return {names[ROOT / p]: ROOT / p for p in paths}
+
+
+def test_the_client_modules_import_only_each_other():
+    """The client (SDK, wire layer, CLI) runs without the server and the trainer: its modules import only each
+    other; the CLI's local commands import the rest inside their functions (never at module level)."""
+    client, modules = _client_modules(), _sources()
+    assert {"services.sdk", "services.wire", "services.cli"} <= client.keys()
+    outside = {}
+    for name, path in client.items():
+        if name == "services.cli":
+            tree = ast.parse(path.read_text())
+            top = ast.Module(body=[n for n in tree.body if not isinstance(n, ast.FunctionDef | ast.ClassDef)],
+                             type_ignores=[])  # fmt: skip
+            found = _imports_of(top, modules)
+            assert "services.trainer.main" in _imports(
+                path, modules, type_checking=True
+            )  # the walk sees them
+        else:
+            found = _imports(path, modules, type_checking=True)
+        if found - client.keys():
+            outside[name] = sorted(found - client.keys())
+    assert outside == {}

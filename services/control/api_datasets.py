@@ -25,8 +25,8 @@ from services.control.datasets import (
 )
 from services.control.errors import ApiError
 from services.control.inspection import InspectorBusy
-from services.control.schemas import DatasetList, DatasetRecord, ErrorBody, ErrorDetail
 from services.control.tokens import Principal
+from services.wire import DatasetList, DatasetRecord, ErrorBody, ErrorDetail
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
 Caller = Annotated[Principal, Depends(current_principal)]

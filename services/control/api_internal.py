@@ -13,10 +13,10 @@ from fastapi import APIRouter, Depends, Request
 from services.control import progress
 from services.control.auth import reporting_job
 from services.control.errors import ApiError
-from services.control.schemas import ErrorBody, ErrorDetail, EventAck, EventBatch
 from services.control.states import TERMINAL
 from services.control.store import JobRow
 from services.run_layout import OtherEvent, StateEvent
+from services.wire import ErrorBody, ErrorDetail, EventAck, EventBatch
 
 router = APIRouter(prefix="/v1/internal", tags=["internal"])
 

@@ -25,7 +25,12 @@ from services.control.auth import current_principal
 from services.control.errors import ApiError
 from services.control.limits import RECONNECT_MS, HeldStreamingResponse
 from services.control.policy import PolicyError, check_spec
-from services.control.schemas import (
+from services.control.states import RESUMABLE, TERMINAL
+from services.control.store import IdempotencyConflict, InvalidTransition, JobRow
+from services.control.tokens import Principal
+from services.run_layout import checkpoint_step
+from services.trainer.traces import Selected, read_page
+from services.wire import (
     CancelRequest,
     CheckpointList,
     DryRunResult,
@@ -39,11 +44,6 @@ from services.control.schemas import (
     ResumeRequest,
     SamplePage,
 )
-from services.control.states import RESUMABLE, TERMINAL
-from services.control.store import IdempotencyConflict, InvalidTransition, JobRow
-from services.control.tokens import Principal
-from services.run_layout import checkpoint_step
-from services.trainer.traces import Selected, read_page
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 Caller = Annotated[Principal, Depends(current_principal)]

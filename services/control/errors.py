@@ -1,4 +1,4 @@
-"""One error shape for every failure (`schemas.ErrorBody`), with field paths for invalid input."""
+"""One error shape for every failure (`services.wire.ErrorBody`), with field paths for invalid input."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from services.config import error_message
-from services.control.schemas import ErrorBody, ErrorDetail
+from services.wire import ErrorBody, ErrorDetail
 
 _CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
           409: "conflict", 413: "too_large", 415: "unsupported_media_type", 422: "invalid", 429: "too_many_requests",

@@ -23,7 +23,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 
 from services.control.auth import current_principal
-from services.control.schemas import ErrorBody
+from services.wire import ErrorBody
 
 _ERROR_REF = {"$ref": "#/components/schemas/ErrorBody"}
 _ERROR_CONTENT = {"application/json": {"schema": _ERROR_REF}}

@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from services.control.progress import CheckpointRow, EventRow, MetricRow
-from services.control.schemas import CheckpointInfo, JobEvent, JobRecord, LogLine, MetricPoint, Transition
 from services.control.store import JobRow
+from services.wire import CheckpointInfo, JobEvent, JobRecord, LogLine, MetricPoint, Transition
 
 
 def ts(t: float | None) -> datetime | None:

@@ -1,24 +1,13 @@
 """Python SDK of the tgc-rl control plane: `Client(url, token)`, `Job`, typed errors.
 
-Needs only httpx, pydantic and pyyaml (no torch, no Ray):
+Needs only httpx, pydantic and pyyaml (no torch, no Ray, nothing of the server): it imports only the wire
+layer (`services.wire`, `services.run_layout`), and the client distribution (clients/) ships just these:
 
     from services.sdk import Client
     job = Client("http://127.0.0.1:8080", token).submit("job.yaml")
     job.wait(timeout=600)
 """
 
-from services.control.schemas import (
-    CheckpointInfo,
-    DatasetRecord,
-    JobEvent,
-    JobRecord,
-    JobState,
-    LogLine,
-    LogPage,
-    MetricPoint,
-    SamplePage,
-    TraceRecord,
-)
 from services.sdk.client import Client, spec_to_dict
 from services.sdk.errors import (
     Conflict,
@@ -34,6 +23,18 @@ from services.sdk.errors import (
     WaitTimeout,
 )
 from services.sdk.job import Job
+from services.wire import (
+    CheckpointInfo,
+    DatasetRecord,
+    JobEvent,
+    JobRecord,
+    JobState,
+    LogLine,
+    LogPage,
+    MetricPoint,
+    SamplePage,
+    TraceRecord,
+)
 
 __all__ = [
     "CheckpointInfo",

@@ -2,7 +2,7 @@
 
     from services.sdk import Client
     client = Client("http://127.0.0.1:8080", token)
-    job = client.submit("job.yaml")        # a path, a dict, or a JobSpec
+    job = client.submit("job.yaml")        # a path, a dict, or a JobSpec (any pydantic model of one)
     for event in job.stream():              # state changes, step metrics, checkpoints, log lines
         print(event.type, event.data)
     job.wait().state                        # 'succeeded'
@@ -20,25 +20,30 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import httpx
 import yaml
+from pydantic import BaseModel
 
-from services.config import JobSpec
-from services.control.schemas import DatasetList, DatasetRecord
 from services.sdk.errors import TgcError, Unavailable, error_for
 from services.sdk.job import Job
+from services.wire import DatasetList, DatasetRecord
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 
 
-def spec_to_dict(spec: JobSpec | Mapping[str, Any] | str | Path) -> dict[str, Any]:
+# A spec as a JobSpec (services.config, the full install), a mapping or a YAML file's path. The SDK takes any
+# pydantic model rather than importing JobSpec: the server validates every spec anyway (its trust boundary).
+SpecSource: TypeAlias = BaseModel | Mapping[str, Any] | str | Path
+
+
+def spec_to_dict(spec: SpecSource) -> dict[str, Any]:
     """A job spec as the JSON body: from a JobSpec, a mapping, or a YAML file path."""
-    if isinstance(spec, JobSpec):
-        return spec.to_dict()
+    if isinstance(spec, BaseModel):
+        return spec.model_dump(mode="json", by_alias=True)  # what JobSpec.to_dict() writes
     if isinstance(spec, Mapping):
         return dict(spec)
     path = Path(spec)
@@ -151,7 +156,7 @@ class Client:
     # -- jobs -------------------------------------------------------------------------------------
     def submit(
         self,
-        spec: JobSpec | Mapping[str, Any] | str | Path,
+        spec: SpecSource,
         *,
         idempotency_key: str | None = None,
     ) -> Job:
@@ -161,7 +166,7 @@ class Client:
                          idempotent=True)  # fmt: skip
         return Job(self, r.json())
 
-    def validate(self, spec: JobSpec | Mapping[str, Any] | str | Path) -> dict[str, Any]:
+    def validate(self, spec: SpecSource) -> dict[str, Any]:
         """Dry run: the server's verdict on a spec (schema and its policy); returns the normalized spec."""
         r = self.request(
             "POST", "/v1/jobs", json=spec_to_dict(spec), params={"dry_run": "true"}, idempotent=True
@@ -199,9 +204,7 @@ class Client:
                 break
         return out
 
-    def evaluate(
-        self, spec: JobSpec | Mapping[str, Any] | str | Path, *, idempotency_key: str | None = None
-    ) -> Job:
+    def evaluate(self, spec: SpecSource, *, idempotency_key: str | None = None) -> Job:
         """Evaluate the spec's model on its `eval` rows without training (a job with `steps: 0`); once it has
         succeeded, `job.metrics()[0].metrics` holds the `eval/...` figures."""
         return self.submit({**spec_to_dict(spec), "steps": 0}, idempotency_key=idempotency_key)

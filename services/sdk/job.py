@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from services.control.schemas import (
+from services.sdk.errors import Unavailable, WaitTimeout
+from services.wire import (
     CheckpointInfo,
     JobEvent,
     JobRecord,
@@ -17,8 +18,6 @@ from services.control.schemas import (
     MetricPoint,
     SamplePage,
 )
-from services.control.states import TERMINAL
-from services.sdk.errors import Unavailable, WaitTimeout
 
 if TYPE_CHECKING:
     from services.sdk.client import Client
@@ -52,7 +51,7 @@ class Job:
 
     @property
     def done(self) -> bool:
-        return self.record.state in TERMINAL
+        return self.record.state.terminal
 
     def refresh(self) -> Job:
         self.record = JobRecord.model_validate(self._client.request("GET", f"/v1/jobs/{self.id}").json())

@@ -162,12 +162,3 @@ def run_eval_only(
                 except Exception as e:  # teardown keeps going
                     log.warning("shutdown failed: %s", e)
         sink.close()
-
-
-def format_table(metrics: dict[str, Any]) -> str:
-    """The eval/ metrics as an aligned two-column table."""
-    rows = [(k, v) for k, v in metrics.items() if k.startswith("eval/") or k == "timing/eval_s"]
-    width = max((len(k) for k, _ in rows), default=0)
-    return "\n".join(
-        f"{k:<{width}}  {v:.4g}" if isinstance(v, float) else f"{k:<{width}}  {v}" for k, v in rows
-    )

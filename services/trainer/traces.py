@@ -5,8 +5,8 @@
                                              spec.traces.max_total_bytes
 
 The trainer writes (`TraceWriter`, the file append off the step's path); the control plane reads pages back
-(`read_page`, a line at a time with a cap per line, never a symlink). The one home of the file format: no torch
-here, so the control plane and the SDK import `TraceRecord` without the trainer's dependencies.
+(`read_page`, a line at a time with a cap per line, never a symlink). The one home of the file layout; a line is
+a `services.wire.TraceRecord`, which the control plane and the SDK import without the trainer's dependencies.
 """
 
 from __future__ import annotations
@@ -22,12 +22,11 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Literal, Protocol
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import IO, Protocol
 
 from services.config import TracesSpec
 from services.trainer.data import derive_seed
+from services.wire import Selected, TraceRecord
 
 log = logging.getLogger("tgc.trainer")
 
@@ -35,42 +34,6 @@ TRACES_DIR = "traces"
 _FILE = re.compile(r"steps-(\d{8,})\.jsonl", re.ASCII)
 # a record is at most spec.traces.max_step_bytes (<= 16 MiB); a longer line is not one of ours and is skipped
 MAX_LINE_BYTES = (16 << 20) + (64 << 10)
-Selected = Literal["best", "worst", "random", "group", "all"]
-
-
-class TraceRecord(BaseModel):
-    """One sampled trajectory of a training step, as the trainer stored it."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    step: int = Field(ge=0, description="The optimizer step that trained on it.")
-    group: int = Field(ge=0, description="Its group within the step (0-based).")
-    index: int = Field(ge=0, description="Its index within the group (0-based).")
-    prompt_index: int = Field(description="The prompt's position in the task's stream.")
-    prompt: str
-    response: str
-    reward: float | None = Field(description="The verifier's reward (null: not finite).")
-    advantage: float | None = Field(
-        description="The advantage it was trained with (a per-token advantage: its mean over the response)."
-    )
-    status: str = Field(description="The verifier's status: ok, timeout or error.")
-    detail: str = Field("", description="The verifier's detail (why a response scored as it did).")
-    length: int = Field(ge=0, description="Response tokens.")
-    finish_reason: str = Field(description="stop (end of sequence) or length (hit max_new_tokens).")
-    policy_version: int = Field(description="The version of the weights that sampled it.")
-    selected: list[Selected] = Field(
-        description="Why it was kept: best/worst/random of its group, group, all."
-    )
-    truncated: bool = Field(
-        False, description="The prompt or response text was cut to traces.max_text_chars."
-    )
-    logprobs: list[float | None] | None = Field(
-        None, description="Each response token's sampling log-prob (traces.logprobs)."
-    )
-
-    @property
-    def key(self) -> tuple[int, int, int]:
-        return (self.step, self.group, self.index)
 
 
 # -- what the trainer hands over (loop.Group satisfies these) ------------------------------------------

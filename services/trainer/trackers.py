@@ -23,7 +23,7 @@ from typing import Any, Literal, Protocol
 
 from services.config import MlflowTrackerSpec, TrackerSpec, WandbTrackerSpec
 from services.run_layout import JobState
-from services.trainer.traces import TraceRecord
+from services.wire import TraceRecord
 
 log = logging.getLogger("tgc.trackers")
 

@@ -1,6 +1,8 @@
-"""Wire models of the REST API, shared by the control plane and the SDK (pydantic only).
+"""Wire models of the REST API, shared by the control plane and the SDK: pydantic and the stdlib only, so the
+client distribution (clients/) ships this module without the server or the trainer.
 
-The job spec itself is `services.config.JobSpec`; these models wrap it in records, pages and events.
+The job spec itself is `services.config.JobSpec` (validated by the server, the trust boundary); these models wrap
+it in records, pages and events. `TraceRecord` is also the line format of a run's `traces/` files.
 """
 
 from __future__ import annotations
@@ -10,8 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.control.states import JobState
-from services.trainer.traces import TraceRecord
+from services.run_layout import JobState
 
 __all__ = [
     "CancelRequest",
@@ -34,10 +35,49 @@ __all__ = [
     "MetricSeries",
     "ResumeRequest",
     "SamplePage",
+    "Selected",
     "TraceRecord",
     "TrainerEvent",
     "Transition",
 ]
+
+
+Selected = Literal["best", "worst", "random", "group", "all"]
+
+
+class TraceRecord(BaseModel):
+    """One sampled trajectory of a training step, as the trainer stored it."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    step: int = Field(ge=0, description="The optimizer step that trained on it.")
+    group: int = Field(ge=0, description="Its group within the step (0-based).")
+    index: int = Field(ge=0, description="Its index within the group (0-based).")
+    prompt_index: int = Field(description="The prompt's position in the task's stream.")
+    prompt: str
+    response: str
+    reward: float | None = Field(description="The verifier's reward (null: not finite).")
+    advantage: float | None = Field(
+        description="The advantage it was trained with (a per-token advantage: its mean over the response)."
+    )
+    status: str = Field(description="The verifier's status: ok, timeout or error.")
+    detail: str = Field("", description="The verifier's detail (why a response scored as it did).")
+    length: int = Field(ge=0, description="Response tokens.")
+    finish_reason: str = Field(description="stop (end of sequence) or length (hit max_new_tokens).")
+    policy_version: int = Field(description="The version of the weights that sampled it.")
+    selected: list[Selected] = Field(
+        description="Why it was kept: best/worst/random of its group, group, all."
+    )
+    truncated: bool = Field(
+        False, description="The prompt or response text was cut to traces.max_text_chars."
+    )
+    logprobs: list[float | None] | None = Field(
+        None, description="Each response token's sampling log-prob (traces.logprobs)."
+    )
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        return (self.step, self.group, self.index)
 
 
 class Transition(BaseModel):
