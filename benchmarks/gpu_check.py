@@ -179,6 +179,7 @@ class OptimSettings:
     mini_batches: int = 1
     activation_checkpointing: bool = False
     shared_prompt_forward: bool = True
+    dense_tree_max_tokens: int = 1024
 
 
 # -- helpers ---------------------------------------------------------------------------------------------

@@ -356,6 +356,14 @@ class OptimSpec(_Strict):
         "the model supports it (Llama/Mistral/Qwen2/Qwen3 with SDPA or eager attention, no sliding window); "
         "false: one forward per row.",
     )
+    dense_tree_max_tokens: int = Field(
+        1024,
+        ge=0,
+        le=1_048_576,
+        description="With shared_prompt_forward: token trees of at most this many nodes (per micro-batch, padded) "
+        "use a dense L x L attention mask; longer ones a block kernel whose memory grows linearly "
+        "(services/learner/tree_attention.py; SDPA models). 0: always the kernel; 1048576: always dense.",
+    )
 
 
 # Ray custom resources an actor asks for, by name: they choose nodes (services/control/policy.py bounds who may)

@@ -115,6 +115,7 @@ class Learner:
             self.spec.optim.logprob_chunk_tokens,
             self.spec.temperature,
             prefix_tree=self.spec.optim.shared_prompt_forward,
+            dense_tree_max_tokens=self.spec.optim.dense_tree_max_tokens,
         )
         sharding.shard(policy, list(layers), self.mesh, self.compute_dtype)
         policy.train(trainable)

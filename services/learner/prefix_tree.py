@@ -10,8 +10,8 @@ gradient (Prefix Grouper, arXiv 2506.05433, generalised from the prompt to every
 log-prob is read from its parent node, so tokens the copies share get bit-identical log-probs.
 
 Nodes are numbered depth-first, so a node's subtree is the index range [node, subtree_end) and the attention
-mask is two comparisons. The mask is dense (L x L per group): right for the CPU lengths here (a few hundred
-tokens a group); at thousands of tokens a group a block-sparse or varlen attention kernel would be needed.
+mask is two comparisons. The dense mask (L x L per group) serves short trees; longer ones run the block
+kernel of services/learner/tree_attention.py from the subtree ends alone, in memory linear in L.
 """
 
 from __future__ import annotations
@@ -33,7 +33,11 @@ TREE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 def supports_prefix_tree(lm: PreTrainedModel) -> bool:
     """Whether `lm` computes the same hidden states from a packed tree with a 4D mask as from its rows."""
     cfg = lm.config
-    if cfg.model_type not in TREE_MODEL_TYPES or cfg._attn_implementation not in ("sdpa", "eager"):
+    if cfg.model_type not in TREE_MODEL_TYPES or cfg._attn_implementation not in (
+        "sdpa",
+        "eager",
+        "tgc_tree",
+    ):
         return False
     window = getattr(cfg, "sliding_window", None)
     return not (window and getattr(cfg, "use_sliding_window", True))
