@@ -191,11 +191,17 @@ class TrackerStats:
     off: bool = False  # switched off after MAX_FAILURES in a row (or a failed start)
 
 
+@dataclass(frozen=True)
+class _Call:
+    run: Callable[[], None]
+    is_start: bool = False  # a failed start switches the tracker off at once
+
+
 @dataclass
 class _Worker:
     tracker: Tracker
     stats: TrackerStats = field(default_factory=TrackerStats)
-    calls: queue.Queue[Callable[[], None] | None] = field(default_factory=lambda: queue.Queue(QUEUE_SIZE))
+    calls: queue.Queue[_Call | None] = field(default_factory=lambda: queue.Queue(QUEUE_SIZE))
     thread: threading.Thread | None = None
 
     def run(self) -> None:
@@ -204,14 +210,14 @@ class _Worker:
             if self.stats.off:
                 continue
             try:
-                call()
+                call.run()
                 self.stats.sent += 1
                 in_a_row = 0
             except Exception as e:  # a tracker's failure is the tracker's: the job goes on
                 self.stats.failed += 1
                 in_a_row += 1
                 log.warning("tracker %s: %s", self.tracker.name, e, exc_info=self.stats.failed == 1)
-                if in_a_row >= MAX_FAILURES or getattr(call, "is_start", False):
+                if in_a_row >= MAX_FAILURES or call.is_start:
                     self.stats.off = True
                     log.warning("tracker %s: switched off for the rest of the run", self.tracker.name)
 
@@ -236,7 +242,7 @@ class Trackers:
             except Exception as e:
                 log.warning("tracker %s not used: %s", spec.kind, e)
         trackers = cls(built)
-        trackers._each(lambda t: _start_call(t, run))
+        trackers._each(lambda t: lambda: t.start(run), is_start=True)
         return trackers
 
     def __bool__(self) -> bool:
@@ -276,20 +282,12 @@ class Trackers:
                 log.warning("tracker %s: still busy after %.0f s at the end of the run; not waited for",
                             w.tracker.name, timeout_s)  # fmt: skip
 
-    def _each(self, make: Callable[[Tracker], Callable[[], None]]) -> None:
+    def _each(self, make: Callable[[Tracker], Callable[[], None]], is_start: bool = False) -> None:
         for w in self._workers:
             try:
-                w.calls.put_nowait(make(w.tracker))
+                w.calls.put_nowait(_Call(make(w.tracker), is_start))
             except queue.Full:
                 w.stats.dropped += 1
-
-
-def _start_call(tracker: Tracker, run: RunInfo) -> Callable[[], None]:
-    def call() -> None:
-        tracker.start(run)
-
-    call.is_start = True  # type: ignore[attr-defined]  # a failed start switches the tracker off at once
-    return call
 
 
 def _build(spec: TrackerSpec) -> Tracker:
