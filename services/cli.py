@@ -152,6 +152,20 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
+    if args.remote:  # the schema of the spec the server accepts (the client install has no JobSpec)
+        if args.task is not None:
+            print(
+                "error: --task reads this machine's task registry; drop --remote (full install)",
+                file=sys.stderr,
+            )
+            return EXIT_INVALID
+        with _client(args) as client:
+            print(json.dumps(client.schema(), indent=args.indent))
+        return EXIT_OK
+    if not full_install():
+        print(f"error: {_FULL_INSTALL_NEEDED.format(command='schema')} (or ask the server: --remote)",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_INVALID
     from services.config import JobSpec
 
     if args.task is None:
@@ -701,14 +715,15 @@ def _local_commands(sub, api: argparse.ArgumentParser) -> None:
     pl.add_argument("--out", type=Path, default=None, help="another file name (default RUN_DIR/curves.png)")
     pl.set_defaults(func=cmd_plot, local=True)
 
-    sc = sub.add_parser("schema", help="print the job spec's JSON schema")
+    sc = sub.add_parser("schema", parents=[api], help="print the job spec's JSON schema")
     sc.add_argument("--indent", type=int, default=2)
+    sc.add_argument("--remote", action="store_true", help="the server's (--url/--token), not this install's")
     sc.add_argument(
         "--task",
         default=None,
         help="print this task's `task.params` schema instead (fields marked `privilege` need the operator)",
     )
-    sc.set_defaults(func=cmd_schema, local=True)
+    sc.set_defaults(func=cmd_schema)
 
 
 def _data_commands(sub, api: argparse.ArgumentParser) -> None:

@@ -105,3 +105,8 @@ def test_the_client_wheel_installs_alone_and_drives_a_control_plane(api_server, 
     assert jobs.returncode == 0 and seen["job"] in {j["id"] for j in json.loads(jobs.stdout)}, jobs.stderr
     train = subprocess.run([tgc, "train", "job.yaml"], capture_output=True, text=True, timeout=60)
     assert train.returncode == 2 and "pip install tgc-rl" in train.stderr, train.stderr
+    schema = subprocess.run([tgc, "schema", "--remote", "--url", api_server.url, "--token", api_server.acme],
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert schema.returncode == 0 and "objective" in json.loads(schema.stdout)["properties"], schema.stderr
+    local = subprocess.run([tgc, "schema"], capture_output=True, text=True, timeout=60)
+    assert local.returncode == 2 and "--remote" in local.stderr, local.stderr
