@@ -8,7 +8,6 @@ equal to the gold answer (`\\frac12` vs `0.5`) scores 1. Custom (`task.reward: m
 
 from __future__ import annotations
 
-import importlib
 import math
 import numbers
 from collections.abc import Callable
@@ -16,6 +15,7 @@ from typing import Any
 
 from services.tasks import GrantError, Score, TaskItem, load_task
 from services.tasks.grants import CUSTOM_CODE, LOCAL_GRANTS
+from services.tasks.registry import import_entry_point
 
 RewardFn = Callable[[TaskItem, str], Any]
 
@@ -84,13 +84,11 @@ def import_reward(spec: str) -> RewardFn:
         raise ValueError(
             f"task.reward {spec!r}: use 'builtin' or 'module:function', e.g. 'my_rewards:exact_match'"
         )
-    try:
-        fn = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(
-            f"task.reward {spec!r}: cannot import {attr} from {module} ({e}); make the module "
-            "importable on the reward workers (PYTHONPATH or an installed package)"
-        ) from None
+    fn = import_entry_point(
+        spec,
+        "task.reward",
+        "make the module importable on the reward workers (PYTHONPATH or an installed package)",
+    )
     if not callable(fn):
         raise ValueError(f"task.reward {spec!r}: {attr} is not callable; it must take (item, response)")
     return fn

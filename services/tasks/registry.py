@@ -86,14 +86,16 @@ def _builtin(entry_point: str) -> Any:
     return getattr(importlib.import_module(module), attr)
 
 
-def import_entry_point(entry_point: str, field: str) -> Any:
-    """The object `module:attr` names (custom code: tasks, environments); ValueError naming `field` when it
-    does not import."""
+def import_entry_point(entry_point: str, field: str, fix: str = "") -> Any:
+    """The object `module:attr` names (custom code: tasks, environments, rewards); ValueError naming `field`
+    (and `fix`, how to make it importable) when it does not import."""
     module, _, attr = entry_point.partition(":")
     try:
         return getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as e:
-        raise ValueError(f"{field} {entry_point!r}: cannot import {attr} from {module} ({e})") from None
+        raise ValueError(
+            f"{field} {entry_point!r}: cannot import {attr} from {module} ({e})" + (f"; {fix}" if fix else "")
+        ) from None
 
 
 def load_task(
