@@ -201,10 +201,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return EXIT_INVALID
-        from services.sdk import spec_to_dict
-
         with _client(args) as client:  # the server validates the spec (Invalid names each bad field)
-            job = client.evaluate(spec_to_dict(args.spec)).wait()
+            job = client.evaluate(args.spec).wait()
             if job.state != JobState.SUCCEEDED:
                 print(f"error: evaluation job {job.id} {job.state.value}: {job.reason}", file=sys.stderr)
                 return EXIT_FAILED
