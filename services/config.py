@@ -18,6 +18,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StringConstraints,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -165,6 +166,47 @@ def host_summary() -> str:
     )
 
 
+class LoraSpec(_Strict):
+    """LoRA adapters on a frozen base (docs/lora.md). The learning rate is not scaled for you: LoRA usually
+    wants ~10x the full fine-tuning `optim.lr` (e.g. 1e-5 full -> 1e-4 LoRA); the update's scale is
+    alpha / rank, so changing `rank` at a fixed `alpha` changes the effective step."""
+
+    rank: int = Field(16, ge=1, le=256, description="Adapter rank r (vLLM serves ranks up to 256 here).")
+    alpha: int = Field(32, ge=1, le=4096, description="LoRA alpha: the update is (alpha / rank) * B @ A.")
+    dropout: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="Dropout on the adapter input while training; > 0 makes the training forward differ from "
+        "the sampling policy (keep 0 for on-policy RL).",
+    )
+    target_modules: (
+        Literal["all-linear"]
+        | list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=64)]]
+    ) = Field(
+        "all-linear",
+        description="`all-linear` (every linear layer but the output head) or module names, e.g. "
+        "[q_proj, v_proj].",
+    )
+    save_merged: bool = Field(
+        False, description="Checkpoints also write the merged weights (`model/`) beside the adapter."
+    )
+    canary_tolerance: float = Field(
+        0.05,
+        gt=0,
+        le=10,
+        description="After every weight sync the engine's mean absolute log-prob of a fixed sequence must be "
+        "within this of the learner's, or the job fails (a sync that did not reach the engine).",
+    )
+
+    @field_validator("target_modules")
+    @classmethod
+    def _some_modules(cls, v: str | list[str]) -> str | list[str]:
+        if isinstance(v, list) and not 1 <= len(v) <= 64:
+            raise ValueError("list 1 to 64 module names, or use 'all-linear'")
+        return v
+
+
 class ModelSpec(_Strict):
     """Which causal LM to train, and how to load it."""
 
@@ -200,6 +242,9 @@ class ModelSpec(_Strict):
     chat_template: bool = Field(True, description="Wrap prompts with the tokenizer's chat template.")
     system_prompt: str | None = Field(
         None, max_length=16_384, description="Optional system message put before each prompt."
+    )
+    lora: LoraSpec | None = Field(
+        None, description="Train LoRA adapters on the frozen base instead of all weights (docs/lora.md)."
     )
 
     @model_validator(mode="after")
@@ -780,6 +825,11 @@ class JobSpec(_Strict):
             raise ValueError(
                 "resources.weight_sync 'broadcast' needs resources.rollout_engine 'vllm' (the transformers "
                 "engine has no weight-transfer API); use weight_sync 'object_store'"
+            )
+        if self.model.lora is not None and self.resources.weight_sync == "broadcast":
+            raise ValueError(
+                "model.lora: adapters travel through the object store (a few MB); set resources.weight_sync "
+                "'object_store'"
             )
         if self.model.source == "random" and not self.model.config_overrides:
             raise ValueError("model.config_overrides is required when model.source is 'random'")

@@ -19,7 +19,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +68,13 @@ def save_training_state(
     optimizer: torch.optim.Optimizer,
     extra: dict[str, Any],
     with_optimizer: bool = True,
+    trainable_only: bool = False,
 ) -> None:
     """Collective: every rank writes its shards; rank 0 writes `extra` (schedule and counters).
-    `with_optimizer=False` leaves out the AdamW moments (2x the weights in float32)."""
+    `with_optimizer=False` leaves out the AdamW moments (2x the weights in float32); `trainable_only` the
+    frozen parameters (a LoRA job's base, which its model directory already holds)."""
     out.mkdir(parents=True, exist_ok=True)
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=_options(trainable_only))
     dcp.save(
         {"model": model_sd, "optim": optim_sd} if with_optimizer else {"model": model_sd},
         checkpoint_id=str(out),
@@ -79,8 +86,12 @@ def save_training_state(
     dist.barrier()
 
 
+def _options(trainable_only: bool) -> StateDictOptions | None:
+    return StateDictOptions(ignore_frozen_params=True, strict=False) if trainable_only else None
+
+
 def load_training_state(
-    src: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+    src: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainable_only: bool = False
 ) -> dict[str, Any]:
     """Collective: restore weights, optimizer (where it was saved) and this rank's RNG; returns rank 0's
     `extra`."""
@@ -97,19 +108,26 @@ def load_training_state(
             "resume with the same resources.learner_ranks"
         )
     extra = torch.load(src / "state.pt", weights_only=False)
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    options = _options(trainable_only)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
     with_optimizer = extra.get("optimizer_saved", True)
     state: dict[str, Any] = {"model": model_sd, "optim": optim_sd} if with_optimizer else {"model": model_sd}
     dcp.load(state, checkpoint_id=str(src))
     if with_optimizer:
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        set_state_dict(
+            model,
+            optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+            options=options,
+        )
     else:
         log.warning(
             "%s holds no optimizer state (checkpoint.save_optimizer was off): AdamW restarts from "
             "zero moments, so the resumed run is not identical to an uninterrupted one",
             src,
         )
-        set_model_state_dict(model, state["model"])
+        set_model_state_dict(model, state["model"], options=options)
         optimizer.state.clear()  # get_state_dict() above initialised it with a zero-gradient step
     set_rng_state(torch.load(rng_file, weights_only=False))
     return extra

@@ -86,12 +86,19 @@ class _LearnerRank:
         out = self._learner().gradients(batch)
         return out if self.rank == 0 else None
 
-    def publish(self, pack: Callable[[dict], Any] | None) -> list[ray.ObjectRef] | None:
-        state = self._learner().full_state_dict()
+    def publish(
+        self, pack: Callable[[dict], Any] | None, adapter: bool = False
+    ) -> list[ray.ObjectRef] | None:
+        learner = self._learner()
+        state = learner.adapter_state_dict() if adapter else learner.full_state_dict()
         if self.rank != 0:
             return None
         # Wrapped in a list so that the caller receives the reference itself, not a copy of the weights.
         return [ray.put(pack(state) if pack is not None else state)]
+
+    def canary_logprobs(self, sequence: list[int], prompt_len: int) -> list[float] | None:
+        out = self._learner().canary_logprobs(sequence, prompt_len)
+        return out if self.rank == 0 else None
 
     def open_broadcast(
         self, make_sender: Callable[[str, int, int, Learner], Any], addr: str, port: int
@@ -187,10 +194,17 @@ class LearnerGroup:
         ref = ray.put(batch)
         return self._all(lambda a: a.gradients.remote(ref))[0]
 
-    def publish_weights(self, pack: Callable[[dict], Any] | None = None) -> ray.ObjectRef:
-        """The full state dict (HF names, model dtype, tied duplicates left out) put into the object store
-        once by rank 0; `pack` optionally converts it first (e.g. services.weight_sync.flat.FlatWeights.from_state_dict)."""
-        return self._all(lambda a: a.publish.remote(pack))[0][0]
+    def publish_weights(
+        self, pack: Callable[[dict], Any] | None = None, adapter: bool = False
+    ) -> ray.ObjectRef:
+        """The full state dict (HF names, model dtype, tied duplicates left out; with `adapter` the LoRA
+        adapter alone, PEFT names) put into the object store once by rank 0; `pack` optionally converts it
+        first (e.g. services.weight_sync.flat.FlatWeights.from_state_dict)."""
+        return self._all(lambda a: a.publish.remote(pack, adapter))[0][0]
+
+    def canary_logprobs(self, sequence: list[int], prompt_len: int) -> list[float]:
+        """The learner's log-probs of sequence[prompt_len:] at temperature 1 (the weight sync's canary)."""
+        return self._all(lambda a: a.canary_logprobs.remote(sequence, prompt_len))[0]
 
     def open_broadcast(self, make_sender: Callable[[str, int, int, Any], Any]) -> None:
         """Open a weight broadcast group with the rollout replicas, rendezvous at a free port on rank 0's node:

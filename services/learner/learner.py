@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,7 +30,7 @@ from torch import Tensor
 
 import rlcore
 from services.batch import SampledBatch, TrainBatch
-from services.learner import checkpoint, sharding
+from services.learner import checkpoint, lora, sharding
 from services.learner.logprobs import PolicyLogprobs
 from services.learner.plan import MicroBatchLimit, MiniBatch, group_spans, plan_minibatches, trim_padding
 from services.learner.schedule import lr_factor
@@ -37,6 +38,8 @@ from services.learner.spec import LearnerSpec
 from services.learner.step_metrics import StepMetrics
 
 if TYPE_CHECKING:
+    from peft import PeftModel
+
     from rlcore.shared_nodes import SharedPrefixes
 
 
@@ -74,15 +77,21 @@ class Learner:
         self.compute_dtype = sharding.compute_dtype(self.model_dtype, self.device)
         self.objective = rlcore.get_objective(spec.objective, **spec.objective_overrides)
         cfg = self.objective.config
+        self.peft: PeftModel | None = None  # PEFT's wrapper of the policy's model (model.lora)
         self.policy = self._build_policy(trainable=True)
         self.micro_limit = MicroBatchLimit(
             spec.optim.micro_batch_size, spec.optim.micro_batch_tokens, tree=self.policy.prefix_tree
         )
-        # The frozen reference is only loaded when the loss uses it (kl_coef > 0).
-        self.reference = self._build_policy(trainable=False) if cfg.kl_coef > 0 else None
+        # The frozen reference is only loaded when the loss uses it (kl_coef > 0); with LoRA it is the policy
+        # with its adapters off (lora.adapters_disabled), no second copy.
+        self.uses_reference = cfg.kl_coef > 0
+        self.reference = (
+            self._build_policy(trainable=False) if self.uses_reference and spec.lora is None else None
+        )
         o = spec.optim
+        params = self.policy.parameters() if spec.lora is None else lora.trainable_parameters(self.policy)
         self.optimizer = torch.optim.AdamW(
-            self.policy.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, fused=True
+            params, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, fused=True
         )
         self.stages_per_batch = 2 if cfg.lopti_eta != 0 else 1
         self.total_optimizer_steps = spec.steps * o.ppo_epochs * o.mini_batches * self.stages_per_batch
@@ -100,6 +109,8 @@ class Learner:
         # float32 master weights whatever the checkpoint's dtype; FSDP2 casts to the compute dtype.
         lm = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
         lm.config.use_cache = False
+        if trainable and self.spec.lora is not None:  # adapters in `lm` itself; the rest frozen
+            self.peft = lora.wrap(lm, self.spec.lora)
         if trainable and self.spec.optim.activation_checkpointing:
             lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if not trainable:
@@ -137,9 +148,9 @@ class Learner:
             t0 = time.perf_counter()
             old = self._batch_logprobs(batch, self.policy)
             metrics.add_time("timing/old_logprobs_s", time.perf_counter() - t0)
-        if self.reference is not None:
+        if self.uses_reference:
             t0 = time.perf_counter()
-            ref = self._batch_logprobs(batch, self.reference)
+            ref = self._reference_logprobs(batch)
             metrics.add_time("timing/ref_logprobs_s", time.perf_counter() - t0)
         staged = self.stages_per_batch > 1  # then needs_old, so `old` is set
         stage_masks = (
@@ -188,8 +199,12 @@ class Learner:
 
     def full_state_dict(self, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
         """Full weights with HF names on CPU, in `dtype` (default: the job's model dtype), tied duplicates
-        left out as save_pretrained does. Collective; rank 0 gets the dict, other ranks an empty one."""
+        left out as save_pretrained does (with LoRA: the adapters merged in, the base model's names).
+        Collective; rank 0 gets the dict, other ranks an empty one."""
         dtype = dtype or getattr(torch, self.model_dtype)
+        if self.spec.lora is not None:
+            fp32 = lora.merged(self._gathered(lambda name: True), self.spec.lora.rank, self.spec.lora.alpha)
+            return {k: v.to(dtype if v.is_floating_point() else v.dtype) for k, v in fp32.items()}
         out, tied = {}, self._tied_names()
         for name, t in self.policy.lm.state_dict().items():
             if name in tied:
@@ -202,16 +217,54 @@ class Learner:
                 )
         return out
 
+    def adapter_state_dict(self) -> dict[str, Tensor]:
+        """The LoRA adapter alone: PEFT names, the job's model dtype, CPU (what the engine loads and a
+        checkpoint's adapter/ holds). Collective; rank 0 gets the dict, other ranks an empty one."""
+        from services.weight_sync.adapter import peft_name
+
+        if self.spec.lora is None:
+            raise RuntimeError("adapter_state_dict: this learner trains full weights (model.lora is not set)")
+        dtype = getattr(torch, self.model_dtype)
+        return {peft_name(k, lora.ADAPTER): v.to(dtype) for k, v in self._gathered(lora.is_adapter).items()}
+
+    @torch.no_grad()
+    def canary_logprobs(self, sequence: list[int], prompt_len: int) -> list[float]:
+        """log p of sequence[prompt_len:] at temperature 1 under the current weights: what an engine's
+        `score` must reproduce after a sync (the canary). Collective: every rank runs the same forward."""
+        policy = self.policy
+        was_training, inv_temperature = policy.training, policy.inv_temperature
+        policy.eval()
+        policy.inv_temperature = 1.0
+        try:
+            ids = torch.tensor([sequence], device=self.device)
+            response = torch.ones((1, len(sequence) - prompt_len), dtype=torch.long, device=self.device)
+            lp, _ = policy(ids, torch.ones_like(ids), prompt_len, response)
+        finally:
+            policy.inv_temperature = inv_temperature
+            policy.train(was_training)
+        if self.world_size == 1:  # forward kept the gathered weights (sharding.shard): free them
+            sharding.reshard(policy)
+        return lp[0].float().cpu().tolist()
+
     def save(self, path: Path) -> None:
-        """path/model: HF directory (+ tokenizer); path/learner: exact training state. Collective."""
+        """path/model: HF directory (+ tokenizer; with LoRA only on model.lora.save_merged: the merged weights);
+        path/adapter: the LoRA adapter (PEFT format); path/learner: exact training state. Collective."""
         path = Path(path)
-        state = self.full_state_dict()
-        if self.rank == 0:
-            tokenizer = Path(self.spec.tokenizer).expanduser() if self.spec.tokenizer else self.model_path
-            checkpoint.save_hf_model(
-                state, self.model_path, tokenizer, path / "model", getattr(torch, self.model_dtype)
-            )
-        del state
+        if self.spec.lora is not None:
+            adapter = self.adapter_state_dict()
+            if self.rank == 0:
+                from services.weight_sync.adapter import write_peft_dir
+
+                lo = self.spec.lora
+                write_peft_dir(path / "adapter", adapter, lo.rank, lo.alpha, str(self.model_path), lo.dropout)
+        if self.spec.lora is None or self.spec.lora.save_merged:
+            state = self.full_state_dict()
+            if self.rank == 0:
+                tokenizer = Path(self.spec.tokenizer).expanduser() if self.spec.tokenizer else self.model_path
+                checkpoint.save_hf_model(
+                    state, self.model_path, tokenizer, path / "model", getattr(torch, self.model_dtype)
+                )
+            del state
         checkpoint.save_training_state(
             path / "learner",
             self.policy,
@@ -223,11 +276,14 @@ class Learner:
                 "world_size": self.world_size,
             },
             with_optimizer=self.spec.save_optimizer,
+            trainable_only=self.spec.lora is not None,  # the frozen base is the model directory's
         )
 
     def load(self, path: Path) -> None:
         """Restore what save(path) wrote; continues exactly where that learner was. Collective."""
-        extra = checkpoint.load_training_state(Path(path) / "learner", self.policy, self.optimizer)
+        extra = checkpoint.load_training_state(
+            Path(path) / "learner", self.policy, self.optimizer, trainable_only=self.spec.lora is not None
+        )
         self.scheduler.load_state_dict(extra["scheduler"])
         self.train_steps = extra["train_steps"]
         self.optimizer_steps = extra["optimizer_steps"]
@@ -238,6 +294,25 @@ class Learner:
             dist.destroy_process_group()
 
     # -- internals ------------------------------------------------------------------------------------
+    def _gathered(self, keep: Callable[[str], bool]) -> dict[str, Tensor]:
+        """Full float32 CPU copies of the kept entries of the model's state dict, tied duplicates left out.
+        Collective; rank 0 gets the dict, other ranks an empty one."""
+        out, tied = {}, self._tied_names()
+        for name, t in self.policy.lm.state_dict().items():
+            if name in tied or not keep(name):
+                continue
+            full = sharding.full_tensor(t)
+            if self.rank == 0:
+                out[name] = full.detach().to("cpu", copy=True)
+        return out
+
+    def _reference_logprobs(self, batch: SampledBatch) -> Tensor:
+        if self.reference is not None:
+            return self._batch_logprobs(batch, self.reference)
+        assert self.peft is not None  # uses_reference without a reference copy: a LoRA policy
+        with lora.adapters_disabled(self.peft):  # the base model is the LoRA policy's reference
+            return self._batch_logprobs(batch, self.policy)
+
     def _tied_names(self) -> set[str]:
         seen, tied = set(), set()
         for name, p in self.policy.lm.named_parameters(remove_duplicate=False):

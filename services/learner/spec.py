@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # annotations only: a LearnerSpec built without a JobSpec needs no pydantic (gpu-check)
-    from services.config import JobSpec, OptimSpec
+    from services.config import JobSpec, LoraSpec, OptimSpec
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,7 @@ class LearnerSpec:
     save_optimizer: bool  # checkpoint.save_optimizer
     gpus: float  # resources.gpus_per_learner
     threads: int  # torch threads of the rank (JobSpec.actor_threads), capped by its host's cores
+    lora: LoraSpec | None = None  # model.lora: train adapters on the frozen base (services/learner/lora.py)
 
     @classmethod
     def of(cls, job: JobSpec) -> LearnerSpec:
@@ -45,4 +46,5 @@ class LearnerSpec:
             save_optimizer=job.checkpoint.save_optimizer,
             gpus=job.resources.gpus_per_learner,
             threads=job.actor_threads("learner"),
+            lora=job.model.lora,
         )

@@ -10,9 +10,12 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import shutil
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -21,10 +24,15 @@ from services.config import resolve_dtype
 from services.models import load_tokenizer
 from services.rollout.engine import RolloutEngine, Sampling, check_requests, prompt_lengths, sample_seed
 from services.rollout.spec import RolloutSpec
+from services.weight_sync.adapter import AdapterWeights
 from services.weight_sync.flat import Weights
+
+if TYPE_CHECKING:
+    from vllm.lora.request import LoRARequest
 
 _EXTENSION = "services.weight_sync.vllm_loader.WeightLoader"
 CPU_BATCH_TOKENS = 4096  # tokens per scheduler step on CPU (vLLM's default budget)
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256)  # the max_lora_rank values vLLM accepts (vllm.config.lora)
 
 
 @contextmanager
@@ -67,6 +75,9 @@ def engine_args(spec: RolloutSpec, model_path: Path | str) -> dict:
     )
     from services.weight_sync.broadcast import weight_transfer_config
 
+    if spec.model.lora is not None:  # the policy is the base plus one adapter, replaced at every sync
+        rank = spec.model.lora.rank
+        args.update(enable_lora=True, max_loras=1, max_lora_rank=next(r for r in LORA_RANKS if r >= rank))
     if uses_cuda(spec):
         args.update(
             gpu_memory_utilization=spec.memory_fraction,
@@ -156,8 +167,12 @@ class VLLMEngine(RolloutEngine):
         self.version = 0
         self.eos_id = int(load_tokenizer(spec.model).eos_token_id)
         self.cuda = uses_cuda(spec)
+        self.model_path = str(model_path)
         self.llm = in_process_llm(engine_args(spec, model_path))
         self._closed = False
+        self._lora: LoRARequest | None = None  # the served adapter (model.lora); None: the base model
+        self._lora_loads = 0
+        self._lora_dir = Path(tempfile.mkdtemp(prefix="tgc-lora-")) if spec.model.lora is not None else None
 
     # -- generation -------------------------------------------------------------------------------
     def generate(
@@ -172,7 +187,7 @@ class VLLMEngine(RolloutEngine):
             for seed in seeds
             for j in range(n)
         ]
-        outs = self.llm.generate(requests, params, use_tqdm=False)
+        outs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self._lora)
         comps = [self._completion(o.outputs[0]) for o in outs]
         return [comps[i * n : (i + 1) * n] for i in range(len(prompts))]
 
@@ -185,10 +200,32 @@ class VLLMEngine(RolloutEngine):
     # -- weights ------------------------------------------------------------------------------------
     def update_weights(self, weights: Weights, version: int) -> float:
         t0 = time.perf_counter()
+        if isinstance(weights, AdapterWeights):
+            self._load_adapter(weights, version)
+            return time.perf_counter() - t0
         self.llm.collective_rpc("tgc_load_weights", args=(weights,))
         self.llm.reset_prefix_cache()  # cached KV blocks were computed by the old weights
         self.version = int(version)
         return time.perf_counter() - t0
+
+    def _load_adapter(self, weights: AdapterWeights, version: int) -> None:
+        """Serve `weights` as a new adapter (its own id and name: no request can get a stale cached one),
+        loaded now so that a bad adapter fails the sync, not a later generation; the previous one is dropped."""
+        from vllm.lora.request import LoRARequest
+
+        if self._lora_dir is None:
+            raise ValueError("an adapter reached an engine started without model.lora (enable_lora is off)")
+        self._lora_loads += 1
+        path = weights.write(self._lora_dir / f"{self._lora_loads}", self.model_path)
+        request = LoRARequest(f"policy-v{version}-{self._lora_loads}", self._lora_loads, str(path))
+        previous, self._lora = self._lora, request
+        engine = self.llm.llm_engine
+        if previous is not None:
+            engine.remove_lora(previous.lora_int_id)
+            shutil.rmtree(previous.lora_path, ignore_errors=True)
+        if not engine.add_lora(request):
+            raise RuntimeError(f"vLLM did not load the adapter of version {version} ({path})")
+        self.version = int(version)
 
     def score(self, sequences: list[list[int]], prompt_len: int | list[int]) -> list[list[float]]:
         from vllm import SamplingParams
@@ -202,7 +239,12 @@ class VLLMEngine(RolloutEngine):
                     f"max_new_tokens ({limit})"
                 )
         params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
-        outs = self.llm.generate([{"prompt_token_ids": list(s)} for s in sequences], params, use_tqdm=False)
+        outs = self.llm.generate(
+            [{"prompt_token_ids": list(s)} for s in sequences],
+            params,
+            use_tqdm=False,
+            lora_request=self._lora,
+        )
         return [
             [float(o.prompt_logprobs[t][seq[t]].logprob) for t in range(p, len(seq))]
             for o, seq, p in zip(outs, sequences, lens, strict=True)
@@ -230,6 +272,8 @@ class VLLMEngine(RolloutEngine):
         if self._closed:
             return
         self._closed = True
+        if self._lora_dir is not None:
+            shutil.rmtree(self._lora_dir, ignore_errors=True)
         self.llm.llm_engine.engine_core.shutdown()
         del self.llm
         gc.collect()

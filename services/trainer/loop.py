@@ -111,7 +111,8 @@ class Trainer:
         if resume is not None:
             state = read_state(resume)
             self.step, self.version, position = state["step"], state["version"], state["data_position"]
-            model_path = resume / "model"
+            if spec.model.lora is None:  # a LoRA job keeps its base; its adapter is in the learner state
+                model_path = resume / "model"
             self.metrics.truncate_after(self.step)
             self.traces.resume(resume.parent.parent, self.step)  # <run dir>/checkpoints/step_N
         self.data = PromptSource(spec, self.tokenizer, position)
@@ -260,6 +261,11 @@ class Trainer:
                 "policy/staleness_max": staleness.max().item(),
                 "sync/bytes": float(sync.get("bytes", 0.0)),
                 "sync/broadcast": sync["broadcast"],
+                **(
+                    {"sync/canary_logprob_diff": sync["canary_logprob_diff"]}
+                    if "canary_logprob_diff" in sync
+                    else {}
+                ),
             }
         )
         return m
