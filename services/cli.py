@@ -533,7 +533,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 # -- parser ---------------------------------------------------------------------------------------
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser; the arguments that import the trainer or the tasks (`train`'s, `data export`'s task
+    list) are built only when `command` is theirs, so that the other commands start without those imports."""
     p = argparse.ArgumentParser(prog="tgc", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)  # fmt: skip
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -552,8 +554,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     _operator_commands(sub, db)
     _job_commands(sub, api)
-    _local_commands(sub, api)
-    _data_commands(sub, api)
+    _local_commands(sub, api, command == "train" and full_install())
+    _data_commands(sub, api, command == "data" and full_install())
     return p
 
 
@@ -680,14 +682,14 @@ def _job_commands(sub, api: argparse.ArgumentParser) -> None:
     r.set_defaults(func=cmd_resume)
 
 
-def _local_commands(sub, api: argparse.ArgumentParser) -> None:
+def _local_commands(sub, api: argparse.ArgumentParser, train: bool) -> None:
     """Run, evaluate and plot here, and print the schemas."""
     tr2 = sub.add_parser("train", help="run a job locally, in this process (no control plane)")
-    if full_install():
+    if train:
         from services.trainer.main import add_train_arguments
 
         add_train_arguments(tr2)
-    else:  # the client alone: main() says what to install
+    else:  # another command runs, or the client alone (main() says what to install)
         tr2.add_argument("arguments", nargs=argparse.REMAINDER)
     tr2.set_defaults(func=cmd_train, local=True)
 
@@ -724,17 +726,17 @@ def _local_commands(sub, api: argparse.ArgumentParser) -> None:
     sc.set_defaults(func=cmd_schema)
 
 
-def _data_commands(sub, api: argparse.ArgumentParser) -> None:
+def _data_commands(sub, api: argparse.ArgumentParser, task_names: bool) -> None:
     """Datasets: export built-in tasks to files; upload, list and remove a tenant's own."""
     dt = sub.add_parser("data", help="datasets: export a built-in task to a file; upload, list, remove yours")
     dsub = dt.add_subparsers(dest="data_command", required=True, metavar="ACTION")
     de = dsub.add_parser("export", help="write a built-in task's items as a JSONL or Parquet dataset")
-    if full_install():
+    if task_names:
         from services.tasks.registry import builtin_names
 
         de.add_argument("--task", required=True, help=", ".join(builtin_names(exportable_only=True)))
     else:
-        de.add_argument("--task", required=True, help="a built-in task (the full install)")
+        de.add_argument("--task", required=True, help="a built-in task")
     de.add_argument("--params", default=None, help="the task's params as JSON, e.g. '{\"max_operand\": 20}'")
     de.add_argument("--rows", type=int, default=100)
     de.add_argument("--seed", type=int, default=0)
@@ -755,7 +757,8 @@ def _data_commands(sub, api: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv[0] if argv else None).parse_args(argv)
     if getattr(args, "local", False) and not full_install():
         print(f"error: {_FULL_INSTALL_NEEDED.format(command=args.command)}", file=sys.stderr)
         return EXIT_INVALID

@@ -34,6 +34,14 @@ def test_the_sdk_imports_nothing_of_the_server_the_trainer_or_the_spec():
     assert _loaded_after("import services.sdk; from services.sdk import Client, Job, TraceRecord") == []
 
 
+def test_the_cli_parses_a_remote_command_without_the_trainer_or_the_tasks():
+    # `tgc train`'s arguments come from the trainer and `data export`'s task list from the tasks: built for those
+    # commands only, so every other command starts without them (here, with the full install)
+    code = "from services.cli import main\ntry:\n    main(['submit', '--help'])\nexcept SystemExit:\n    pass"
+    assert _loaded_after(code) == []
+    assert "services.trainer" in _loaded_after(code.replace("submit", "train"))  # the probe sees them
+
+
 def _client_sources(dest: Path) -> Path:
     """The client's project folder with only the modules it names (what a build from a clean tree sees)."""
     shutil.copytree(ROOT / "clients", dest / "clients", ignore=shutil.ignore_patterns("build", "*.egg-info"))
