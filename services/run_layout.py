@@ -97,6 +97,21 @@ MISMATCH_SPREAD_MEAN = "mismatch/shared_spread_mean"
 MISMATCH_SPREAD_MAX = "mismatch/shared_spread_max"
 BEHAVIOUR_CORRECTED_FRAC = "objective/behaviour/corrected_frac"
 POLICY_STALENESS_MAX = "policy/staleness_max"
+# Multi-turn jobs (`env:`, docs/multi_turn.md): per step, summed over the step's trajectories (refills
+# included); bound hits per reason as `multi_turn/bound_hits/<reason>`.
+MT_TRAJECTORIES = "multi_turn/trajectories"
+MT_TURNS = "multi_turn/turns"
+MT_TURNS_PER_TRAJECTORY = "multi_turn/turns_per_trajectory"
+MT_TOOL_CALLS = "multi_turn/tool_calls"
+MT_TOOL_ERRORS = "multi_turn/tool_errors"
+MT_TOOL_TIMEOUTS = "multi_turn/tool_timeouts"
+MT_OBSERVATION_TOKENS = "multi_turn/observation_tokens"
+MT_MODEL_TOKENS = "multi_turn/model_tokens"
+MT_BOUND_HITS = "multi_turn/bound_hits"
+MT_BRIDGE_FAILURES = "multi_turn/bridge_failures"
+MT_DROPPED_TRAJECTORIES = "multi_turn/dropped_trajectories"
+MT_DROPPED_GROUPS = "multi_turn/dropped_groups"
+TIMING_ENV = "timing/env_s"
 
 # Prometheus series of a running job (Ray's exporter prefixes `ray_`): its last step, and each step metric
 # with the metric's name as the `metric` label.

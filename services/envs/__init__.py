@@ -1,6 +1,8 @@
 """Multi-turn environments: the contract, the built-ins, bounds, and token-exact trajectories (issue 30).
 
-Not wired into the trainer yet; docs/multi_turn.md says what is built and what is not.
+A job selects one with `env:` (services.config.JobSpec); the trainer drives TrajectoryRuns with
+services/trainer/multi_turn.py and runs the environments in worker processes beside the reward workers
+(services/reward/env_host.py). docs/multi_turn.md says what is built and what is not.
 """
 
 from services.envs.base import (

@@ -8,7 +8,7 @@
 A driver keeps many runs and batches their requests to the engine; each run advances on its own, so a
 slow trajectory does not hold the others. Every bound ends the run with a recorded `end_reason`; an
 environment that raises ends it with `env_error`; a template that cannot extend it with `bridge`.
-(Not wired into the trainer yet: see docs/multi_turn.md.)
+The trainer's driver is services/trainer/multi_turn.py.
 """
 
 from __future__ import annotations

@@ -15,6 +15,8 @@ import ray
 from ray.util import metrics as ray_metrics
 
 from services.config import TaskSpec
+from services.envs import EnvSpec
+from services.reward.env_host import EnvCall, EnvHost, EnvReply
 from services.reward.pool import RewardPool
 from services.tasks.base import Score, TaskItem
 from services.tasks.grants import LOCAL_GRANTS, job_grants
@@ -35,6 +37,8 @@ class RewardPoolService:
     ):
         self.task = task if isinstance(task, TaskSpec) else TaskSpec.model_validate(task)
         self.pool = RewardPool(self.task, seed, max_pending=max_pending, grants=grants)
+        self.seed, self.grants = seed, grants
+        self.envs: EnvHost | None = None  # a multi-turn job's environments, started on its first call
         self._tags = {"task": self.task.name}
         self._count = ray_metrics.Counter(
             "tgc_reward_actor_verifications",
@@ -61,13 +65,22 @@ class RewardPoolService:
                 self._count.inc(n, tags={**self._tags, "status": status})
         return scores
 
+    def env_call(self, env: EnvSpec | dict[str, Any], calls: list[EnvCall]) -> list[EnvReply]:
+        """Multi-turn: calls on the job's environments, in worker processes of this actor (env_host.py)."""
+        if self.envs is None:
+            spec = env if isinstance(env, EnvSpec) else EnvSpec.model_validate(env)
+            self.envs = EnvHost(self.task, spec, self.seed, self.grants)
+        return self.envs.call(calls)
+
     def stats(self) -> dict[str, float]:
         return self.pool.stats()
 
     def worker_pids(self) -> list[int]:
-        return self.pool.worker_pids
+        return self.pool.worker_pids + (self.envs.pids if self.envs is not None else [])
 
     def close(self) -> None:
+        if self.envs is not None:
+            self.envs.close()
         self.pool.close()
 
 
@@ -156,6 +169,11 @@ class RewardPoolGroup:
 
     def score(self, items: list[TaskItem], responses: list[str]) -> list[Score]:
         return [s for chunk in ray.get(self.score_refs(items, responses)) for s in chunk]
+
+    def env_call(self, env: EnvSpec, calls: list[EnvCall]) -> list[EnvReply]:
+        """A multi-turn job's environment calls, on the first actor's environment workers."""
+        result: list[EnvReply] = ray.get(self.handles[0].env_call.remote(env.model_dump(), calls))
+        return result
 
     def stats(self) -> dict[str, float]:
         """Counts summed over the actors; latency quantiles and queue depth are the worst actor's."""

@@ -56,10 +56,12 @@ class _Request:
 class _Worker:
     """One worker process, as the dispatcher sees it."""
 
-    def __init__(self, index: int, init: dict[str, Any], env: dict[str, str]):
+    def __init__(
+        self, index: int, init: dict[str, Any], env: dict[str, str], module: str = "services.reward.worker"
+    ):
         self.index = index
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "services.reward.worker"],
+            [sys.executable, "-m", module],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             start_new_session=True,
@@ -135,13 +137,7 @@ class RewardPool:
         self.timeout_s = float(task.reward_timeout_s)
         self.start_timeout_s = start_timeout_s
         self._label = task.name
-        self._init = {
-            "task": task.name,
-            "params": dict(task.params),
-            "seed": seed,
-            "reward": task.reward,
-            "grants": sorted(grants),
-        }
+        self._init = worker_init(task, seed, grants)
         self._env = _worker_env()
         self._stats = metrics.StatsWindow()
         self._slots = threading.BoundedSemaphore(max_pending)
@@ -439,6 +435,17 @@ class _Wakeup:
                 self._closed = True
                 os.close(self.fd)
                 os.close(self._w)
+
+
+def worker_init(task: TaskSpec, seed: int, grants: frozenset[str]) -> dict[str, Any]:
+    """What a worker builds its task verifier from (its `init` frame)."""
+    return {
+        "task": task.name,
+        "params": dict(task.params),
+        "seed": seed,
+        "reward": task.reward,
+        "grants": sorted(grants),
+    }
 
 
 def _worker_env() -> dict[str, str]:

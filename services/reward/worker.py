@@ -14,6 +14,8 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
+from typing import Any
 
 from services.reward import wire
 from services.tasks.base import Score
@@ -42,7 +44,9 @@ def _protocol_fds() -> tuple[int, int]:
     return rfd, wfd
 
 
-def main() -> None:
+def serve(build: Callable[[Any], Any], answer: Callable[[Any, Any], Any]) -> None:
+    """The worker side of the protocol: `init` -> `build(spec)` (answered `ready`, or `init_error` with why),
+    then each request -> `answer(state, payload)`, written as a `result`, until EOF or `stop`."""
     parent = int(os.environ.get("TGC_REWARD_POOL_PID", os.getppid()))
     _die_with_parent(parent)
     rfd, wfd = _protocol_fds()
@@ -50,14 +54,8 @@ def main() -> None:
     if frame is None or frame[0] != "init":
         return
     try:
-        from services.reward.verifier import Verifier
-
-        spec = frame[1]
-        verifier = Verifier(
-            spec["task"], spec["params"], spec["seed"], spec["reward"], frozenset(spec["grants"])
-        )
-        verifier.warm_up()
-    except BaseException as e:  # any failure to build the task is reported, not hidden behind an EOF
+        state = build(frame[1])
+    except BaseException as e:  # any failure to build is reported, not hidden behind an EOF
         wire.write_frame(wfd, "init_error", f"{type(e).__name__}: {e}")
         return
     wire.write_frame(wfd, "ready", {"pid": os.getpid()})
@@ -65,15 +63,31 @@ def main() -> None:
         kind, payload = frame
         if kind == "stop":
             return
-        req_id, item, response = payload
-        start = time.perf_counter()
-        try:
-            score = verifier(item, response)
-        except BaseException as e:  # a failing verifier is an `error` sample; the worker keeps serving
-            tb = traceback.extract_tb(e.__traceback__)[-1:]
-            where = f" at {tb[0].filename}:{tb[0].lineno}" if tb else ""
-            score = Score(0.0, "error", f"{type(e).__name__}: {e}{where}"[:2000])
-        wire.write_frame(wfd, "result", (req_id, score, time.perf_counter() - start))
+        wire.write_frame(wfd, "result", answer(state, payload))
+
+
+def _verifier(spec: dict[str, Any]) -> Any:
+    from services.reward.verifier import Verifier
+
+    verifier = Verifier(spec["task"], spec["params"], spec["seed"], spec["reward"], frozenset(spec["grants"]))
+    verifier.warm_up()
+    return verifier
+
+
+def _score(verifier: Any, payload: tuple[int, Any, str]) -> tuple[int, Score, float]:
+    req_id, item, response = payload
+    start = time.perf_counter()
+    try:
+        score = verifier(item, response)
+    except BaseException as e:  # a failing verifier is an `error` sample; the worker keeps serving
+        tb = traceback.extract_tb(e.__traceback__)[-1:]
+        where = f" at {tb[0].filename}:{tb[0].lineno}" if tb else ""
+        score = Score(0.0, "error", f"{type(e).__name__}: {e}{where}"[:2000])
+    return req_id, score, time.perf_counter() - start
+
+
+def main() -> None:
+    serve(_verifier, _score)
 
 
 if __name__ == "__main__":

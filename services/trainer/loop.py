@@ -48,6 +48,7 @@ from services.tasks.params import DatasetParams
 from services.trainer.checkpoints import Checkpoints, read_state
 from services.trainer.data import Prompt, PromptSource, derive_seed
 from services.trainer.metrics import MetricsSink
+from services.trainer.multi_turn import MultiTurnSampler, with_means
 from services.trainer.reporting import Reporter
 from services.trainer.traces import TraceWriter
 from services.trainer.trackers import RunEnd, RunInfo, Trackers, flatten
@@ -64,6 +65,7 @@ class Group:
     completions: list[Completion]
     scores: list[Score]
     ibpo: Any = None  # the group's IBPO revisions (services/trainer/ibpo.py), when the job has `ibpo` on
+    keep: list[bool] | None = None  # multi-turn: the trajectories that enter the centring (None: all)
 
     @property
     def informative(self) -> bool:
@@ -132,6 +134,9 @@ class Trainer:
 
             self.evaluator = Evaluator(spec, self.data.encode_item, run_dir)
         self._start_actors(model_path, resume)
+        self.sampler = None  # multi-turn: each prompt's group is G trajectories in the job's environment
+        if spec.env is not None:
+            self.sampler = MultiTurnSampler(spec.env, spec.seed, self.tokenizer, self.rollout, self.rewards)
 
     # -- actors --------------------------------------------------------------------------------------
     def _start_actors(self, model_path: Path, resume: Path | None) -> None:
@@ -174,6 +179,9 @@ class Trainer:
     def _generate_groups(
         self, prompts: list[Prompt], attempt: int = 0
     ) -> tuple[list[Group], dict[str, float]]:
+        if self.sampler is not None:
+            mt, counts = self.sampler.generate_groups(prompts, self.spec.group_size, attempt)
+            return [Group(g.prompt, g.completions, g.scores, keep=g.keep) for g in mt], counts
         t0 = time.perf_counter()
         outs = self.rollout.generate(
             [p.token_ids for p in prompts], self.spec.group_size, self._seeds(prompts, attempt)
@@ -194,6 +202,14 @@ class Trainer:
         """Sample a step's groups; with dynamic sampling, replace all-equal-reward groups (DAPO)."""
         want = self.spec.prompts_per_step
         groups, timing = self._generate_groups(self.data.take(want))
+        # multi-turn: every group dropped (failed trajectories); sample other prompts
+        for attempt in range(1, MAX_REFILL_ROUNDS + 1):
+            if groups or not self.data.available(want):
+                break
+            groups, t = self._generate_groups(self.data.take(want), attempt)
+            timing = {k: timing[k] + t[k] for k in timing}
+        if not groups:
+            raise RuntimeError(f"no group left to train at step {self.step + 1}: see the multi_turn/ metrics")
         dropped = 0
         if self.spec.dynamic_sampling:
             for attempt in range(1, MAX_REFILL_ROUNDS + 1):
@@ -207,6 +223,8 @@ class Trainer:
                 timing = {k: timing[k] + t[k] for k in timing}
             groups = [g for g in groups if g.informative][:want] or groups[:want]
         metrics = {**timing, "rollout/groups_dropped": float(dropped)}
+        if self.sampler is not None:
+            metrics.update(with_means(metrics))
         if self.ibpo is not None:  # revised by the weights that sampled these groups
             self.ibpo.revise(groups, self.rollout, self.rewards, metrics)
         return Rollout(groups, self.data.position, metrics)
@@ -214,18 +232,20 @@ class Trainer:
     # -- one step -----------------------------------------------------------------------------------
     def build_batch(self, groups: list[Group]) -> tuple[TrainBatch, dict[str, float]]:
         """The step's TrainBatch (advantages from rlcore, or IBPO's shaped ones) and metrics of making it."""
-        prompts, comps, gids, rewards = [], [], [], []
+        prompts, comps, gids, rewards, keep = [], [], [], [], []
         for g_id, g in enumerate(groups):
             for c, s in zip(g.completions, g.scores, strict=True):
                 prompts.append(g.prompt.token_ids)
                 comps.append(c)
                 gids.append(g_id)
                 rewards.append(s.reward)
+            keep += g.keep or [True] * len(g.completions)
         reward_t = torch.tensor(rewards, dtype=torch.float32)
         sampled = collate(prompts, comps, gids, reward_t, self.tokenizer.pad_token_id)
         if self.ibpo is not None:
             return self.ibpo.train_batch(groups, sampled)
-        adv = self.objective.advantages(reward_t, sampled.group_ids, sampled.response_mask)
+        kept = None if all(keep) else torch.tensor(keep)  # failed trajectories: filtered before centring
+        adv = self.objective.advantages(reward_t, sampled.group_ids, sampled.response_mask, keep=kept)
         return sampled.with_advantages(adv), {}
 
     def train_step(self, rollout: Rollout) -> dict[str, float]:

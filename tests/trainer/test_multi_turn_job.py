@@ -1,0 +1,123 @@
+"""A multi-turn job end to end (issue 30): Ray, the hf engine, environments in worker processes beside the
+reward workers, the learner, a checkpoint, and a resume that continues where the run stopped. The trained
+sequences are the engine's, token for token."""
+
+import pytest
+
+from services.trainer.loop import Trainer
+from services.trainer.multi_turn import MultiTurnSampler
+from tests.trainer.conftest import read_metrics, tiny_spec
+
+pytestmark = pytest.mark.slow
+
+# `feedback`: a wrong answer (odd text length, tests.trainer.rewards:text_parity) gets a user message and another
+# try, so trajectories have 1 to 3 model turns with observations between them, whatever a random model writes
+ENV = {
+    "name": "feedback",
+    "params": {"tries": 3},
+    "bounds": {"max_turns": 3, "max_total_tokens": 256, "max_observation_tokens": 32, "deadline_s": 120},
+}
+MULTI_TURN_METRICS = (
+    "multi_turn/trajectories",
+    "multi_turn/turns_per_trajectory",
+    "multi_turn/tool_calls",
+    "multi_turn/tool_errors",
+    "multi_turn/tool_timeouts",
+    "multi_turn/observation_tokens",
+    "multi_turn/model_tokens",
+    "multi_turn/bound_hits/max_turns",
+    "multi_turn/bound_hits/deadline",
+    "multi_turn/bridge_failures",
+    "multi_turn/dropped_trajectories",
+    "multi_turn/dropped_groups",
+    "timing/env_s",
+)
+
+
+class _Recorder:
+    """Every generate() the sampler makes (prompts and what the engine returned), the prompts it was given,
+    and the batches trained."""
+
+    def __init__(self, monkeypatch):
+        self.calls, self.prompt_indices, self.batches = [], [], []
+        sample, build = MultiTurnSampler.generate_groups, Trainer.build_batch
+        recorder = self
+
+        def generate_groups(self, prompts, group_size, attempt):
+            recorder.prompt_indices.append([p.index for p in prompts])
+            real = self.rollout
+
+            class Recording:
+                def __getattr__(self, name):
+                    return getattr(real, name)
+
+                def generate(self, prompts, n, seeds, sampling=None):
+                    outs = real.generate(prompts, n, seeds, sampling)
+                    recorder.calls += [(list(p), o[0]) for p, o in zip(prompts, outs, strict=True)]
+                    return outs
+
+            self.rollout = Recording()
+            try:
+                return sample(self, prompts, group_size, attempt)
+            finally:
+                self.rollout = real
+
+        def build_batch(self, groups):
+            batch, metrics = build(self, groups)
+            recorder.batches.append(batch)
+            return batch, metrics
+
+        monkeypatch.setattr(MultiTurnSampler, "generate_groups", generate_groups)
+        monkeypatch.setattr(Trainer, "build_batch", build_batch)
+
+
+def _model_runs(mask: list[float]) -> list[tuple[int, int]]:
+    runs, start = [], None
+    for t, m in enumerate([*mask, 0.0]):
+        if m and start is None:
+            start = t
+        elif not m and start is not None:
+            runs.append((start, t))
+            start = None
+    return runs
+
+
+def _check_token_exact(batch, calls) -> int:
+    """Every run of trained (mask 1) tokens is what the engine sampled when given exactly the tokens before
+    it, with the engine's log-probs; returns how many model turns were checked."""
+    checked = 0
+    for row in range(len(batch)):
+        sequence = batch.input_ids[row][batch.attention_mask[row].bool()].tolist()
+        first = int((batch.attention_mask[row][: batch.prompt_len] == 1).sum())
+        mask = batch.response_mask[row].tolist()
+        logprobs = batch.rollout_logprobs[row].tolist()
+        turns = _model_runs(mask)
+        assert turns, "every trained trajectory has a model token"
+        for a, b in turns:
+            given, sampled = sequence[: first + a], sequence[first + a : first + b]
+            match = [c for p, c in calls if p == given and c.token_ids[: b - a] == sampled]
+            assert match, f"row {row}: tokens {a}..{b} are not what the engine sampled for that prompt"
+            assert [round(x, 5) for x in logprobs[a:b]] == [round(x, 5) for x in match[0].logprobs[: b - a]]
+            checked += 1
+    return checked
+
+
+def test_a_multi_turn_job_trains_token_exact_and_resumes(ray_cluster, tmp_path, monkeypatch):
+    from services.trainer.main import run
+
+    recorder = _Recorder(monkeypatch)
+    spec = {"env": ENV, "sampling.max_prompt_tokens": 256}
+    assert run(tiny_spec(steps=2, **spec), tmp_path) == "succeeded"
+    assert run(tiny_spec(steps=3, **spec), tmp_path, resume="latest") == "succeeded"
+
+    rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2, 3]  # no step lost or repeated
+    assert [r["policy/version"] for r in rows] == [1.0, 2.0, 3.0]
+    assert recorder.prompt_indices == [[0, 1], [2, 3], [4, 5]]  # the resume takes the data after step 2
+    for r in rows:
+        assert all(name in r for name in MULTI_TURN_METRICS), sorted(set(MULTI_TURN_METRICS) - set(r))
+        assert r["multi_turn/trajectories"] == 8 and 1 <= r["multi_turn/turns_per_trajectory"] <= 3
+        assert r["multi_turn/model_tokens"] >= r["response/tokens"] > 0
+    assert sum(r["multi_turn/observation_tokens"] for r in rows) > 0  # some trajectories took another turn
+    turns = sum(_check_token_exact(b, recorder.calls) for b in recorder.batches)
+    assert turns > sum(len(b) for b in recorder.batches)  # more model turns than trajectories were checked
