@@ -7,6 +7,8 @@
     python -m experiments trainer --size small    # testbed 3 through the real trainer, here
     python -m experiments trainer --size full --objectives grpo,cp_grpo --tasks arithmetic   # a part of it
     python -m experiments testbed4 --objectives cp_grpo --seeds 0 --commit   # testbed 4 (plan: testbed4_plan.md)
+    python -m experiments testbed5 pilot --commit --lock /tmp/tgc-heavy.lock   # testbed 5's pilot (testbed5_plan.md)
+    python -m experiments testbed5 study --commit --lock /tmp/tgc-heavy.lock   # then its runs (refused before the pilot)
     python -m experiments sweep submit|collect    # testbed 3 as a sweep of control-plane jobs
     python -m experiments report                  # figures + REPORT.md from experiments/results/
 
@@ -65,6 +67,25 @@ def _floats(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from exc
 
 
+def _testbed5(args: argparse.Namespace) -> int:
+    import json
+
+    from experiments import testbed5
+
+    if args.action == "pilot":
+        testbed5.run_pilot(args.cache, commit=args.commit, lock=args.lock)
+        return 0
+    try:  # the study's specs are refused before the pilot has decided, or for seeds outside the design
+        specs = testbed5.study_specs(seeds=args.seeds)
+    except (testbed5.NoPilotDecision, ValueError) as exc:
+        raise SystemExit(f"python -m experiments testbed5 {args.action}: {exc}") from None
+    if args.action == "specs":
+        print(json.dumps(specs, indent=1))
+    else:
+        testbed5.run_study(args.seeds, args.out or testbed5.RUNS, args.cache, args.commit, args.lock)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -113,6 +134,21 @@ def main(argv: list[str] | None = None) -> int:
     p_t4.add_argument("--cache", type=Path, default=paths.CACHE, help="run directories (resume)")
     p_t4.add_argument("--commit", action="store_true", help="git-commit each run's summary as it is written")
     p_t4.add_argument("--lock", type=Path, default=None, help="hold this file's lock while a run trains")
+    p_t5 = sub.add_parser(
+        "testbed5", help="testbed 5: its pilot, then grpo vs cp_grpo (plan: testbed5_plan.md)"
+    )
+    p_t5.add_argument(
+        "action",
+        choices=("pilot", "study", "specs"),
+        help="pilot: the steps not yet decided; study: the runs (needs the pilot's decisions); specs: print them",
+    )
+    p_t5.add_argument(
+        "--seeds", type=_ints, default=None, help="study: only these seeds (default: the design's)"
+    )
+    p_t5.add_argument("--out", type=Path, default=None, help="run summaries (default results/testbed5_runs)")
+    p_t5.add_argument("--cache", type=Path, default=paths.CACHE, help="run directories (resume)")
+    p_t5.add_argument("--commit", action="store_true", help="git-commit each decision and run summary")
+    p_t5.add_argument("--lock", type=Path, default=None, help="hold this file's lock while a job runs")
     p_sw = sub.add_parser("sweep", help="testbed 3 as control-plane jobs (SDK)")
     p_sw.add_argument("action", choices=("submit", "collect"))
     p_sw.add_argument("--size", choices=("small", "full", "tiny"), default="small")
@@ -161,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"python -m experiments testbed4: {exc}") from None
         testbed4.run_study(runs, args.out or testbed4.RUNS, args.cache, commit=args.commit, lock=args.lock)
         return 0
+    if args.command == "testbed5":
+        return _testbed5(args)
     if args.workers < 1:
         parser.error("--workers must be >= 1")
     if args.command == "ci":

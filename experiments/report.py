@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from experiments import ibpo_report, plots, testbed4_report
+from experiments import ibpo_report, plots, testbed4_report, testbed5_report
 from experiments.diag import EXACT
 from experiments.stats import (
     Comparison,
@@ -1339,6 +1339,7 @@ def render(
         )
     lines += [
         ".venv/bin/python -m experiments testbed4 --commit   # Testbed 4 (~35 min a run; finished runs are skipped)",
+        ".venv/bin/python -m experiments testbed5 pilot --commit   # Testbed 5's pilot, then `testbed5 study --commit`",
         ".venv/bin/python -m experiments report   # figures and this report from experiments/results/",
         ".venv/bin/python -m experiments ci       # the CI-sized version of testbeds 1-2 (minutes)",
         "```",
@@ -1378,6 +1379,7 @@ def write_report(
         Path(results_dir) / "testbed4_runs", Path(results_dir), report_path.parent
     )
     sections += testbed4_lines
+    sections += testbed5_report.section(Path(results_dir) / "testbed5_runs", Path(results_dir) / "testbed5")
     columns = {"Testbed 4": (testbed4_cells, testbed4_report.SUMMARY_NOTE)}
     mask = ibpo_report.mask_summary(Path(results_dir) / "ibpo")
     report_path.write_text(
