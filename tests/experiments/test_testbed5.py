@@ -319,3 +319,82 @@ def test_report_section_is_not_yet_run_then_leads_with_the_manipulation_check(tm
     s3_row = next(ln for ln in text.splitlines() if ln.startswith("| S3"))
     assert "passes, the paper's direction" in s3_row  # grpo lower by 0.1 in every seed
     assert "no effect" not in text.replace("never 'no effect'", "")
+
+
+def test_a_killed_run_resumes_then_gets_its_final_evaluation_probes_and_summary(tmp_path, monkeypatch):
+    """The study's flow with the trainer replaced: the first job dies at step 30, the rerun resumes from the
+    newest checkpoint, the final checkpoint is evaluated by an eval-only job, the named steps are probed
+    before the checkpoints go."""
+    import ray
+
+    import services.trainer.main
+    from services.run_layout import METRICS_FILE, TRAINER_STATE_FILE, checkpoint_name
+
+    jobs: list[tuple[str, int, str | None]] = []
+
+    def write_steps(run_dir, first, last):
+        with open(run_dir / METRICS_FILE, "a") as fh:
+            for s in range(first, last + 1):
+                m = {"step": s}
+                if s:
+                    m |= {"reward/accuracy": 0.5, "diag/d2_residual": 0.0, "diag/d7_entropy_shared": 0.2}
+                if s % 10 == 0:
+                    m |= {"eval/accuracy": 0.3, "eval/greedy/accuracy": 0.4}
+                    (run_dir / "eval").mkdir(exist_ok=True)
+                    sample = {"row": "add-1-2", "mode": "sampled", "response": "Answer: 3"}
+                    (run_dir / "eval" / f"step_{s}.jsonl").write_text(json.dumps(sample) + "\n")
+                    if s:
+                        ckpt = run_dir / "checkpoints" / checkpoint_name(s)
+                        (ckpt / "model").mkdir(parents=True)
+                        (ckpt / TRAINER_STATE_FILE).write_text("{}")
+                fh.write(json.dumps(m) + "\n")
+
+    def train(spec, run_dir, resume=None, progress=True):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        jobs.append((spec.name, spec.steps, None if resume is None else str(resume)))
+        if spec.steps == 0:  # the final evaluation
+            (run_dir / METRICS_FILE).write_text(json.dumps({"step": 0, "eval/accuracy": 0.45}) + "\n")
+            (run_dir / "eval").mkdir()
+            (run_dir / "eval" / "step_0.jsonl").write_text("{}\n")
+            return "succeeded"
+        if resume is None:
+            write_steps(run_dir, 0, 30)
+            return "failed"  # killed after its step-30 checkpoint
+        write_steps(run_dir, 31, spec.steps)
+        return "succeeded"
+
+    class Prober:
+        def probe(self, path, samples):
+            assert path.exists() and samples  # probed before the checkpoints are deleted
+            step = 0 if path.name == "base" else int(path.parent.name.split("_")[-1])
+            return {"probe/kl_from_start": step / 1000}
+
+    monkeypatch.setattr(services.trainer.main, "run", train)
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)  # no cluster: the trainer is replaced above
+    monkeypatch.setattr(testbed5, "make_prober", lambda: Prober())
+    (tmp_path / "base").mkdir()
+    monkeypatch.setattr(testbed5, "base_model_path", lambda: tmp_path / "base")
+    args = dict(seeds=[0], out=tmp_path / "runs", cache=tmp_path / "cache", log=lambda _: None)
+    decided = Decisions(128, 0.1, 3e-5, testbed5.FULL)
+    written = testbed5.run_study(**args, decisions=decided)
+    # grpo s0 died; cp_grpo s0 died too (the same fake): nothing written, checkpoints kept for the rerun
+    assert written == [] and [j[2] for j in jobs] == [None, None]
+    run_dir = tmp_path / "cache" / "testbed5" / "tb5-grpo-s0"
+    assert (run_dir / "checkpoints" / checkpoint_name(30)).exists()
+    jobs.clear()
+    written = testbed5.run_study(**args, decisions=decided)
+    assert [(n, s, r is not None) for n, s, r in jobs[:2]] == [
+        ("tb5-grpo-s0", 100, True),
+        ("tb5-grpo-s0-final", 0, True),
+    ]
+    assert jobs[0][2] == "latest" and jobs[1][2] == str(run_dir / "checkpoints" / checkpoint_name(100))
+    summary = json.loads(written[0].read_text())
+    assert summary["steps"] == list(range(1, 101)) and summary["final_eval"]["eval/accuracy"] == 0.45
+    probed = {int(s) for s, e in summary["evals"].items() if "probe/kl_from_start" in e}
+    assert probed == set(testbed5.FULL.named_evals) and len(summary["evals"]) == 11
+    assert summary["evals"]["100"]["probe/kl_from_start"] == 0.1 and summary["cap"] == 128
+    assert not (run_dir / "checkpoints").exists()
+    run = testbed5_report.Run.from_json(summary)  # what the report reads
+    assert run.last_step == 100 and run.final_accuracy == 0.45
+    jobs.clear()
+    assert testbed5.run_study(**args, decisions=decided) == [] and jobs == []  # finished runs are skipped
