@@ -25,6 +25,7 @@ import random
 import shutil
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -602,10 +603,15 @@ def run_one(
     prober = prober_for()
     t1 = time.perf_counter()
     probes: dict[int, dict[str, float]] = {}
+    for m in metrics:  # every evaluation: the answers' forms and opening (exploratory; no model needed)
+        if "eval/accuracy" in m and (samples := _samples(run_dir, int(m["step"]))):
+            probes[int(m["step"])] = {
+                **format_metrics(samples),
+                "opening/top_share": opening_share(samples, prober.tok),
+            }
     for step in design.named_evals:
         path = base_model_path() if step == 0 else ckpts / checkpoint_name(step) / "model"
-        samples = _samples(run_dir, step)
-        probes[step] = {**prober.probe(path, samples), **(format_metrics(samples) if samples else {})}
+        probes[step] = {**probes.get(step, {}), **prober.probe(path, _samples(run_dir, step))}
     summary = {
         **summarise_run(metrics, probes, final),
         "name": name,
@@ -620,6 +626,21 @@ def run_one(
     }
     shutil.rmtree(ckpts, ignore_errors=True)  # ~1.3 GB each with AdamW moments
     return summary
+
+
+OPENING_TOKENS = 4
+
+
+def opening_share(samples: Sequence[dict[str, Any]], tokenizer) -> float:
+    """The share of the sampled answers that begin with the most common first four tokens (how far the runs
+    have settled on one form; testbed 4's collapse). NaN without sampled answers."""
+    openings = Counter(
+        tuple(tokenizer(s["response"], add_special_tokens=False)["input_ids"][:OPENING_TOKENS])
+        for s in samples
+        if s.get("mode", "sampled") == "sampled"
+    )
+    total = sum(openings.values())
+    return openings.most_common(1)[0][1] / total if total else math.nan
 
 
 def make_prober(files: DataFiles | None = None) -> Prober:

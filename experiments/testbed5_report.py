@@ -5,6 +5,7 @@ from the per-step curves and evaluations in the summaries by `experiments.stats`
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -193,7 +194,11 @@ def manipulation_check(runs: dict[str, list[Run]], planned_seeds: int) -> Manipu
         tuple(early_d2(r) for r in grpo),
         planned_seeds - 1,
         max(cp_d2) if cp_d2 else math.nan,
-        {arm: float(np.mean([gap_share(r) for r in rs])) for arm, rs in runs.items() if rs},
+        {
+            arm: float(np.mean([gap_share(r) for r in runs[arm]]))
+            for arm in ("grpo", "cp_grpo")
+            if runs.get(arm)
+        },
         len(grpo) == len(cp) == planned_seeds,
     )
 
@@ -252,6 +257,53 @@ def analyse(runs: dict[str, list[Run]], base: float) -> list[Result]:
         Result(e, a, b, c, paired, math.nan if i == 0 else adjusted[i - 1])
         for i, (e, a, b, c, paired) in enumerate(raw)
     ]
+
+
+def integrated_d2(run: Run) -> float:
+    """grpo's dose: D2 summed over every training step."""
+    return float(run.window("diag/d2_residual", 1, run.last_step).sum())
+
+
+def sign_flip_p(diffs: Sequence[float]) -> float:
+    """Exact two-sided paired test of the mean of per-seed differences: the share of the 2^n sign patterns whose
+    mean is at least as far from 0 as the observed one."""
+    d = np.asarray([x for x in diffs if math.isfinite(x)], dtype=float)
+    if d.size == 0:
+        return math.nan
+    observed = abs(d.mean())
+    signs = np.array(list(itertools.product((1.0, -1.0), repeat=d.size)))
+    return float((np.abs((signs * d).mean(1)) >= observed - 1e-12 * max(1.0, observed)).mean())
+
+
+def exploratory(runs: dict[str, list[Run]], results: Sequence[Result]) -> list[str]:
+    """The plan's exploratory measures, labelled so: no verdicts."""
+    grpo, cp = runs.get("grpo", []), runs.get("cp_grpo", [])
+    cp_by_seed = {r.seed: r for r in cp}
+    paired = [r for r in grpo if r.seed in cp_by_seed]
+
+    def last_eval(run: Run, key: str) -> float:
+        return run.evals.get(run.last_step, {}).get(key, math.nan)
+
+    per_arm = "; ".join(
+        f"{arm}: fork entropy {summarize([_mean(r.window('diag/d7_entropy_fork', *S3_WINDOW)) for r in rs]).fmt()}"
+        f", opening share at the last evaluation {summarize([last_eval(r, 'opening/top_share') for r in rs]).fmt()}"
+        for arm, rs in (("grpo", grpo), ("cp_grpo", cp))
+        if rs
+    )
+    lines = [
+        f"**Exploratory** (no verdicts). The primary's paired sign-flip test: p={_n(sign_flip_p(results[0].paired))} "
+        f"({len(results[0].paired)} seeds). {per_arm} (fork entropy: diag/d7_entropy_fork over steps 10-40).",
+        "",
+        "| seed | grpo's integrated D2 | "
+        + " | ".join(f"{r.endpoint.key}: grpo - cp_grpo" for r in results)
+        + " |",
+        "|---|---|" + "---|" * len(results),
+    ]
+    for run in paired:
+        other = cp_by_seed[run.seed]
+        diffs = [r.endpoint.per_run(run) - r.endpoint.per_run(other) for r in results]
+        lines.append(f"| {run.seed} | {_n(integrated_d2(run))} | " + " | ".join(map(_n, diffs)) + " |")
+    return [*lines, ""]
 
 
 def primary_reading(result: Result, cap: int) -> str:
@@ -354,8 +406,8 @@ def section(runs_dir: Path, decisions_dir: Path = DATA) -> list[str]:
         "",
         "The primary is tested alone at 0.05 (exact two-sided permutation test of the difference of means; 95% CI "
         "Welch's t); S1-S4 are Holm-adjusted over the four. A secondary that passes while the primary does not is "
-        "not the mechanism's effect. Exploratory measures (opening-phrase share, fork entropy, dose-response) "
-        "are in the run summaries and carry no verdict.",
+        "not the mechanism's effect.",
         "",
+        *exploratory(runs, results),
     ]
     return lines

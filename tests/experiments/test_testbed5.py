@@ -319,6 +319,17 @@ def test_report_section_is_not_yet_run_then_leads_with_the_manipulation_check(tm
     s3_row = next(ln for ln in text.splitlines() if ln.startswith("| S3"))
     assert "passes, the paper's direction" in s3_row  # grpo lower by 0.1 in every seed
     assert "no effect" not in text.replace("never 'no effect'", "")
+    assert text.index("**Exploratory** (no verdicts)") > text.index("| S4")
+    assert "paired sign-flip test: p=0.0312" in text  # 6 seeds, all +10: 2 of 64 sign patterns
+    dose = next(ln for ln in text.splitlines() if ln.startswith("| 0 |"))
+    assert dose.startswith("| 0 | 10 | 10 | 10 |")  # grpo's D2 0.1 x 100 steps; primary +10; S1 +10 steps
+
+
+def test_sign_flip_test_is_exact_over_every_sign_pattern():
+    assert testbed5_report.sign_flip_p([1.0] * 6) == 2 / 64
+    assert testbed5_report.sign_flip_p([1.0, -1.0]) == 1.0
+    assert testbed5_report.sign_flip_p([3.0, 1.0, 1.0]) == 2 / 8  # only all-same signs reach |mean| 5/3
+    assert math.isnan(testbed5_report.sign_flip_p([]))
 
 
 def test_a_killed_run_resumes_then_gets_its_final_evaluation_probes_and_summary(tmp_path, monkeypatch):
@@ -364,6 +375,8 @@ def test_a_killed_run_resumes_then_gets_its_final_evaluation_probes_and_summary(
         return "succeeded"
 
     class Prober:
+        tok = staticmethod(lambda text, add_special_tokens=False: {"input_ids": text.split()})
+
         def probe(self, path, samples):
             assert path.exists() and samples  # probed before the checkpoints are deleted
             step = 0 if path.name == "base" else int(path.parent.name.split("_")[-1])
@@ -393,8 +406,23 @@ def test_a_killed_run_resumes_then_gets_its_final_evaluation_probes_and_summary(
     probed = {int(s) for s, e in summary["evals"].items() if "probe/kl_from_start" in e}
     assert probed == set(testbed5.FULL.named_evals) and len(summary["evals"]) == 11
     assert summary["evals"]["100"]["probe/kl_from_start"] == 0.1 and summary["cap"] == 128
+    assert all(e["opening/top_share"] == 1.0 for e in summary["evals"].values())  # every evaluation
     assert not (run_dir / "checkpoints").exists()
     run = testbed5_report.Run.from_json(summary)  # what the report reads
     assert run.last_step == 100 and run.final_accuracy == 0.45
     jobs.clear()
     assert testbed5.run_study(**args, decisions=decided) == [] and jobs == []  # finished runs are skipped
+
+
+def test_opening_share_counts_the_most_common_first_four_tokens_of_sampled_answers():
+    def words(text, add_special_tokens=False):
+        return {"input_ids": text.split()}
+
+    samples = [
+        {"mode": "sampled", "response": "To add 3 and 4, add the ones. Answer: 7"},
+        {"mode": "sampled", "response": "To add 3 and 4: Answer: 7"},
+        {"mode": "sampled", "response": "3 + 4 = 7. Answer: 7"},
+        {"mode": "greedy", "response": "3 + 4 = 7. Answer: 7"},  # greedy answers are not counted
+    ]
+    assert testbed5.opening_share(samples, words) == 2 / 3
+    assert math.isnan(testbed5.opening_share(samples[3:], words))
