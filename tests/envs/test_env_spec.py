@@ -68,3 +68,19 @@ def test_a_custom_environment_needs_the_custom_code_grant():
 def test_a_single_turn_spec_has_no_env_and_the_schema_shows_the_section():
     assert JobSpec().env is None
     assert "env" in JobSpec.model_json_schema()["properties"]
+
+
+def test_the_calculator_example_fits_its_bounds_with_room_to_answer(template):
+    from services.envs import EnvContext, load_env
+    from services.tasks import load_task
+
+    spec = JobSpec.from_yaml("examples/multi_turn_calculator.yaml")
+    assert spec.env is not None and len(spec.env.params["examples"]) == 2
+    item = load_task(spec.task.name, spec.task.params, spec.seed).item(0)
+    ctx = EnvContext(item, lambda text: None, spec.env.bounds)  # type: ignore[arg-type, return-value]
+    first = load_env(spec.env.name, ctx, spec.env.params).reset()
+    example = ["user", "assistant", "tool", "assistant"]  # question, call, result, answer
+    assert [m.role for m in first] == ["system", *example, *example, "user"]
+    room = spec.env.bounds.max_total_tokens - len(template.render(first, add_generation_prompt=True))
+    # the question, a call, its result and the answer fit after the few-shot history
+    assert room >= 2 * spec.sampling.max_new_tokens + spec.env.bounds.max_observation_tokens
