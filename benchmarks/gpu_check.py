@@ -384,13 +384,14 @@ def part_matmul_peak(ctx: Context, part: Part) -> None:
 
 
 def learner_spec(ctx: Context, micro_batch_size: int, **optim: Any):
+    from rlcore import resolve as rlcore_resolve
     from services.learner.spec import LearnerSpec
 
     s = ctx.sizes
     settings = OptimSettings(micro_batch_size=micro_batch_size, logprob_chunk_tokens=s.chunk_tokens, **optim)
     return LearnerSpec(
         objective="cp_grpo",
-        objective_overrides={},
+        objective_config=rlcore_resolve("cp_grpo"),
         optim=settings,  # type: ignore[arg-type]  # OptimSpec's fields, no pydantic (see OptimSettings)
         model_dtype="bfloat16",
         tokenizer=None,

@@ -84,6 +84,21 @@ class Objective:
         """DFPO transforms couple a group's responses: whole groups per call, or `seq_weights`."""
         return self.config.seq_transform != "none"
 
+    @property
+    def needs_reference(self) -> bool:
+        """The loss has a KL term: every call needs the frozen reference policy's log-probs (`ref_logprobs`)."""
+        return self.config.kl_coef > 0
+
+    @property
+    def needs_entropies(self) -> bool:
+        """The loss has an entropy bonus: every call needs per-position entropies with their gradient."""
+        return self.config.entropy_coef != 0
+
+    @property
+    def stage_count(self) -> int:
+        """Update stages per rollout batch (`stages()`): 2 with Lopti's split, else 1."""
+        return 2 if self.config.lopti_eta != 0 else 1
+
     def describe(self) -> str:
         cfg = self.config
         head = PRESETS[self.name].summary if self.name in PRESETS else "custom objective"
@@ -306,7 +321,7 @@ class Objective:
         if not n_tok > 0:
             raise ValueError("mask: selects no tokens; every (micro-)batch needs at least one response token")
         ref = ent = behaviour = None
-        if cfg.kl_coef > 0 and regularisers:
+        if self.needs_reference and regularisers:
             ref = self._required(
                 "ref_logprobs",
                 ref_logprobs,
@@ -315,7 +330,7 @@ class Objective:
                 f"kl_coef={cfg.kl_coef}",
                 "pass the reference policy's log-probs or set kl_coef=0",
             ).detach()
-        if cfg.entropy_coef != 0 and regularisers:  # keeps its graph: the entropy bonus has a gradient
+        if self.needs_entropies and regularisers:  # keeps its graph: the entropy bonus has a gradient
             ent = self._required(
                 "entropies",
                 entropies,

@@ -25,7 +25,7 @@ from pydantic import (
     model_validator,
 )
 
-from rlcore import list_objectives, resolve
+from rlcore import ObjectiveConfig, list_objectives, resolve
 from services.envs.registry import EnvSpec
 from services.tasks.params import DatasetParams, check_template
 from services.tasks.registry import BUILTIN_TASKS, GYM_PREFIX, is_gym_name, parse_params
@@ -899,6 +899,11 @@ class JobSpec(_Strict):
     def objective_overrides(self) -> dict[str, Any]:
         """The objective's knob overrides as the job runs them (the async default correction added)."""
         return async_objective_overrides(self.objective.name, self.objective.overrides, self.async_.depth)
+
+    def objective_config(self) -> ObjectiveConfig:
+        """The objective as the job runs it: rlcore's resolved, frozen config of objective_overrides(). The
+        trainer and each learner rank build their Objective from this object; none resolves overrides again."""
+        return resolve(self.objective.name, self.objective_overrides())
 
     def actor_threads(self, role: Literal["learner", "rollout"]) -> int:
         """torch threads of one learner rank / rollout replica (`resources.threads_per_actor`)."""

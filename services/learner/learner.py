@@ -75,16 +75,15 @@ class Learner:
 
             self.model_dtype = resolve_dtype(spec.model_dtype, on_gpu=self.device.type == "cuda")
         self.compute_dtype = sharding.compute_dtype(self.model_dtype, self.device)
-        self.objective = rlcore.get_objective(spec.objective, **spec.objective_overrides)
-        cfg = self.objective.config
+        self.objective = rlcore.Objective(spec.objective, spec.objective_config)
         self.peft: PeftModel | None = None  # PEFT's wrapper of the policy's model (model.lora)
         self.policy = self._build_policy(trainable=True)
         self.micro_limit = MicroBatchLimit(
             spec.optim.micro_batch_size, spec.optim.micro_batch_tokens, tree=self.policy.prefix_tree
         )
-        # The frozen reference is only loaded when the loss uses it (kl_coef > 0); with LoRA it is the policy
+        # The frozen reference is only loaded when the loss uses it (a KL term); with LoRA it is the policy
         # with its adapters off (lora.adapters_disabled), no second copy.
-        self.uses_reference = cfg.kl_coef > 0
+        self.uses_reference = self.objective.needs_reference
         self.reference = (
             self._build_policy(trainable=False) if self.uses_reference and spec.lora is None else None
         )
@@ -93,7 +92,7 @@ class Learner:
         self.optimizer = torch.optim.AdamW(
             params, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, fused=True
         )
-        self.stages_per_batch = 2 if cfg.lopti_eta != 0 else 1
+        self.stages_per_batch = self.objective.stage_count
         self.total_optimizer_steps = spec.steps * o.ppo_epochs * o.mini_batches * self.stages_per_batch
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, o, self.total_optimizer_steps)
@@ -452,7 +451,7 @@ class Learner:
         if not bool(active.any()):  # nothing to learn from here: zero-gradient pass, collectives stay aligned
             lp.backward(torch.zeros_like(lp))
             return 0.0
-        uses_entropy = self.objective.config.entropy_coef != 0
+        uses_entropy = self.objective.needs_entropies
         lp_leaf = lp.detach().requires_grad_(True)
         ent_leaf = ent.detach().requires_grad_(True) if uses_entropy else None
         out = self.objective.loss(

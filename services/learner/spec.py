@@ -7,7 +7,9 @@ on the host (`model_dtype`) stay unresolved here and are resolved by the rank on
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from rlcore import ObjectiveConfig
 
 if TYPE_CHECKING:  # annotations only: a LearnerSpec built without a JobSpec needs no pydantic (gpu-check)
     from services.config import JobSpec, LoraSpec, OptimSpec
@@ -16,7 +18,9 @@ if TYPE_CHECKING:  # annotations only: a LearnerSpec built without a JobSpec nee
 @dataclass(frozen=True)
 class LearnerSpec:
     objective: str  # rlcore preset name (objective.name)
-    objective_overrides: dict[str, Any]  # JobSpec.objective_overrides() (async default added)
+    # the resolved, frozen knobs (JobSpec.objective_config(): overrides and the async default applied): ranks
+    # build their Objective from it without resolving the overrides again
+    objective_config: ObjectiveConfig
     optim: OptimSpec  # the learner's own section, whole
     model_dtype: str  # model.dtype, `auto` kept (services.config.resolve_dtype, on the rank's host)
     tokenizer: str | None  # model.tokenizer: saved beside a checkpoint's weights (None: the model's own)
@@ -34,7 +38,7 @@ class LearnerSpec:
     def of(cls, job: JobSpec) -> LearnerSpec:
         return cls(
             objective=job.objective.name,
-            objective_overrides=job.objective_overrides(),  # async modes: the default correction added
+            objective_config=job.objective_config(),
             optim=job.optim,
             model_dtype=job.model.dtype,
             tokenizer=job.model.tokenizer,

@@ -93,7 +93,7 @@ class Trainer:
         from services.models import load_tokenizer, model_dir
 
         self.spec, self.run_dir, self.reporter = spec, run_dir, reporter
-        self.objective = rlcore.get_objective(spec.objective.name, **spec.objective_overrides())
+        self.objective = rlcore.Objective(spec.objective.name, spec.objective_config())
         self.tokenizer = load_tokenizer(spec.model)
         self.checkpoints = Checkpoints(run_dir / CHECKPOINTS_DIR, spec.checkpoint.keep_last)
         self.outcome = JobState.FAILED  # what run() ended with; the trackers' runs end with it

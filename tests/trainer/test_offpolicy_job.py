@@ -26,8 +26,7 @@ ASYNC = {
 
 def _objective(spec: JobSpec) -> rlcore.ObjectiveConfig:
     """The objective's knobs as the learner ranks build them (LearnerSpec is all they see of the job)."""
-    learner = LearnerSpec.of(spec)
-    return rlcore.get_objective(learner.objective, **learner.objective_overrides).config
+    return LearnerSpec.of(spec).objective_config
 
 
 @pytest.mark.parametrize("mode", ["one_step_off", "k_step"])
