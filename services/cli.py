@@ -217,8 +217,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         from services.trainer.main import ResourceError, run
 
         try:
-            spec = JobSpec.from_yaml(args.spec)
-            spec = JobSpec.parse({**spec.to_dict(), "steps": 0}, source=str(args.spec))
+            spec = JobSpec.from_yaml(args.spec, steps=0)  # the trainer entry's one parse, evaluating only
         except (SpecError, OSError) as e:
             print(f"error: {e}", file=sys.stderr)
             return EXIT_INVALID

@@ -104,6 +104,7 @@ def submit_job(
     request: Request,
     response: Response,
     caller: Caller,
+    # parse 1 of 3 (docs/architecture.md): a tenant's spec, a trust boundary, validated whole here
     spec: Annotated[JobSpec, Body(description="The job spec, the same schema as a YAML job file.")],
     dry_run: Annotated[
         bool, Query(description="Only validate (schema and server policy); store nothing.")

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from services.config import error_message
+from services.config import error_message, field_path
 from services.wire import ErrorBody, ErrorDetail
 
 _CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
@@ -77,11 +77,10 @@ def refuse_unknown_query(request: Request) -> None:
 
 
 def _field(loc: tuple) -> str:
-    # ("body", "model", "source") -> "model.source"; ("query", "limit") -> "limit"
-    parts = [str(p) for p in loc]
-    if parts and parts[0] in ("body", "query", "path", "header"):
-        parts = parts[1:]
-    return ".".join(parts) or "(body)"
+    # ("body", "model", "source") -> "model.source"; ("query", "limit") -> "limit"; the task union's tag dropped
+    if loc and loc[0] in ("body", "query", "path", "header"):
+        loc = loc[1:]
+    return field_path(loc) or "(body)"
 
 
 def _message(err: dict) -> str:

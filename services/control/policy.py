@@ -58,7 +58,7 @@ def caller_grants(settings: ControlSettings, is_admin: bool) -> frozenset[str]:
 def dataset_references(spec: JobSpec) -> dict[str, DatasetParams]:
     """{field path prefix: params} of every dataset a spec reads (the training task's, the evaluation's)."""
     out: dict[str, DatasetParams] = {}
-    if isinstance(task_params := spec.task.parsed_params(), DatasetParams):
+    if isinstance(task_params := spec.task.params, DatasetParams):
         out["task.params"] = task_params
     if spec.eval is not None and spec.eval.dataset is not None:
         out["eval.dataset"] = spec.eval.dataset
@@ -125,7 +125,7 @@ def check_spec(
         ))  # fmt: skip
     for path, value in (
         ("model.config_overrides", spec.model.config_overrides),
-        ("task.params", spec.task.params),
+        ("task.params", spec.task.model_dump(mode="json")["params"]),  # the fields the tenant set
         ("env.params", spec.env.params if spec.env is not None else None),
         ("objective.overrides", spec.objective.overrides),
         # the same fields as task.params of a dataset task, so the same bound (what the tenant set)

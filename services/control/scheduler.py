@@ -275,6 +275,8 @@ class Scheduler:
             run_dir = Path(run_dir_name)
             run_dir.mkdir(parents=True, exist_ok=True)
             spec_path = run_dir / SPEC_FILE
+            # parse 2 of 3 (docs/architecture.md): the stored spec, checked again where it leaves the database
+            # (the server may have been upgraded since the submission) and normalised for the trainer
             spec_path.write_text(JobSpec.parse(job.spec, source=f"job {job.id}").to_yaml())
         except Exception as e:  # an unwritable runs_dir, or a spec the current schema no longer accepts
             log.exception("job %s: preparing the run dir failed", job.id)

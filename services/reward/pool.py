@@ -441,7 +441,7 @@ def worker_init(task: TaskSpec, seed: int, grants: frozenset[str]) -> dict[str, 
     """What a worker builds its task verifier from (its `init` frame)."""
     return {
         "task": task.name,
-        "params": dict(task.params),
+        "params": task.params,  # typed (pickled as it is): the worker builds its task without parsing again
         "seed": seed,
         "reward": task.reward,
         "grants": sorted(grants),

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from services.tasks import GrantError, Score, TaskItem, load_task
 from services.tasks.grants import CUSTOM_CODE, LOCAL_GRANTS
+from services.tasks.params import TaskParams
 from services.tasks.registry import import_entry_point
 
 RewardFn = Callable[[TaskItem, str], Any]
@@ -24,7 +25,7 @@ class Verifier:
     def __init__(
         self,
         task: str,
-        params: dict[str, Any],
+        params: TaskParams | Mapping[str, Any],
         seed: int,
         reward: str = "builtin",
         grants: frozenset[str] = LOCAL_GRANTS,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,8 +70,8 @@ def params_model(task_name: str) -> type[TaskParams] | None:
 
 
 def parse_params(task_name: str, params: dict[str, Any]) -> TaskParams | None:
-    """Validate `params` for `task_name`; raises ValueError whose lines start with `task.params.<field>`.
-    None for a custom task, whose params are its factory's keyword arguments."""
+    """Validate raw `params` for `task_name` (a parsed spec's are typed already); raises ValueError whose lines
+    start with `task.params.<field>`. None for a custom task, whose params are its factory's keyword arguments."""
     model = params_model(task_name)
     if model is None:
         return None
@@ -99,16 +100,26 @@ def import_entry_point(entry_point: str, field: str, fix: str = "") -> Any:
 
 
 def load_task(
-    name: str, params: dict[str, Any] | None = None, seed: int = 0, grants: frozenset[str] = LOCAL_GRANTS
+    name: str,
+    params: TaskParams | Mapping[str, Any] | None = None,
+    seed: int = 0,
+    grants: frozenset[str] = LOCAL_GRANTS,
 ) -> Task:
     """Build a task from its spec name: a built-in, `reasoning_gym:<dataset>`, or `module:function`.
 
-    `params` are checked against the task's declared schema (services.tasks.params), and every privileged
-    field against `grants`: by default a worker refuses, e.g., an unconfined sandbox (`sandbox: unsafe_local`)
-    unless the operator granted it to this job.
+    `params`: the typed params of a parsed spec (`spec.task.params`, used as they are: the spec was checked
+    where it was parsed), or a raw mapping (`tgc data export`, a custom task's keyword arguments), checked here
+    against the task's declared schema. Every privileged field is checked against `grants` either way, the
+    worker-side trust boundary: a worker refuses, e.g., an unconfined sandbox (`sandbox: unsafe_local`) unless
+    the operator granted it to this job.
     """
-    params = dict(params or {})
-    parsed = parse_params(name, params)
+    model = params_model(name)
+    if isinstance(params, TaskParams):
+        if model is None or not isinstance(params, model):
+            raise TypeError(f"task.params: {type(params).__name__} given for task {name!r}")
+        parsed: TaskParams | None = params
+    else:
+        parsed = parse_params(name, dict(params or {}))
     require_grants(privileged_fields(parsed), grants)
     entry = BUILTIN_TASKS.get(name)
     if entry is not None and parsed is not None:
@@ -119,7 +130,7 @@ def load_task(
     if ":" in name:
         if CUSTOM_CODE not in grants:
             raise GrantError(f"task.name {name!r}: custom code needs the operator's grant '{CUSTOM_CODE}'")
-        task = import_entry_point(name, "task.name")(seed=seed, **params)
+        task = import_entry_point(name, "task.name")(seed=seed, **dict(params or {}))
         return task if isinstance(task, Task) else CustomTask(name, task)
     raise ValueError(
         f"unknown task.name {name!r}; use {', '.join(repr(n) for n in builtin_names())} or 'module:function'"

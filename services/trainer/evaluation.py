@@ -20,6 +20,7 @@ from services.config import JobSpec
 from services.rollout.engine import Sampling
 from services.run_layout import EVAL_ACCURACY
 from services.tasks.dataset import DatasetTask
+from services.tasks.params import DatasetParams
 from services.trainer.data import Prompt, derive_seed, encode_item
 
 log = logging.getLogger("tgc.trainer")
@@ -34,7 +35,9 @@ def eval_task(spec: JobSpec) -> DatasetTask:
         raise ValueError("the job spec has no `eval` section")
     if ev.dataset is not None:
         return DatasetTask(seed=spec.seed, role="all", params=ev.dataset)
-    return DatasetTask(seed=spec.seed, role="holdout", params=spec.task.parsed_params())
+    if not isinstance(params := spec.task.params, DatasetParams):  # JobSpec's own check refuses this spec
+        raise ValueError("eval.dataset: name the evaluation rows (the task is not a `dataset` task)")
+    return DatasetTask(seed=spec.seed, role="holdout", params=params)
 
 
 class Evaluator:

@@ -380,7 +380,7 @@ class Trainer:
         return self.evaluator.run(self.rollout, self.rewards, self.step, self.tokenizer)
 
     def _data_done(self) -> str:
-        params = self.spec.task.parsed_params()
+        params = self.spec.task.params
         epochs = params.epochs if isinstance(params, DatasetParams) else None
         reason = f"trained on all {epochs} epoch(s) of the dataset at step {self.step}"
         self.reporter.log(reason)

@@ -65,7 +65,8 @@ def check_resume(spec: JobSpec, checkpoint: Path) -> None:
     if not isinstance(stored, dict):
         return  # written before checkpoints kept their spec: nothing to compare with
     try:
-        stored = JobSpec.parse(stored).to_dict()  # today's defaults on both sides
+        # a checkpoint's stored spec, parsed only to compare it with the running one (today's defaults on both sides)
+        stored = JobSpec.parse(stored).to_dict()
     except SpecError:
         pass  # a spec today's schema refuses: compare what was written
     changed = [
@@ -372,7 +373,7 @@ def add_train_arguments(parser: argparse.ArgumentParser, spec_flag: bool = False
 
 def train_command(args: argparse.Namespace) -> int:
     """Run the job of `args` (add_train_arguments) here; exit status 0 done, 1 failed, 2 refused."""
-    try:
+    try:  # parse 3 of 3 (docs/architecture.md): spec.yaml, where the job's own process starts
         spec = JobSpec.from_yaml(args.spec)
     except (SpecError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
