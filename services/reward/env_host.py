@@ -117,10 +117,13 @@ class EnvHost:
         slots = [c.slot for c in calls]
         if len(set(slots)) != len(slots):
             raise ValueError("EnvHost.call: one call per slot at a time")
-        self._start(slots)
+        idle = {c.slot for c in calls if c.op == "close" and c.slot not in self._procs}  # nothing to close
+        self._start([s for s in slots if s not in idle])
         now = time.monotonic()
         waiting: dict[int, tuple[_Worker, float]] = {}
         for c in calls:
+            if c.slot in idle:
+                continue
             p = self._procs[c.slot]
             try:
                 p.send("call", c)
@@ -136,6 +139,9 @@ class EnvHost:
         answers = _await(waiting)
         replies = []
         for c in calls:
+            if c.slot in idle:
+                replies.append(EnvReply("ok", None))
+                continue
             frame = answers.get(c.slot)
             if frame is not None and frame[0] == "result":
                 replies.append(frame[1])

@@ -47,6 +47,8 @@ def test_a_hung_tool_is_killed_at_the_process_level_and_only_its_slot_is_lost():
         assert host.kills == 1 and spinning not in host.pids
         with pytest.raises(ProcessLookupError):
             os.kill(spinning, 0)
+        assert host.call([EnvCall(0, "close", None, 5.0)])[0].kind == "ok"
+        assert 0 not in host._procs  # closing a killed slot starts no worker
         assert host.call([EnvCall(0, "reset", ITEM, 30.0)])[0].kind == "ok"  # a fresh worker for the slot
     finally:
         host.close()
