@@ -376,7 +376,7 @@ def _builtin_task_model(entry: BuiltinTask) -> type[TaskSpec]:
         default_factory=dict, validate_default=True, description=f"The `{entry.name}` task's parameters."
     )
     return create_model(
-        "".join(p.capitalize() for p in re.split(r"[\W_]+", entry.name)) + "Task",
+        "".join(p.capitalize() for p in re.split(r"[\W_]+", entry.name)) + "TaskSpec",
         __base__=TaskSpec,
         __doc__=f"The built-in task `{entry.name}`.",
         __validators__={"_typed": _typed_params(entry.params)},
@@ -385,7 +385,7 @@ def _builtin_task_model(entry: BuiltinTask) -> type[TaskSpec]:
     )
 
 
-class ReasoningGymTask(TaskSpec):
+class ReasoningGymTaskSpec(TaskSpec):
     """A reasoning-gym dataset, `reasoning_gym:<dataset>`; params: `size`, `instruction` and the dataset's own
     config fields (checked against its config class)."""
 
@@ -412,7 +412,7 @@ class ReasoningGymTask(TaskSpec):
         return v
 
 
-class CustomCodeTask(TaskSpec):
+class CustomCodeTaskSpec(TaskSpec):
     """A custom task factory `module:function` (custom code: the operator's grant); its params are the
     factory's keyword arguments, free-form but bounded (check_free_form)."""
 
@@ -432,8 +432,8 @@ class CustomCodeTask(TaskSpec):
 
 TASK_MODELS: dict[str, type[TaskSpec]] = {
     **{entry.name: _builtin_task_model(entry) for entry in BUILTIN_TASKS.values()},
-    GYM_KIND: ReasoningGymTask,
-    CUSTOM_KIND: CustomCodeTask,
+    GYM_KIND: ReasoningGymTaskSpec,
+    CUSTOM_KIND: CustomCodeTaskSpec,
 }
 # The built-ins' models are made from the registry: named here too, so that pickle (Ray's arguments, the
 # reward workers' frames) finds them by reference like any other class of this module.

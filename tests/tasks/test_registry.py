@@ -64,7 +64,7 @@ assert "task.params.max_operand" in refusal(JobSpec.parse, {"task": {"name": "co
 assert isinstance(load_task("countdown", {"max_operand": 3}, seed=1), ArithmeticTask)
 assert "countdown" in refusal(JobSpec.parse, {"task": {"name": "mbpp"}})
 assert "countdown" in refusal(load_task, "mbpp")
-schema = JobSpec.model_json_schema(by_alias=True)["$defs"]["CountdownTask"]["properties"]
+schema = JobSpec.model_json_schema(by_alias=True)["$defs"]["CountdownTaskSpec"]["properties"]
 assert schema["name"]["const"] == "countdown" and schema["params"]["$ref"] == "#/$defs/ArithmeticParams"
 out, err = io.StringIO(), io.StringIO()
 with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
