@@ -74,7 +74,7 @@ def save_training_state(
     `with_optimizer=False` leaves out the AdamW moments (2x the weights in float32); `trainable_only` the
     frozen parameters (a LoRA job's base, which its model directory already holds)."""
     out.mkdir(parents=True, exist_ok=True)
-    model_sd, optim_sd = get_state_dict(model, optimizer, options=_options(trainable_only))
+    model_sd, optim_sd = _state_dicts(model, optimizer, trainable_only)
     dcp.save(
         {"model": model_sd, "optim": optim_sd} if with_optimizer else {"model": model_sd},
         checkpoint_id=str(out),
@@ -88,6 +88,14 @@ def save_training_state(
 
 def _options(trainable_only: bool) -> StateDictOptions | None:
     return StateDictOptions(ignore_frozen_params=True, strict=False) if trainable_only else None
+
+
+def _state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainable_only: bool) -> tuple:
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=_options(trainable_only))
+    if trainable_only:  # ignore_frozen_params keeps a tied duplicate's second name (lm_head of a tied model)
+        trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+        model_sd = {k: v for k, v in model_sd.items() if k in trainable}
+    return model_sd, optim_sd
 
 
 def load_training_state(
@@ -109,7 +117,7 @@ def load_training_state(
         )
     extra = torch.load(src / "state.pt", weights_only=False)
     options = _options(trainable_only)
-    model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
+    model_sd, optim_sd = _state_dicts(model, optimizer, trainable_only)
     with_optimizer = extra.get("optimizer_saved", True)
     state: dict[str, Any] = {"model": model_sd, "optim": optim_sd} if with_optimizer else {"model": model_sd}
     dcp.load(state, checkpoint_id=str(src))
