@@ -389,8 +389,12 @@ class ReasoningGymTaskSpec(TaskSpec):
     """A reasoning-gym dataset, `reasoning_gym:<dataset>`; params: `size`, `instruction` and the dataset's own
     config fields (checked against its config class)."""
 
+    # the patterns are the schema's only (the validators check the same, with messages that say what to write):
+    # they keep the union's branches disjoint for a schema reader (oneOf)
     name: str = Field(
-        description="`reasoning_gym:<dataset>`, e.g. `reasoning_gym:chain_sum`.", max_length=256
+        description="`reasoning_gym:<dataset>`, e.g. `reasoning_gym:chain_sum`.",
+        max_length=256,
+        json_schema_extra={"pattern": r"^reasoning_gym:[\w.-]+$"},
     )
     params: ReasoningGymParams = Field(default_factory=dict, validate_default=True)  # type: ignore[arg-type]
     _typed = _typed_params(ReasoningGymParams)
@@ -417,7 +421,9 @@ class CustomCodeTaskSpec(TaskSpec):
     factory's keyword arguments, free-form but bounded (check_free_form)."""
 
     name: str = Field(
-        description="`package.module:function`, called as function(seed=..., **params).", max_length=256
+        description="`package.module:function`, called as function(seed=..., **params).",
+        max_length=256,
+        json_schema_extra={"pattern": r"^(?!reasoning_gym:)[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$"},
     )
     params: dict[str, Any] = Field(default_factory=dict, description="The factory's keyword arguments.")
     _free = field_validator("params", mode="before")(_free_form("task.params"))

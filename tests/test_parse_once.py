@@ -9,11 +9,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import pickle
+import re
 
 import pytest
 
 import rlcore
-from services.config import CUSTOM_KIND, GYM_KIND, TASK_MODELS, JobSpec, SpecError, TaskSpec
+from services.config import CUSTOM_KIND, GYM_KIND, TASK_MODELS, JobSpec, SpecError, TaskSpec, task_kind
 from services.learner import LearnerSpec
 from services.tasks.params import (
     ArithmeticParams,
@@ -150,6 +151,12 @@ def test_tgc_schema_shows_each_tasks_params_inline(capsys):
     for name, entry in BUILTIN_TASKS.items():
         assert params[name]["$ref"] == f"#/$defs/{entry.params.__name__}"
         assert set(schema["$defs"][entry.params.__name__]["properties"]) == set(entry.params.model_fields)
+    # oneOf: each name fits exactly one branch of the published schema (as the discriminator picks it)
+    patterns = {k: schema["$defs"][k]["properties"]["name"].get("pattern") for k in kinds}
+    consts = {k: schema["$defs"][k]["properties"]["name"].get("const") for k in kinds}
+    for name in [*BUILTIN_TASKS, "reasoning_gym:chain_sum", "pkg.tasks:make"]:
+        fits = [k for k in kinds if consts[k] == name or (patterns[k] and re.search(patterns[k], name))]
+        assert fits == [TASK_MODELS[task_kind(name)].__name__], name
 
 
 def test_the_prompt_source_and_a_reward_worker_use_the_typed_params(monkeypatch):
