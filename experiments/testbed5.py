@@ -19,6 +19,7 @@ The harness, in the order it runs:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import random
@@ -779,16 +780,35 @@ class _PilotContext:
             _commit([path], f"Testbed 5 pilot: {message}")
 
 
+INPUTS_FILE = "harness_inputs.json"
+
+
+def _job_inputs(spec: dict[str, Any], *files: Path) -> str:
+    """What a pilot job's cached results depend on: its spec and the content of the data files it reads (an
+    amended prompt or operand range rewrites a file under the same path)."""
+    digests = {str(p): hashlib.sha256(Path(p).read_bytes()).hexdigest() for p in files}
+    return json.dumps({"spec": spec, "files": digests}, sort_keys=True)
+
+
+def _cached(run_dir: Path, inputs: str) -> bool:
+    """A finished pilot job in `run_dir` ran on these inputs (else it is rerun from scratch)."""
+    path = run_dir / INPUTS_FILE
+    return path.exists() and path.read_text() == inputs
+
+
 def _pilot_cap(ctx: _PilotContext) -> CapDecision:
     from services.config import ModelSpec
     from services.models import load_tokenizer
 
     spec = pilot_sampling_spec(ctx.files)
     run_dir = ctx.cache / "testbed5" / spec["name"]
-    if not (run_dir / "eval" / "step_0.jsonl").exists():
+    inputs = _job_inputs(spec, ctx.files.pilot)
+    if not ((run_dir / "eval" / "step_0.jsonl").exists() and _cached(run_dir, inputs)):
+        shutil.rmtree(run_dir, ignore_errors=True)
         state = ctx.heavy.run(spec["name"], lambda: _train(spec, run_dir, None))
         if state != "succeeded":
             raise RuntimeError(f"pilot sampling {state}: see {run_dir}")
+        (run_dir / INPUTS_FILE).write_text(inputs)
     samples = [s for s in read_rows(run_dir / "eval" / "step_0.jsonl") if s["mode"] == "sampled"]
     tokenizer = load_tokenizer(ModelSpec.model_validate(MODEL))
     items = dataset_items(ctx.files.pilot)
@@ -807,12 +827,15 @@ def _pilot_lr_run(ctx: _PilotContext, lr: float, cap: int) -> tuple[LrTrial, lis
     spec = pilot_lr_spec(lr, cap, ctx.files)
     run_dir = ctx.cache / "testbed5" / spec["name"]
     wall = run_dir / "harness_wall_s.txt"  # the job's wall time, start-up included: the budget's input
-    if not wall.exists():
+    inputs = _job_inputs(spec, ctx.files.train, ctx.files.heldout)
+    if not (wall.exists() and _cached(run_dir, inputs)):
+        shutil.rmtree(run_dir, ignore_errors=True)  # a killed attempt's steps would mix with the rerun's
         t0 = time.perf_counter()
         state = ctx.heavy.run(spec["name"], lambda: _train(spec, run_dir, None))
         if state != "succeeded":
             raise RuntimeError(f"pilot run {spec['name']} {state}: see {run_dir}")
         wall.write_text(f"{time.perf_counter() - t0}\n")
+        (run_dir / INPUTS_FILE).write_text(inputs)
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # nothing reads them
     metrics = read_metrics(run_dir)
     return lr_trial(lr, metrics), metrics, float(wall.read_text())

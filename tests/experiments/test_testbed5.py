@@ -426,3 +426,38 @@ def test_opening_share_counts_the_most_common_first_four_tokens_of_sampled_answe
     ]
     assert testbed5.opening_share(samples, words) == 2 / 3
     assert math.isnan(testbed5.opening_share(samples[3:], words))
+
+
+def test_a_pilot_job_is_reused_only_on_the_inputs_it_ran_on(tmp_path, monkeypatch):
+    """A finished pilot run is not run again, but an amended data file (same path, new content) or a killed
+    attempt reruns it from a clean directory: no stale samples or steps reach a decision."""
+    from services.run_layout import METRICS_FILE
+
+    files = testbed5.DataFiles(tmp_path / "train.jsonl", tmp_path / "heldout.jsonl", tmp_path / "pilot.jsonl")
+    for path in (files.train, files.heldout, files.pilot):
+        path.write_text('{"id": "add-1-2"}\n')
+    jobs: list[str] = []
+
+    def fake_train(spec, run_dir, resume):
+        jobs.append(spec["name"])
+        run_dir.mkdir(parents=True, exist_ok=True)
+        entropy = 0.5 if len(jobs) == 1 else 0.2
+        with open(run_dir / METRICS_FILE, "a") as fh:  # the trainer appends: a stale row would survive
+            for s in range(1, testbed5.LR_STEPS + 1):
+                row = {"step": s, "diag/d7_entropy_mean": entropy, "response/truncated_frac": 0.3}
+                fh.write(json.dumps(row | ({"stale": 1.0} if len(jobs) == 1 else {})) + "\n")
+        return "succeeded"
+
+    class Heavy:
+        def run(self, label, work):
+            return work()
+
+    monkeypatch.setattr(testbed5, "_train", fake_train)
+    ctx = testbed5._PilotContext(files, tmp_path, tmp_path / "cache", Heavy(), False, lambda _: None)
+    first, metrics, _ = testbed5._pilot_lr_run(ctx, 1e-5, 96)
+    assert (len(jobs), first.entropy) == (1, 0.5)
+    assert testbed5._pilot_lr_run(ctx, 1e-5, 96)[0] == first and len(jobs) == 1
+    files.train.write_text('{"id": "add-2-2"}\n')  # an amendment rewrites the file under the same path
+    again, metrics, _ = testbed5._pilot_lr_run(ctx, 1e-5, 96)
+    assert (len(jobs), again.entropy) == (2, 0.2)
+    assert not any("stale" in m for m in metrics)
