@@ -389,6 +389,28 @@ def load_decisions(folder: Path = DATA) -> Decisions:
     return Decisions(c.cap, c.base_accuracy, r.lr, BudgetDecision.from_json(budget).design)
 
 
+def pilot_stop(folder: Path = DATA) -> str | None:
+    """Where a recorded decision stopped the pilot before any study run (the plan's words, with the measured
+    numbers), or None while it has not: the report says this instead of "not recorded"."""
+    cap = _read(folder, CAP_FILE)
+    if cap is not None and cap["cap"] is None:
+        stats = [CapStats(**s) for s in cap["stats"]]
+        return (
+            f"the pilot's step 1 found no response cap passing the four gates (`results/testbed5/{CAP_FILE}`: "
+            f"base accuracy at most {max(s.accuracy for s in stats):.3f}, mixed groups at most "
+            f"{max(s.mixed_frac for s in stats):.3f} over the caps {', '.join(str(s.cap) for s in stats)}); "
+            "the plan says the prompt wording or the operand range is amended (dated) and step 1 rerun before "
+            "any study run"
+        )
+    lr = _read(folder, LR_FILE)
+    if lr is not None and lr["lr"] is None and lr["next_lr"] is None:
+        return (
+            f"no learning rate passed the pilot's step 3 (`results/testbed5/{LR_FILE}`); the plan must be amended "
+            "before any study run"
+        )
+    return None
+
+
 def write_decision(decision: Any, folder: Path, name: str) -> Path:
     path = Path(folder) / name
     path.parent.mkdir(parents=True, exist_ok=True)

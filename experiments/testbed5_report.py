@@ -23,6 +23,7 @@ from experiments.testbed5 import (
     Decisions,
     NoPilotDecision,
     load_decisions,
+    pilot_stop,
     run_name,
 )
 from rlcore import RESIDUAL_TOLERANCE
@@ -347,7 +348,10 @@ def section(runs_dir: Path, decisions_dir: Path = DATA) -> list[str]:
         decisions = None
     if decisions is None or not runs:
         status = (
-            f"the pilot has not recorded its decisions (`results/testbed5/pilot_*.json`; `{PILOT_COMMAND}`)"
+            (
+                pilot_stop(decisions_dir)
+                or f"the pilot has not recorded its decisions (`results/testbed5/pilot_*.json`; `{PILOT_COMMAND}`)"
+            )
             if decisions is None
             else "no study run has finished yet (`python -m experiments testbed5 study --commit`)"
         )

@@ -461,3 +461,12 @@ def test_a_pilot_job_is_reused_only_on_the_inputs_it_ran_on(tmp_path, monkeypatc
     again, metrics, _ = testbed5._pilot_lr_run(ctx, 1e-5, 96)
     assert (len(jobs), again.entropy) == (2, 0.2)
     assert not any("stale" in m for m in metrics)
+
+
+def test_report_says_where_the_pilot_stopped_when_no_cap_passes(tmp_path):
+    stats = [CapStats(c, 0.002, 0.016, 0.4, 0.0, 0.03) for c in (96, 112)]
+    testbed5.write_decision(testbed5.decide_cap(stats), tmp_path, testbed5.CAP_FILE)
+    text = "\n".join(testbed5_report.section(tmp_path / "none", tmp_path))
+    assert "**Not yet run**" in text and "has not recorded" not in text
+    assert "no response cap passing the four gates" in text and "base accuracy at most 0.002" in text
+    assert "caps 96, 112" in text and "amended (dated)" in text
