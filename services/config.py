@@ -494,11 +494,48 @@ class ObjectiveSpec(_Strict):
         return v
 
 
+class OverlongSpec(_Strict):
+    """Responses cut at max_new_tokens, handled before centring so every group still sums to 0
+    (docs/objectives.md#overlong-responses)."""
+
+    mode: Literal["none", "shape", "filter"] = Field(
+        "none",
+        description="none: truncated responses train like any other; shape: DAPO's soft overlong penalty added "
+        "to the reward (0 up to max_new_tokens - buffer, then down to -factor); filter: truncated responses "
+        "leave the centring (advantage 0, the group recentred over the rest; a group left with < 2 gets 0).",
+    )
+    buffer: int | None = Field(
+        None, ge=1, le=MAX_NEW_TOKENS, description="shape: the ramp before max_new_tokens, in tokens."
+    )
+    factor: float = Field(1.0, gt=0, le=10, description="shape: the penalty at max_new_tokens (-factor).")
+
+    @model_validator(mode="after")
+    def _buffer_for_shape(self) -> OverlongSpec:
+        if (self.mode == "shape") != (self.buffer is not None):
+            raise ValueError(
+                "sampling.overlong.buffer: required with mode 'shape' (the penalty's ramp in tokens) and only "
+                "then; set it, or remove it"
+            )
+        return self
+
+
 class SamplingSpec(_Strict):
     temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature of the rollout engine.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
     max_new_tokens: int = Field(64, ge=1, le=MAX_NEW_TOKENS, description="Response length budget.")
     max_prompt_tokens: int = Field(256, ge=8, le=MAX_NEW_TOKENS, description="Longer prompts are refused.")
+    overlong: OverlongSpec = Field(
+        default_factory=OverlongSpec, description="Truncated responses: shaped or filtered before centring."
+    )
+
+    @model_validator(mode="after")
+    def _overlong_buffer(self) -> SamplingSpec:
+        if (self.overlong.buffer or 0) > self.max_new_tokens:
+            raise ValueError(
+                f"sampling.overlong.buffer ({self.overlong.buffer}) exceeds sampling.max_new_tokens "
+                f"({self.max_new_tokens}); lower it"
+            )
+        return self
 
 
 class OptimSpec(_Strict):
@@ -990,6 +1027,11 @@ class JobSpec(_Strict):
                 )
         if self.env is not None:
             self._check_env(self.env)
+        if self.sampling.overlong.mode != "none" and (self.ibpo is not None or self.env is not None):
+            raise ValueError(
+                "sampling.overlong.mode: not supported with `ibpo` or `env` (their advantages and lengths are "
+                "built apart); set it to 'none' or remove the section"
+            )
         if self.ibpo is not None and (self.ibpo.max_new_tokens or 0) > self.sampling.max_new_tokens:
             raise ValueError(
                 f"ibpo.max_new_tokens ({self.ibpo.max_new_tokens}) exceeds sampling.max_new_tokens "

@@ -112,6 +112,10 @@ MT_BRIDGE_FAILURES = "multi_turn/bridge_failures"
 MT_DROPPED_TRAJECTORIES = "multi_turn/dropped_trajectories"
 MT_DROPPED_GROUPS = "multi_turn/dropped_groups"
 TIMING_ENV = "timing/env_s"
+# sampling.overlong (docs/objectives.md#overlong-responses), per step when on: the share of responses shaped
+# (penalised) or filtered (truncated), and the groups left with < 2 kept responses (advantage 0, no gradient).
+OVERLONG_FRAC = "overlong/frac"
+OVERLONG_DROPPED_GROUPS = "overlong/dropped_groups"
 
 # Prometheus series of a running job (Ray's exporter prefixes `ray_`): its last step, and each step metric
 # with the metric's name as the `metric` label.

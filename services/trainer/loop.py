@@ -15,8 +15,9 @@ from typing import Any
 import torch
 
 import rlcore
+from rlcore.advantages import Shaping, overlong_penalty, overlong_shaping
 from services.batch import Completion, TrainBatch, collate
-from services.config import JobSpec
+from services.config import JobSpec, SamplingSpec
 from services.rollout import RolloutSpec, engine_kind
 from services.run_layout import (
     CANCEL_FILE,
@@ -24,6 +25,8 @@ from services.run_layout import (
     CURVES_FILE,
     D2_RESIDUAL,
     D4_GROUPS_COMPLETE,
+    OVERLONG_DROPPED_GROUPS,
+    OVERLONG_FRAC,
     PRESERVES_CANCELLATION,
     RESPONSE_LENGTH_MEAN,
     RESPONSE_TOKENS,
@@ -244,9 +247,12 @@ class Trainer:
         sampled = collate(prompts, comps, gids, reward_t, self.tokenizer.pad_token_id)
         if self.ibpo is not None:
             return self.ibpo.train_batch(groups, sampled)
-        kept = None if all(keep) else torch.tensor(keep)  # failed trajectories: filtered before centring
-        adv = self.objective.advantages(reward_t, sampled.group_ids, sampled.response_mask, keep=kept)
-        return sampled.with_advantages(adv), {}
+        shaping, keep, metrics = overlong_handling(self.spec.sampling, comps, gids, keep)
+        kept = None if all(keep) else torch.tensor(keep)  # failed or truncated: filtered before centring
+        adv = self.objective.advantages(
+            reward_t, sampled.group_ids, sampled.response_mask, shaping=shaping, keep=kept
+        )
+        return sampled.with_advantages(adv), metrics
 
     def train_step(self, rollout: Rollout) -> dict[str, float]:
         t0 = time.perf_counter()
@@ -467,6 +473,29 @@ def _drain(ahead: deque[Future[Rollout | None]]) -> None:
 
 def _prefixed(prefix: str, stats: dict[str, float]) -> dict[str, float]:
     return {(k if k.startswith(prefix) else prefix + k): float(v) for k, v in stats.items()}
+
+
+def overlong_handling(
+    sampling: SamplingSpec, comps: list[Completion], gids: list[int], keep: list[bool]
+) -> tuple[Shaping | None, list[bool], dict[str, float]]:
+    """`sampling.overlong` as inputs of the advantages, both applied before centring so each group still sums
+    to 0 (cancellation holds): (the reward shaping, the responses kept, the metrics); no metrics when off."""
+    spec = sampling.overlong
+    if spec.mode == "none":
+        return None, keep, {}
+    if spec.mode == "shape":
+        assert spec.buffer is not None  # the spec requires it with mode 'shape'
+        lengths = torch.tensor([len(c.token_ids) for c in comps])
+        penalty = overlong_penalty(lengths, sampling.max_new_tokens, spec.buffer, spec.factor)
+        shaping = overlong_shaping(lengths, sampling.max_new_tokens, spec.buffer, spec.factor)
+        return shaping, keep, {OVERLONG_FRAC: float((penalty < 0).float().mean())}
+    cut = [c.finish_reason == "length" for c in comps]
+    kept = [k and not t for k, t in zip(keep, cut, strict=True)]
+    live: dict[int, int] = {}
+    for g, k in zip(gids, kept, strict=True):
+        live[g] = live.get(g, 0) + k
+    dropped = sum(n < 2 for n in live.values())  # rlcore zeroes a group with < 2 kept: no gradient from it
+    return None, kept, {OVERLONG_FRAC: sum(cut) / max(len(cut), 1), OVERLONG_DROPPED_GROUPS: float(dropped)}
 
 
 def _rollout_metrics(rollout: Rollout, batch: TrainBatch) -> dict[str, float]:

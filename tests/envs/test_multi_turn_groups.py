@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 import rlcore
+from services.config import SamplingSpec
 from services.envs import Trajectory
 from services.envs.tokens import Span
 from services.run_layout import (
@@ -64,7 +65,10 @@ def test_failed_trajectories_are_filtered_before_centring():
     assert g.keep == [True, True, False, True] and g.prompt.token_ids == list(PROMPT)
     assert [c.model_mask for c in g.completions][0] == [True, True, False, False, True, True]
     trainer = SimpleNamespace(
-        objective=rlcore.get_objective("cp_grpo"), ibpo=None, tokenizer=SimpleNamespace(pad_token_id=0)
+        objective=rlcore.get_objective("cp_grpo"),
+        ibpo=None,
+        tokenizer=SimpleNamespace(pad_token_id=0),
+        spec=SimpleNamespace(sampling=SamplingSpec()),
     )
     batch, _ = Trainer.build_batch(trainer, [Group(g.prompt, g.completions, g.scores, keep=g.keep)])  # type: ignore[arg-type]
     adv = batch.advantages
