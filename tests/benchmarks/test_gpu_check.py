@@ -59,6 +59,7 @@ def _check(cmd: list[str], out: Path) -> tuple[subprocess.CompletedProcess, dict
     return proc, json.loads(out.with_suffix(".json").read_text())
 
 
+@pytest.mark.slow
 def test_cpu_variant_runs_every_part_and_passes(tmp_path):
     proc, report = _check(["scripts/gpu-check.sh"], tmp_path / "check.json")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -82,6 +83,7 @@ def test_cpu_variant_runs_every_part_and_passes(tmp_path):
     assert all(name in text for name in parts) and "PASS" in text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("absent", "expected"),
     [

@@ -2,7 +2,11 @@
 
 import json
 
+import pytest
+
 from experiments.report import CLAIMS, load_results
+
+pytestmark = pytest.mark.slow  # the CI-sized study (tests/experiments/conftest.py)
 
 
 def test_ci_study_writes_results_for_testbeds_one_and_two(ci_study):

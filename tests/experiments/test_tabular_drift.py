@@ -1,8 +1,12 @@
 """Testbed 1's key qualitative result, asserted on the CI-sized study: reward-irrelevant drift under grpo,
 none under cp_grpo, and the residual that explains it (docs/objectives.md#the-tabular-toy)."""
 
+import pytest
+
 from experiments.report import View, load_results
 from experiments.stats import compare, summarize
+
+pytestmark = pytest.mark.slow  # the CI-sized study (tests/experiments/conftest.py)
 
 
 def _view(ci_study):

@@ -11,6 +11,8 @@ import pytest
 
 from experiments.tabular import TabularRun, ToyConfig, run
 
+pytestmark = pytest.mark.slow
+
 SEEDS = tuple(range(8))
 
 

@@ -1,7 +1,11 @@
 """Testbed 2 in the CI-sized study: the tiny LM trains with rlcore objectives and its diagnostics work."""
 
+import pytest
+
 from experiments.report import View, load_results
 from experiments.stats import summarize
+
+pytestmark = pytest.mark.slow  # the CI-sized study (tests/experiments/conftest.py)
 
 
 def _view(ci_study):
