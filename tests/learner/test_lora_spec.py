@@ -29,7 +29,9 @@ def test_a_bad_lora_section_is_refused_naming_the_field(value, field):
 
 def test_lora_with_a_broadcast_sync_is_refused_naming_both_fields():
     with pytest.raises(SpecError, match=r"model\.lora.*resources\.weight_sync 'object_store'"):
-        build_spec(**{"model.lora": {}, "resources.weight_sync": "broadcast", "resources.rollout_engine": "vllm"})
+        build_spec(
+            **{"model.lora": {}, "resources.weight_sync": "broadcast", "resources.rollout_engine": "vllm"}
+        )
 
 
 def test_defaults_are_all_linear_rank_16_and_no_lora_without_the_section():
