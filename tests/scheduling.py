@@ -1,14 +1,15 @@
-"""The order in which test files reach the workers: longest first, the image tests once the build had time.
+"""The order of the test files: longest first, the image tests once the build had time.
 
-Under `--dist loadfile` pytest-xdist hands out whole files as workers free up, in the order the session gives
-them (scripts/test.sh turns off xdist's own reordering, which puts files with many tests first and so hands out
-a file with one four-minute test last, leaving one worker busy and the other idle at the end). Longest first
-(LPT) keeps both busy to the end.
+In one process (`TGC_TEST_WORKERS=0`) this is the order the files run in. Under pytest-xdist, scripts/test.sh
+keeps xdist's own order (files with many tests first): handing the longest files out first put two Ray jobs on
+the two cores at once for most of the run, each about twice as slow, and the suite took 62 min instead of ~50
+(measured on the AVX2 kind, NOTES.md); `--no-loadscope-reorder` makes xdist follow this order instead.
 
 A file's cost is its duration recorded by an earlier full run (tests/durations.json: setup, call and teardown
-of its tests, summed; `TGC_RECORD_DURATIONS=path` writes one) or, for a file not recorded, an estimate from how
-many of its tests are marked slow. The image tests wait on the image built in the background
-(tests/image_build.py), so they are placed after enough work for the build to finish on a new machine.
+of its tests, summed; `TGC_RECORD_DURATIONS=path` writes one, scripts/test.sh to test-artifacts/) or, for a
+file not recorded, an estimate from how many of its tests are marked slow. The image tests wait on the image
+built in the background (tests/image_build.py), so they are placed after enough work for the build to finish
+on a new machine.
 """
 
 from __future__ import annotations
