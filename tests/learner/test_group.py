@@ -40,13 +40,6 @@ def cp_pair(ray_cluster, tiny_spec, tiny_model_path):
     group.shutdown()
 
 
-@pytest.fixture(scope="module")
-def grpo_pair(ray_cluster, tiny_spec, tiny_model_path):
-    group, single = _pair(tiny_spec, tiny_model_path, "grpo", "test-grpo")
-    yield group, single
-    group.shutdown()
-
-
 def _assert_same_gradients(group, single, batch):
     g2, g1 = group.gradients(batch), single.gradients(batch)
     assert g1.keys() == g2.keys()
@@ -59,8 +52,21 @@ def test_two_ranks_reproduce_the_token_mean_gradient(cp_pair, make_batch):
     _assert_same_gradients(*cp_pair, make_batch(n_groups=5, objective="cp_grpo"))
 
 
-def test_two_ranks_reproduce_the_per_sequence_gradient(grpo_pair, make_batch):
-    _assert_same_gradients(*grpo_pair, make_batch(n_groups=5, objective="grpo"))
+def test_two_ranks_reproduce_the_per_sequence_gradient_and_a_dead_rank_stops_the_group_cleanly(
+    ray_cluster, tiny_spec, tiny_model_path, make_batch
+):
+    """One 2-rank group start for both: the per-sequence (grpo) gradient, then a rank killed under it."""
+    group, single = _pair(tiny_spec, tiny_model_path, "grpo", "test-grpo")
+    try:
+        _assert_same_gradients(group, single, make_batch(n_groups=5, objective="grpo"))
+        ray_cluster.kill(group.actors[1])
+        with pytest.raises(LearnerGroupError, match="learner rank failed"):
+            group.train_step(make_batch(objective="grpo"))
+        assert group.actors == []
+        with pytest.raises(LearnerGroupError, match="shut down"):
+            group.train_step(make_batch(objective="grpo"))
+    finally:
+        group.shutdown()
 
 
 @pytest.mark.parametrize("turns", ["single", "multi"])
@@ -135,27 +141,15 @@ def test_checkpoint_restores_the_group_and_loads_in_one_rank(
     assert (tmp_path / "ck" / "model" / "config.json").exists()
 
 
-def test_a_dead_rank_stops_the_group_cleanly(ray_cluster, tiny_spec, tiny_model_path, make_batch):
-    group = LearnerGroup(
-        tiny_spec(**{"resources.learner_ranks": 2, "resources.cpus_per_learner": 0.5}),
-        tiny_model_path,
-        "test-fault",
-    )
-    ray_cluster.kill(group.actors[1])
-    with pytest.raises(LearnerGroupError, match="learner rank failed"):
-        group.train_step(make_batch())
-    assert group.actors == []
-    with pytest.raises(LearnerGroupError, match="shut down"):
-        group.train_step(make_batch())
+def test_a_group_the_cluster_cannot_place_is_refused(ray_cluster, tiny_spec, tiny_model_path):
+    with pytest.raises(ValueError, match="resources: 64 learner ranks"):
+        LearnerGroup(tiny_spec(**{"resources.learner_ranks": 64}), tiny_model_path, "test-too-big")
 
 
-def test_shutdown_leaves_no_actor_or_process_behind(ray_cluster, tiny_spec, tiny_model_path):
-    group = LearnerGroup(
-        tiny_spec(**{"resources.learner_ranks": 2, "resources.cpus_per_learner": 0.5}),
-        tiny_model_path,
-        "test-shutdown",
-    )
-    names = [f"test-shutdown-learner-{r}" for r in range(2)]
+def test_shutdown_leaves_no_actor_or_process_behind(cp_pair, ray_cluster):
+    """The module's cp group, shut down last (its fixture's own shutdown afterwards finds nothing to do)."""
+    group, _ = cp_pair
+    names = [f"test-cp-learner-{r}" for r in range(2)]
     pids = [
         ray_cluster.get(ray_cluster.get_actor(n).__ray_call__.remote(lambda self: os.getpid())) for n in names
     ]
@@ -167,11 +161,6 @@ def test_shutdown_leaves_no_actor_or_process_behind(ray_cluster, tiny_spec, tiny
     for name in names:  # a dead actor's name is released
         with pytest.raises(ValueError, match="Failed to look up actor"):
             ray_cluster.get_actor(name)
-
-
-def test_a_group_the_cluster_cannot_place_is_refused(ray_cluster, tiny_spec, tiny_model_path):
-    with pytest.raises(ValueError, match="resources: 64 learner ranks"):
-        LearnerGroup(tiny_spec(**{"resources.learner_ranks": 64}), tiny_model_path, "test-too-big")
 
 
 def _alive(pid: int) -> bool:
