@@ -1,6 +1,7 @@
 """k-step asynchrony: `async.mode: k_step` keeps up to k = `async.max_staleness` rollouts generated ahead of the
 learner; the bound is checked per rollout and the lag is measured per step."""
 
+import math
 import threading
 import time
 from collections import deque
@@ -10,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from services import run_layout as rl
 from services.batch import Completion
 from services.config import MAX_ASYNC_DEPTH, JobSpec, SpecError
 from services.tasks import Score, TaskItem
@@ -70,13 +72,21 @@ def test_drain_cancels_queued_rollouts_and_waits_for_the_one_generating():
 
 
 @pytest.mark.slow
-def test_k_step_trains_on_samples_up_to_k_versions_old_and_resumes(ray_cluster, tmp_path):
+def test_k_step_trains_on_samples_up_to_k_versions_old_with_token_tis_reporting_the_correction_and_resumes(
+    ray_cluster, tmp_path
+):
+    """One k_step job (k = 2, 3 steps, then resumed to 6) for the queue's bound, the resume's data position
+    and the async default behaviour correction (token TIS, C = 2) with its metrics (issue 31)."""
     from services.trainer.main import run
 
     k = 2
     mode = {"async.mode": "k_step", "async.max_staleness": k, "checkpoint.every_steps": 0}
-    assert run(tiny_spec(steps=3, **mode), tmp_path) == "succeeded"
-    assert run(tiny_spec(steps=6, **mode), tmp_path, resume="latest") == "succeeded"
+    # sharper sampling from the random model: once it has learned a little, a group's responses share tokens
+    sharp = {"sampling.temperature": 0.1}
+    # no override: the async default correction applies
+    assert run(tiny_spec(steps=3, **mode, **sharp), tmp_path) == "succeeded"
+    _assert_the_k_step_correction_is_reported(read_metrics(tmp_path))  # the first run's 3 steps
+    assert run(tiny_spec(steps=6, **mode, **sharp), tmp_path, resume="latest") == "succeeded"
     rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
     assert [r["policy/version"] for r in rows] == [1, 2, 3, 4, 5, 6]
@@ -88,6 +98,28 @@ def test_k_step_trains_on_samples_up_to_k_versions_old_and_resumes(ray_cluster, 
     assert all(r["rollout/stale_dropped"] == 0 for r in rows)  # the queue's depth keeps every one in bound
     # queued rollouts never trained on are sampled again after the resume: the position is the trained data's
     assert read_state(tmp_path / "checkpoints" / "step_6")["data_position"] == 6 * 2
+
+
+def _assert_the_k_step_correction_is_reported(rows: list[dict]) -> None:
+    """A 3-step k_step job's rows (was tests/trainer/test_offpolicy_job.py's own job, the same spec)."""
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for r in rows:
+        assert 0.0 <= r[rl.BEHAVIOUR_CORRECTED_FRAC] <= 1.0  # only reported where a correction runs
+        assert 0.0 < r["objective/behaviour/coef_mean"] <= 2.0  # min(w, C = 2)
+        assert math.isfinite(r[rl.MISMATCH_K3]) and r[rl.MISMATCH_K3] >= 0.0
+        # the spread is measured where copies of a shared token exist; one version sampled each group with one
+        # engine, so the copies' behaviour log-probs agree and token TIS keeps cancellation
+        assert (rl.MISMATCH_SPREAD_MAX in r) == (r["mismatch/shared_pairs"] > 0)
+        assert 0.0 <= r.get(rl.MISMATCH_SPREAD_MEAN, 0.0) <= r.get(rl.MISMATCH_SPREAD_MAX, 0.0) <= 1e-5
+        assert r.get(rl.D2_RESIDUAL, 0.0) <= 1e-4  # the TgcCancellationBroken alert's threshold
+    assert any(r["mismatch/shared_pairs"] > 0 for r in rows)
+    lags = [r[rl.POLICY_STALENESS_MAX] for r in rows]
+    assert lags[0] == 0 and max(lags) > 0 and all(lag <= 2 for lag in lags)
+    # the lag is what the correction sees: a step sampled by weights a version or two old is further from the
+    # learner's pi_old than step 1, where engine and learner hold the same weights (numerics only)
+    lagged = lags.index(max(lags))
+    assert rows[lagged][rl.MISMATCH_K3] > 100 * rows[0][rl.MISMATCH_K3]
+    assert rows[lagged][rl.BEHAVIOUR_CORRECTED_FRAC] > 0.0 == rows[0][rl.BEHAVIOUR_CORRECTED_FRAC]
 
 
 class _Queue(Trainer):
