@@ -172,16 +172,24 @@ class _LineReader:
         return True
 
 
+@pytest.fixture(scope="module")
+def ray_plane(tmp_path_factory):
+    """One control plane with its managed Ray head for this module's job tests (a start-up of each costs
+    ~10 s here); each test submits its own job under its own token."""
+    with control_plane_with_ray(tmp_path_factory.mktemp("cli-cp")) as cp:
+        yield cp
+
+
 @pytest.mark.slow
-def test_logs_follow_prints_a_running_jobs_lines_until_it_ends(tmp_path):
+def test_logs_follow_prints_a_running_jobs_lines_until_it_ends(ray_plane):
     from services.control.store import JobStore
     from services.sdk import Client
 
-    data = tmp_path / "cp"
+    cp = ray_plane
     proc = None
-    with control_plane_with_ray(data) as cp, Client(cp.url, token := cp.create_token("acme")) as client:
+    with Client(cp.url, token := cp.create_token("acme")) as client:
         store = JobStore(
-            make_engine(f"sqlite:///{data / 'tgc.db'}")
+            make_engine(f"sqlite:///{cp.data_dir / 'tgc.db'}")
         )  # the server's own DB, to add a log line
         env = {**os.environ, "TGC_URL": cp.url, "TGC_TOKEN": token}
         try:
@@ -222,12 +230,12 @@ def test_train_runs_a_job_locally_without_the_control_plane(tmp_path, spec_file)
 
 
 @pytest.mark.slow
-def test_submit_follow_shows_progress_until_success(tmp_path, spec_file):
-    with control_plane_with_ray(tmp_path / "cp") as cp:
-        tgc = Path(sys.executable).with_name("tgc")
-        env = {**os.environ, "TGC_URL": cp.url, "TGC_TOKEN": cp.create_token("acme")}
-        proc = subprocess.run([str(tgc), "submit", str(spec_file), "--follow"], capture_output=True, text=True,
-                              env=env, timeout=900)  # fmt: skip
+def test_submit_follow_shows_progress_until_success(ray_plane, spec_file):
+    cp = ray_plane
+    tgc = Path(sys.executable).with_name("tgc")
+    env = {**os.environ, "TGC_URL": cp.url, "TGC_TOKEN": cp.create_token("acme")}
+    proc = subprocess.run([str(tgc), "submit", str(spec_file), "--follow"], capture_output=True, text=True,
+                          env=env, timeout=900)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
     assert "state running" in out and "step 2/2" in out and "succeeded" in out.splitlines()[-1]
