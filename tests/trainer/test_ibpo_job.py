@@ -1,5 +1,6 @@
 """IBPO end to end: a tiny job whose step revises incorrect responses through the job's own rollout replicas
-and reward pool, shapes the advantages and trains with the cancellation-preserving edit mask."""
+and reward pool, shapes the advantages and trains with the cancellation-preserving edit mask; one job (vLLM
+engine) carries every check."""
 
 import json
 import urllib.request
@@ -14,32 +15,6 @@ from .conftest import read_events, read_metrics, tiny_spec
 pytestmark = pytest.mark.slow
 
 
-def test_tiny_job_with_ibpo_revises_scores_and_keeps_cancellation(ray_cluster, tmp_path):
-    spec = tiny_spec(
-        **{
-            "steps": 2,
-            "checkpoint.every_steps": 0,
-            "sampling.max_prompt_tokens": 256,
-            "ibpo": {"mask": "symmetric", "lambda_": 0.6},
-        }
-    )
-    assert run(spec, tmp_path) == "succeeded"
-    rows = read_metrics(tmp_path)
-    assert [r["step"] for r in rows] == [1, 2]
-    for r in rows:
-        # parity rewards give mixed groups: every incorrect response of such a group is revised and scored
-        assert r["ibpo/eligible_groups"] >= 1 and r["ibpo/revisions"] >= 1
-        assert r["ibpo/skipped_too_long"] == 0 and r["ibpo/reward_errors"] == 0
-        assert 0.0 <= r["ibpo/success_rate"] <= 1.0 and r["ibpo/tokens"] > 0
-        assert r["ibpo/generate_s"] > 0 and r["timing/generate_s"] >= r["ibpo/generate_s"]
-        assert r["ibpo/preserves_cancellation"] == 1.0 and r["ibpo/lambda"] == pytest.approx(0.6)
-        assert r["ibpo/d2_residual"] <= 1e-6 and r["ibpo/symmetric/d2_residual"] <= 1e-6
-        assert r.get("diag/d2_residual", 0.0) <= 1e-5 and r.get("diag/d1_gcpr", 0.0) <= 1e-5
-        assert 0.0 <= r["ibpo/masked_token_frac"] < 1.0
-    assert any(r["ibpo/repaired"] >= 1 for r in rows)  # a revision of odd length became even
-    assert any(r["grad_norm"] > 0 for r in rows)
-
-
 # What the issue asks every step to report: revisions attempted, revision success rate, mean phi, share of
 # tokens masked, extra generation seconds.
 IBPO_REPORTED = (
@@ -51,10 +26,16 @@ IBPO_REPORTED = (
 )
 
 
-def test_ibpo_cp_on_the_vllm_engine_revises_scores_and_reports_every_sink(ray_cluster, tmp_path):
+def test_ibpo_cp_on_the_vllm_engine_revises_scores_keeps_cancellation_and_reports_every_sink(
+    ray_cluster, tmp_path
+):
+    """One IBPO job for everything its step must do (the checks of a second, hf-engine IBPO job are here too:
+    the revisions go through the job's rollout replicas whatever the engine)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    # the preset alone turns IBPO on (symmetric mask, lambda 0.6); revisions go through the vLLM CPU replica
+    # the preset alone turns IBPO on (symmetric mask, lambda 0.6), as the explicit section would
+    explicit = tiny_spec(**{"ibpo": {"mask": "symmetric", "lambda_": 0.6}})
+    # revisions go through the vLLM CPU replica
     spec = tiny_spec(
         name="ibpo-vllm",
         steps=2,
@@ -66,6 +47,8 @@ def test_ibpo_cp_on_the_vllm_engine_revises_scores_and_reports_every_sink(ray_cl
         },
     )
     assert spec.ibpo is not None and spec.ibpo.mask == "symmetric"
+    # the preset leaves lambda to the objective's bonus_coef (0.6: `ibpo/lambda` below), the rest is the section's
+    assert spec.ibpo.lambda_ is None and spec.ibpo.model_copy(update={"lambda_": 0.6}) == explicit.ibpo
     assert run(spec, tmp_path) == "succeeded"
     rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == [1, 2]
@@ -79,6 +62,10 @@ def test_ibpo_cp_on_the_vllm_engine_revises_scores_and_reports_every_sink(ray_cl
         assert r["objective/preserves_cancellation"] == 1.0  # the job's claim: the objective with its mask
         assert r["ibpo/symmetric/d2_residual"] <= 1e-6 and r["ibpo/none/d2_residual"] <= 1e-6
         assert 0.0 <= r["ibpo/masked_token_frac"] < 1.0
+        assert 0.0 <= r["ibpo/success_rate"] <= 1.0 and r["ibpo/tokens"] > 0
+        assert r["ibpo/d2_residual"] <= 1e-6
+        assert r.get("diag/d2_residual", 0.0) <= 1e-5 and r.get("diag/d1_gcpr", 0.0) <= 1e-5
+    assert any(r["grad_norm"] > 0 for r in rows)
     # phi is rho (0.5) for each repaired response, averaged over all of the step's responses
     n = spec.prompts_per_step * spec.group_size
     assert [r["ibpo/phi_mean"] for r in rows] == pytest.approx([0.5 * r["ibpo/repaired"] / n for r in rows])
