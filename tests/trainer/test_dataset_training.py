@@ -81,42 +81,53 @@ def test_resume_mid_epoch_continues_exactly(ray_cluster, tmp_path, data_file):
     assert _eval_rows(full, 5) == _eval_rows(part, 5)
 
 
-def test_a_run_resumed_at_step_zero_keeps_its_baseline_and_does_not_evaluate_it_again(
-    ray_cluster, tmp_path, data_file
-):
-    (tmp_path / "CANCEL").write_text("stopped before the first step")  # read after the baseline
-    assert run(_spec(data_file, steps=1, eval={}), tmp_path) == "cancelled"
-    assert (tmp_path / "checkpoints" / "step_0").is_dir()
-    (tmp_path / "CANCEL").unlink()
-    assert run(_spec(data_file, steps=1, eval={}), tmp_path, resume="latest") == "succeeded"
+# sampled evaluation (3 per prompt) with a greedy pass beside it
+SAMPLED_AND_GREEDY = {"samples_per_prompt": 3, "greedy": False, "also_greedy": True}
+
+
+@pytest.fixture(scope="module")
+def resumed_at_step_zero(ray_cluster, tmp_path_factory, data_file):
+    """One 1-step job, cancelled after its baseline evaluation and resumed from step 0, evaluating sampled with
+    a greedy pass: the run of the resume-at-step-zero, the sampled evaluation and the evaluation-only tests
+    (each job costs a start-up)."""
+    run_dir = tmp_path_factory.mktemp("resumed_at_step_zero")
+    (run_dir / "CANCEL").write_text("stopped before the first step")  # read after the baseline
+    assert run(_spec(data_file, steps=1, eval=SAMPLED_AND_GREEDY), run_dir) == "cancelled"
+    assert (run_dir / "checkpoints" / "step_0").is_dir()
+    (run_dir / "CANCEL").unlink()
+    assert run(_spec(data_file, steps=1, eval=SAMPLED_AND_GREEDY), run_dir, resume="latest") == "succeeded"
+    return run_dir
+
+
+def test_a_run_resumed_at_step_zero_keeps_its_baseline_and_does_not_evaluate_it_again(resumed_at_step_zero):
+    run_dir = resumed_at_step_zero
     evaluated = [
-        e["step"] for e in read_events(tmp_path) if e["type"] == "step" and "eval/accuracy" in e["metrics"]
+        e["step"] for e in read_events(run_dir) if e["type"] == "step" and "eval/accuracy" in e["metrics"]
     ]
     assert evaluated == [0, 1]
-    assert [r["step"] for r in read_metrics(tmp_path)] == [0, 1]
-    reasons = [e["reason"] for e in read_events(tmp_path) if e["type"] == "state" and e["state"] == "running"]
+    assert [r["step"] for r in read_metrics(run_dir)] == [0, 1]
+    reasons = [e["reason"] for e in read_events(run_dir) if e["type"] == "state" and e["state"] == "running"]
     assert reasons == ["started", "resumed"]  # a resume from step 0 is still a resume
 
 
-def test_steps_zero_evaluates_a_checkpoint_without_training(ray_cluster, tmp_path, data_file):
-    trained = tmp_path / "trained"
-    assert run(_spec(data_file, steps=1, eval={"at_start": False}), trained) == "succeeded"
+def test_steps_zero_evaluates_a_checkpoint_without_training(
+    ray_cluster, tmp_path, data_file, resumed_at_step_zero
+):
+    trained = resumed_at_step_zero
     spec = _spec(data_file, steps=0, eval={})
     assert run(spec, tmp_path / "eval", resume=trained / "checkpoints" / "step_1") == "succeeded"
     rows = read_metrics(tmp_path / "eval")
     assert [r["step"] for r in rows] == [0] and rows[0]["eval/prompts"] == 4
     assert not (tmp_path / "eval" / "checkpoints").exists()  # no learner, nothing to save
-    # the checkpoint's weights answered: greedy responses equal the training run's final evaluation
+    # the checkpoint's weights answered: greedy responses equal the training run's final greedy evaluation
     assert [s["response"] for s in _eval_rows(tmp_path / "eval", 0)] == [
-        s["response"] for s in _eval_rows(trained, 1)
+        s["response"] for s in _eval_rows(trained, 1) if s["mode"] == "greedy"
     ]
 
 
-def test_sampled_evaluation_with_a_greedy_pass_reports_both(ray_cluster, tmp_path, data_file):
-    ev = {"samples_per_prompt": 3, "greedy": False, "also_greedy": True, "at_start": False}
-    assert run(_spec(data_file, steps=1, eval=ev), tmp_path) == "succeeded"
-    final = read_metrics(tmp_path)[-1]
-    samples = _eval_rows(tmp_path, 1)
+def test_sampled_evaluation_with_a_greedy_pass_reports_both(resumed_at_step_zero):
+    final = read_metrics(resumed_at_step_zero)[-1]
+    samples = _eval_rows(resumed_at_step_zero, 1)
     sampled = [s for s in samples if s["mode"] == "sampled"]
     greedy = [s for s in samples if s["mode"] == "greedy"]
     assert len(sampled) == 12 and len(greedy) == 4 and final["eval/samples"] == 12
