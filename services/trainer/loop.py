@@ -151,11 +151,29 @@ class Trainer:
         engine_kind(
             RolloutSpec.of(self.spec)
         )  # an engine that cannot be built or receive a broadcast fails here
-        self.rewards = RewardPoolGroup.for_job(self.spec.task, self.spec.seed, name)
-        self.learner = LearnerGroup(self.spec, model_path, name)
-        if resume is not None:
-            self.learner.load(resume)
-        self.rollout = RolloutPool(self.spec, model_path, name)
+
+        def start_learner() -> LearnerGroup:
+            learner = LearnerGroup(self.spec, model_path, name)
+            if resume is not None:
+                learner.load(resume)
+            return learner
+
+        # The reward actor, the learner ranks and the rollout replicas start side by side: each spends its
+        # start-up importing, loading weights and (vLLM) warming its engine, and none needs another until the
+        # first step.
+        with ThreadPoolExecutor(3, thread_name_prefix="start") as pool:
+            parts = [
+                pool.submit(RewardPoolGroup.for_job, self.spec.task, self.spec.seed, name),
+                pool.submit(start_learner),
+                pool.submit(RolloutPool, self.spec, model_path, name),
+            ]
+        errors = [e for e in (f.exception() for f in parts) if e is not None]
+        if errors:  # a failed start leaves no actor behind: stop whatever did start
+            for part in parts:
+                if part.exception() is None:
+                    part.result().shutdown()
+            raise errors[0]
+        self.rewards, self.learner, self.rollout = (f.result() for f in parts)
         self.weight_sync = WeightSync(self.spec, self.learner, self.rollout)
         if resume is not None:  # the replicas hold the checkpoint's weights; stamp them with its version
             self.weight_sync(self.version)
