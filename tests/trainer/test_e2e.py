@@ -50,37 +50,32 @@ def test_tiny_job_runs_with_vllm_and_two_fsdp_ranks(ray_cluster, tmp_path):
     AutoModelForCausalLM.from_pretrained(ckpt / "model")  # HF format
 
 
-def test_resume_continues_exactly(ray_cluster, tmp_path):
-    full, part = tmp_path / "full", tmp_path / "part"
-    assert run(tiny_spec(steps=4), full) == "succeeded"
-    assert run(tiny_spec(steps=2), part) == "succeeded"
-    assert run(tiny_spec(steps=4), part, resume="latest") == "succeeded"
-    a, b = read_metrics(full), read_metrics(part)
-    assert [r["step"] for r in b] == [1, 2, 3, 4]  # no lost or duplicated step
-    for ra, rb in zip(a, b, strict=True):
-        assert ra["reward/mean"] == rb["reward/mean"]  # same data order and samples
-        assert rb["policy/staleness_max"] == 0  # resumed replicas carry the checkpoint's policy version
-        assert ra["loss"] == pytest.approx(rb["loss"], rel=1e-4, abs=1e-6)
-
-
 def test_dynamic_sampling_replaces_groups_without_signal(ray_cluster, tmp_path):
+    # the same reward without dynamic sampling leaves half the groups without signal: asserted on the plain
+    # grpo job of test_one_step_off_async_trains_on_samples_one_version_old_and_grpo_keeps_groups_without_signal
     reward = {"task.reward": "tests.trainer.rewards:parity_on_odd_items", "checkpoint.every_steps": 0}
-    plain, dynamic = tmp_path / "plain", tmp_path / "dynamic"
-    # the plain run trains grpo, which does not preserve cancellation: each step says so beside its D2
-    assert run(tiny_spec(steps=2, objective={"name": "grpo"}, **reward), plain) == "succeeded"
+    dynamic = tmp_path / "dynamic"
     assert run(tiny_spec(steps=2, dynamic_sampling=True, **reward), dynamic) == "succeeded"
-    # without it half of every step's groups (the even-indexed prompts) carry no signal
-    for r in read_metrics(plain):
-        assert r["rollout/informative_groups"] <= 0.5 and r["objective/preserves_cancellation"] == 0.0
     for r in read_metrics(dynamic):
         assert r["rollout/groups_dropped"] >= 1 and r["rollout/informative_groups"] == 1.0
         assert r["response/tokens"] > 0 and r["grad_norm"] > 0
         assert r["objective/preserves_cancellation"] == 1.0  # cp_grpo
 
 
-def test_one_step_off_async_trains_on_samples_one_version_old(ray_cluster, tmp_path):
+def test_one_step_off_async_trains_on_samples_one_version_old_and_grpo_keeps_groups_without_signal(
+    ray_cluster, tmp_path
+):
+    # one job for two things: the one-step-off schedule, and the plain (not dynamic) sampling of grpo with a
+    # reward that gives the even-indexed prompts all-equal groups (the reference of the dynamic sampling test)
     spec = tiny_spec(
-        steps=4, **{"async.mode": "one_step_off", "async.max_staleness": 1, "checkpoint.every_steps": 0}
+        steps=4,
+        objective={"name": "grpo"},
+        **{
+            "task.reward": "tests.trainer.rewards:parity_on_odd_items",
+            "async.mode": "one_step_off",
+            "async.max_staleness": 1,
+            "checkpoint.every_steps": 0,
+        },
     )
     assert run(spec, tmp_path) == "succeeded"
     rows = read_metrics(tmp_path)
@@ -89,6 +84,10 @@ def test_one_step_off_async_trains_on_samples_one_version_old(ray_cluster, tmp_p
     # later rollouts were generated while the learner trained the previous step: one version behind
     assert [r["policy/staleness_max"] for r in rows[1:]] == [1, 1, 1]
     assert [r["policy/version"] for r in rows] == [1, 2, 3, 4]
+    # without dynamic sampling half of every step's groups (the even-indexed prompts) carry no signal; grpo
+    # does not preserve cancellation: each step says so beside its D2
+    for r in rows:
+        assert r["rollout/informative_groups"] <= 0.5 and r["objective/preserves_cancellation"] == 0.0
 
 
 def test_one_step_off_async_with_broadcast_weights(ray_cluster, tmp_path):
@@ -155,21 +154,30 @@ def test_a_trainer_killed_mid_step_resumes_with_no_lost_or_duplicated_step(ray_c
     assert read_state(run_dir / "checkpoints" / "step_4")["data_position"] == 4 * spec.prompts_per_step
 
 
-def test_resume_drops_metrics_logged_after_the_last_checkpoint(ray_cluster, tmp_path):
-    assert run(tiny_spec(steps=2, **{"checkpoint.every_steps": 1}), tmp_path) == "succeeded"
+def test_resume_continues_exactly_and_drops_metrics_and_traces_logged_after_the_last_checkpoint(
+    ray_cluster, tmp_path
+):
+    full, part = tmp_path / "full", tmp_path / "part"
+    assert run(tiny_spec(steps=4), full) == "succeeded"
+    assert run(tiny_spec(steps=2, **{"checkpoint.every_steps": 1}), part) == "succeeded"
     # a run killed after logging step 3 but before checkpointing it
-    with open(tmp_path / "metrics.jsonl", "a") as fh:
+    with open(part / "metrics.jsonl", "a") as fh:
         fh.write('{"step": 3, "loss": 123.0}\n')
-    traces = read_page(tmp_path, limit=200).records
-    with open(tmp_path / "traces" / "steps-00000001.jsonl", "a") as fh:
+    traces = read_page(part, limit=200).records
+    with open(part / "traces" / "steps-00000001.jsonl", "a") as fh:
         fh.write(traces[0].model_copy(update={"step": 3, "response": "lost"}).model_dump_json() + "\n")
-    assert run(tiny_spec(steps=3), tmp_path, resume="latest") == "succeeded"
-    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]
-    assert read_metrics(tmp_path)[-1]["loss"] != 123.0
+    assert run(tiny_spec(steps=4), part, resume="latest") == "succeeded"
+    a, b = read_metrics(full), read_metrics(part)
+    assert [r["step"] for r in b] == [1, 2, 3, 4]  # no lost or duplicated step
+    assert b[2]["loss"] != 123.0
+    for ra, rb in zip(a, b, strict=True):
+        assert ra["reward/mean"] == rb["reward/mean"]  # same data order and samples
+        assert rb["policy/staleness_max"] == 0  # resumed replicas carry the checkpoint's policy version
+        assert ra["loss"] == pytest.approx(rb["loss"], rel=1e-4, abs=1e-6)
     # the traces too: every step sampled once (group 0 whole, group 1's best/worst/random), with its fields
-    traces = read_page(tmp_path, limit=200).records
-    assert sorted({r.step for r in traces}) == [1, 2, 3] and "lost" not in {r.response for r in traces}
-    for step in (1, 2, 3):
+    traces = read_page(part, limit=200).records
+    assert sorted({r.step for r in traces}) == [1, 2, 3, 4] and "lost" not in {r.response for r in traces}
+    for step in (1, 2, 3, 4):
         rows = [r for r in traces if r.step == step]
         assert [r.index for r in rows if r.group == 0] == [0, 1, 2, 3]
         assert 2 <= len([r for r in rows if r.group == 1]) <= 3
@@ -218,41 +226,13 @@ def test_impossible_resources_fail_before_any_actor_starts(ray_cluster, tmp_path
     _assert_no_job_actors(ray_cluster, "toobig")
 
 
-def test_weights_reach_the_engine_and_match_the_learner(ray_cluster, tmp_path):
-    """After one update and sync, the engine's log-probs of a fixed sequence change and equal the learner's."""
-    from services.learner import LearnerGroup
-    from services.models import model_dir
-    from services.rollout import RolloutPool
-
-    spec = tiny_spec(name="sync", **{"resources.rollout_engine": "vllm", "resources.learner_ranks": 2})
-    path = model_dir(spec.model, spec.seed)
-    learner = LearnerGroup(spec, path, "sync")
-    pool = RolloutPool(spec, path, "sync")
-    try:
-        prompt = [1, 540, 314, 3203, 28, 216, 33]
-        outs = pool.generate([prompt], spec.group_size, [0])[0]
-        from services.batch import collate
-
-        rewards = torch.tensor([1.0, 0.0, 1.0, 0.0])
-        batch = collate([prompt] * 4, outs, [0] * 4, rewards, 2).with_advantages(rewards - 0.5)
-        seqs = [prompt + c.token_ids for c in outs]
-        before = pool.score(seqs, len(prompt))
-        learner.train_step(batch)
-        pool.update_weights(learner.publish_weights(), 1)
-        after = pool.score(seqs, len(prompt))
-        trained = learner.logprobs(batch)
-        for i, c in enumerate(outs):
-            n = len(c.token_ids)
-            assert max(abs(x - y) for x, y in zip(before[i], after[i], strict=True)) > 1e-3
-            assert after[i] == pytest.approx(trained[i, :n].tolist(), abs=2e-2)
-    finally:
-        pool.shutdown()
-        learner.shutdown()
-
-
-def test_broadcast_sync_matches_the_learner_and_a_replaced_replica_rejoins(ray_cluster, tmp_path):
-    """resources.weight_sync broadcast: weights go from 2 FSDP ranks straight into the vLLM replica (gloo here,
-    NCCL on GPU); a replica that dies gets the current weights through the object store and the group reopens."""
+def test_weights_reach_the_engine_through_the_object_store_and_by_broadcast_and_a_replaced_replica_rejoins(
+    ray_cluster, tmp_path
+):
+    """After one update and an object-store sync, the engine's log-probs of a fixed sequence change and equal the
+    learner's; then resources.weight_sync broadcast: weights go from 2 FSDP ranks straight into the vLLM replica
+    (gloo here, NCCL on GPU); a replica that dies gets the current weights through the object store and the
+    group reopens. One learner group and one replica for both (each costs a start-up)."""
     from services.batch import collate
     from services.learner import LearnerGroup
     from services.models import model_dir
@@ -271,12 +251,23 @@ def test_broadcast_sync_matches_the_learner_and_a_replaced_replica_rejoins(ray_c
     learner = LearnerGroup(spec, path, "bcast")
     pool = RolloutPool(spec, path, "bcast")
     try:
-        sync = WeightSync(spec, learner, pool)
         prompt = [1, 540, 314, 3203, 28, 216, 33]
         outs = pool.generate([prompt], spec.group_size, [0])[0]
         rewards = torch.tensor([1.0, 0.0, 1.0, 0.0])
         batch = collate([prompt] * 4, outs, [0] * 4, rewards, 2).with_advantages(rewards - 0.5)
         seqs = [prompt + c.token_ids for c in outs]
+        # the object store on its own (the pool's update_weights with the learner's published state dict)
+        before = pool.score(seqs, len(prompt))
+        learner.train_step(batch)
+        pool.update_weights(learner.publish_weights(), 1)
+        after = pool.score(seqs, len(prompt))
+        trained = learner.logprobs(batch)
+        for i, c in enumerate(outs):
+            n = len(c.token_ids)
+            assert max(abs(x - y) for x, y in zip(before[i], after[i], strict=True)) > 1e-3
+            assert after[i] == pytest.approx(trained[i, :n].tolist(), abs=2e-2)
+
+        sync = WeightSync(spec, learner, pool)
 
         def step_and_sync(version):
             before = pool.score(seqs, len(prompt))
@@ -289,10 +280,10 @@ def test_broadcast_sync_matches_the_learner_and_a_replaced_replica_rejoins(ray_c
             return out
 
         assert (
-            step_and_sync(1)["broadcast"] == 0.0
+            step_and_sync(2)["broadcast"] == 0.0
         )  # the first sync goes through the object store, then the group opens
-        assert step_and_sync(2)["broadcast"] == 1.0
-        assert pool.generate([prompt], 2, [1])[0][0].version == 2  # the replica carries the broadcast version
+        assert step_and_sync(3)["broadcast"] == 1.0
+        assert pool.generate([prompt], 2, [1])[0][0].version == 3  # the replica carries the broadcast version
         ray_cluster.kill(pool.actors[0])
         # the replacement loads the current (broadcast-only) weights through the object store before it scores
         assert pool.score(seqs, len(prompt))[0] == pytest.approx(
@@ -300,15 +291,15 @@ def test_broadcast_sync_matches_the_learner_and_a_replaced_replica_rejoins(ray_c
         )
         assert pool.restarts == 1
         assert (
-            step_and_sync(3)["broadcast"] == 0.0
+            step_and_sync(4)["broadcast"] == 0.0
         )  # the new replica is not in the group: object store, reopen
-        assert step_and_sync(4)["broadcast"] == 1.0
+        assert step_and_sync(5)["broadcast"] == 1.0
         # a replica that dies between generation and sync: the broadcast fails, the learner stays up, the
         # object store path replaces the replica and the group reopens
         ray_cluster.kill(pool.actors[0])
         learner.train_step(batch)
-        assert sync(5)["broadcast"] == 0.0 and pool.restarts == 2
-        assert step_and_sync(6)["broadcast"] == 1.0
+        assert sync(6)["broadcast"] == 0.0 and pool.restarts == 2
+        assert step_and_sync(7)["broadcast"] == 1.0
     finally:
         pool.shutdown()
         learner.shutdown()
