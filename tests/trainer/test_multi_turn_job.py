@@ -1,6 +1,7 @@
-"""A multi-turn job end to end (issue 30): Ray, the hf engine, environments in worker processes beside the
+"""A multi-turn job end to end (issue 30): Ray, the vLLM engine, environments in worker processes beside the
 reward workers, the learner, a checkpoint, and a resume that continues where the run stopped. The trained
-sequences are the engine's, token for token."""
+sequences are the engine's, token for token. The same job is a LoRA job (issue 35): FSDP2 learner with a frozen
+base, vLLM serving the adapter, the canary per sync (one job and one resume for both features)."""
 
 import pytest
 
@@ -102,11 +103,32 @@ def _check_token_exact(batch, calls) -> int:
     return checked
 
 
-def test_a_multi_turn_job_trains_token_exact_and_resumes(ray_cluster, tmp_path, monkeypatch):
+LORA = {"rank": 4, "alpha": 8, "canary_tolerance": 1e-3}  # fp32 on both sides: agreement to ~1e-6
+
+
+def test_a_multi_turn_lora_job_on_vllm_trains_token_exact_syncs_only_the_adapter_checks_every_sync_and_resumes(
+    ray_cluster, tmp_path, monkeypatch
+):
+    """One job and its resume for two features (was also tests/trainer/test_lora_job.py's own run and resume):
+    multi-turn trajectories trained token-exact, and LoRA (FSDP2 learner with a frozen base, vLLM serving the
+    adapter, the canary checking every sync)."""
+    import torch
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from services.models import model_dir
     from services.trainer.main import run
 
     recorder = _Recorder(monkeypatch)
-    spec = {"env": ENV, "sampling.max_prompt_tokens": 256}
+    spec = {
+        "env": ENV,
+        "sampling.max_prompt_tokens": 256,
+        "model.lora": LORA,
+        "optim.lr": 5e-2,  # LoRA's larger learning rate: the adapter moves the policy within a few steps
+        "resources.rollout_engine": "vllm",
+        "checkpoint.every_steps": 1,
+    }
     assert run(tiny_spec(steps=2, **spec), tmp_path) == "succeeded"
     assert run(tiny_spec(steps=3, **spec), tmp_path, resume="latest") == "succeeded"
 
@@ -121,3 +143,25 @@ def test_a_multi_turn_job_trains_token_exact_and_resumes(ray_cluster, tmp_path, 
     assert sum(r["multi_turn/observation_tokens"] for r in rows) > 0  # some trajectories took another turn
     turns = sum(_check_token_exact(b, recorder.calls) for b in recorder.batches)
     assert turns > sum(len(b) for b in recorder.batches)  # more model turns than trajectories were checked
+
+    # LoRA: every sync was checked by the canary (step 3's after the resume's own sync of the checkpoint) and
+    # agreed
+    assert all(0 <= r["sync/canary_logprob_diff"] <= LORA["canary_tolerance"] for r in rows)
+    # only the adapter travelled: 2 layers x 7 linears x (A + B), rank 4, float32
+    base_spec = tiny_spec(steps=3, **spec)
+    base = model_dir(base_spec.model, base_spec.seed)
+    full_bytes = sum(t.numel() * t.element_size() for t in load_file(base / "model.safetensors").values())
+    assert 0 < rows[-1]["sync/bytes"] < 0.02 * full_bytes
+
+    # the checkpoint's adapter is a PEFT directory that moved the policy away from the base
+    adapter = tmp_path / "checkpoints" / "step_3" / "adapter"
+    assert not (
+        tmp_path / "checkpoints" / "step_3" / "model" / "model.safetensors"
+    ).exists()  # no merge asked
+    lm = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), adapter)
+    ids = torch.arange(5, 40)[None]
+    with torch.no_grad():
+        tuned = lm(ids).logits
+        with lm.disable_adapter():
+            plain = lm(ids).logits
+    assert float((tuned - plain).abs().max()) > 1e-3
