@@ -109,7 +109,7 @@ LORA = {"rank": 4, "alpha": 8, "canary_tolerance": 1e-3}  # fp32 on both sides: 
 def test_a_multi_turn_lora_job_on_vllm_trains_token_exact_syncs_only_the_adapter_checks_every_sync_and_resumes(
     ray_cluster, tmp_path, monkeypatch
 ):
-    """One job and its resume for two features (was also tests/trainer/test_lora_job.py's own run and resume):
+    """One job and its resume for two features (one run and resume cover both):
     multi-turn trajectories trained token-exact, and LoRA (FSDP2 learner with a frozen base, vLLM serving the
     adapter, the canary checking every sync)."""
     import torch
