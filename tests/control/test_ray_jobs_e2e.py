@@ -69,8 +69,9 @@ def control_states(job) -> list[str]:
     return [t.state.value for t in job.record.transitions]
 
 
-def test_job_runs_to_success_and_serves_its_events_metrics_and_checkpoints(client, ray):
-    job = client.submit(tiny_spec("ok", steps=2))
+def _assert_runs_to_success_and_serves_its_events_metrics_and_checkpoints(job, ray) -> None:
+    """A 2-step job (checkpoint every step): followed to its end, then its record, events, metrics,
+    checkpoints, driver log and Ray job checked."""
     events = list(job.stream())
     assert job.state.value == "succeeded", job.reason
     assert control_states(job) == ["queued", "starting", "running", "succeeded"]
@@ -93,19 +94,30 @@ def test_job_runs_to_success_and_serves_its_events_metrics_and_checkpoints(clien
 
 
 @pytest.fixture(scope="module")
-def cancelled_job(client, ray):
-    """A long job cancelled after its first step, and its live actors seen just before the cancel."""
-    job = client.submit(tiny_spec("long", steps=500, every=0))
-    for event in job.stream():
-        if event.type == "step":
-            actors = ray.alive_actors(job.refresh().record.ray_submission_id)
-            job.cancel("enough for today")
-            break
-    return job.wait(JOB_TIMEOUT), actors
+def cancelled_job(plane, ray):
+    """A long job cancelled after its first step, and its live actors seen just before the cancel.
+
+    Its tenant's quota is one job, and a 2-step job ("ok") was submitted right after it: that second job's
+    state while the first one ran is returned too (the quota test checks both jobs)."""
+    with Client(plane.url, plane.create_token("small", max_concurrent=1)) as small:
+        job = small.submit(tiny_spec("long", steps=500, every=0))
+        second = small.submit(tiny_spec("ok", steps=2))
+        for event in job.stream():
+            if event.type == "step":
+                wait_for(
+                    lambda: job.refresh().state.value == "running", JOB_TIMEOUT, what="first job running"
+                )
+                time.sleep(2)  # several scheduler periods: the second must stay queued
+                second_state_while_first_ran = second.refresh().state.value
+                actors = ray.alive_actors(job.refresh().record.ray_submission_id)
+                job.cancel("enough for today")
+                break
+        job.wait(JOB_TIMEOUT)
+        yield job, actors, second, second_state_while_first_ran  # the client stays open for the jobs' handles
 
 
 def test_cancel_checkpoints_ends_cancelled_and_leaves_nothing_on_ray(cancelled_job, ray):
-    job, actors_before = cancelled_job
+    job, actors_before, _, _ = cancelled_job
     assert len(actors_before) >= 2  # learner and rollout actors were there (the check below can fail)
     assert job.state.value == "cancelled" and not job.record.hard_stopped
     assert "enough for today" in job.reason and f"last step {job.step}" in job.reason
@@ -116,8 +128,23 @@ def test_cancel_checkpoints_ends_cancelled_and_leaves_nothing_on_ray(cancelled_j
     wait_for(lambda: not ray.alive_actors(sub_id), 120, what="actors gone")
 
 
+def test_quota_queues_the_second_job_until_the_first_ends_then_it_runs_to_success_and_serves_its_events(
+    cancelled_job, ray
+):
+    """The quota'd tenant's second job (see `cancelled_job`): held while the first one ran, admitted only once
+    the first one's Ray job was gone, then run to success with its events, metrics and checkpoints checked."""
+    first, _, second, second_state_while_first_ran = cancelled_job
+    first_sub_id, first_finished_at = first.record.ray_submission_id, first.record.finished_at
+    assert second_state_while_first_ran == "queued"
+    _assert_runs_to_success_and_serves_its_events_metrics_and_checkpoints(second, ray)
+    assert first.state.value == "cancelled" and second.record.started_at >= first_finished_at
+    # Admitted only once the first one's Ray job was gone, not merely once its record ended.
+    first_driver_end = ray.details(first_sub_id).end_time / 1000
+    assert second.record.started_at.timestamp() >= first_driver_end
+
+
 def test_resume_runs_a_new_attempt_from_the_checkpoint(cancelled_job):
-    job, _ = cancelled_job
+    job, _, _, _ = cancelled_job
     checkpoint = job.checkpoints()[-1]
     wait_for(lambda: _resumable(job), 120, what="the cancelled attempt's Ray job to end")
     assert job.record.attempt == 2 and job.record.resume_from == checkpoint.path
@@ -165,26 +192,12 @@ def test_restart_of_the_control_plane_loses_nothing_and_reconciles_with_ray(plan
     assert [c.step for c in job.checkpoints()] == [3, 6]
 
 
-def test_quota_queues_the_extra_job_until_the_first_ends(plane, ray):
-    with Client(plane.url, plane.create_token("small", max_concurrent=1)) as small:
-        first = small.submit(tiny_spec("first", steps=500, every=0))
-        second = small.submit(tiny_spec("second", steps=500, every=0))
-        wait_for(lambda: first.refresh().state.value == "running", JOB_TIMEOUT, what="first job running")
-        time.sleep(2)  # several scheduler periods: the second must stay queued
-        assert second.refresh().state.value == "queued"
-        first.cancel("make room")
-        wait_for(lambda: second.refresh().state.value != "queued", JOB_TIMEOUT, what="second job admitted")
-        second.cancel("seen it start")
-        first.wait(JOB_TIMEOUT)
-        second.wait(JOB_TIMEOUT)
-    assert first.state.value == "cancelled" and second.record.started_at >= first.record.finished_at
-    # Admitted only once the first one's Ray job was gone, not merely once its record ended.
-    first_driver_end = ray.details(first.record.ray_submission_id).end_time / 1000
-    assert second.record.started_at.timestamp() >= first_driver_end
-
-
-def test_job_whose_ray_job_vanished_is_failed_on_start(tmp_path, ray):
-    engine = make_engine(f"sqlite:///{tmp_path / 'tgc.db'}")
+@pytest.fixture(scope="module")
+def strict_plane(tmp_path_factory, ray):
+    """A second control plane on the module's Ray head, with a 3 s cancel grace. Its database starts with a
+    `running` job whose Ray job does not exist (Ray lost it while no control plane was up)."""
+    data = tmp_path_factory.mktemp("strict")
+    engine = make_engine(f"sqlite:///{data / 'tgc.db'}")
     migrate(engine)
     now = time.time()
     with engine.begin() as conn:
@@ -192,55 +205,47 @@ def test_job_whose_ray_job_vanished_is_failed_on_start(tmp_path, ray):
             "INSERT INTO jobs (id, tenant, name, state, reason, spec, created_at, updated_at, attempt, hard_stopped, "
             "ray_submission_id, ray_done, run_dir) VALUES ('job-gone', 'acme', 'gone', 'running', 'started', :spec, "
             ":t, :t, 1, 0, 'tgc-job-gone-1', 0, :run)"), {"spec": json.dumps({"steps": 3}), "t": now,
-                                                          "run": str(tmp_path / "nowhere")})  # fmt: skip
+                                                          "run": str(data / "nowhere")})  # fmt: skip
     engine.dispose()
     with LocalControlPlane(
-        tmp_path,
+        data,
         ray_address=ray.address,
-        args=("--poll-interval", "0.5"),
+        args=("--poll-interval", "0.5", "--cancel-grace", "3"),
         env={"TGC_RAY_AUTH_TOKEN": ray.headers["Authorization"][7:]},
     ) as cp:
-        with Client(cp.url, cp.create_token("acme")) as c:
-            job = c.job("job-gone").wait(60)
+        yield cp
+
+
+def test_job_whose_ray_job_vanished_is_failed_on_start(strict_plane):
+    with Client(strict_plane.url, strict_plane.create_token("acme")) as c:
+        job = c.job("job-gone").wait(60)
     assert job.state.value == "failed" and "Ray has no job tgc-job-gone-1" in job.reason
 
 
-def test_trainer_that_misses_the_grace_period_is_stopped_hard(tmp_path, ray):
-    args = ("--poll-interval", "0.5", "--cancel-grace", "3")
-    with LocalControlPlane(
-        tmp_path,
-        ray_address=ray.address,
-        args=args,
-        env={"TGC_RAY_AUTH_TOKEN": ray.headers["Authorization"][7:]},
-    ) as cp:
-        with Client(cp.url, cp.create_token("acme")) as c:
-            job = c.submit(tiny_spec("hung", steps=500, every=0))
-            for event in job.stream():
-                if event.type == "step":
-                    break
-            # Freeze the driver, as a trainer stuck in a collective would be: it can no longer react.
-            sub_id = job.refresh().record.ray_submission_id
-            pid = ray.details(sub_id).driver_info.pid
-            os.kill(int(pid), signal.SIGSTOP)
-            job.cancel("stuck")
-            job.wait(120)
+def test_trainer_that_misses_the_grace_period_is_stopped_hard(strict_plane, ray):
+    with Client(strict_plane.url, strict_plane.create_token("acme")) as c:
+        job = c.submit(tiny_spec("hung", steps=500, every=0))
+        for event in job.stream():
+            if event.type == "step":
+                break
+        # Freeze the driver, as a trainer stuck in a collective would be: it can no longer react.
+        sub_id = job.refresh().record.ray_submission_id
+        pid = ray.details(sub_id).driver_info.pid
+        os.kill(int(pid), signal.SIGSTOP)
+        job.cancel("stuck")
+        job.wait(120)
     assert job.state.value == "cancelled" and job.record.hard_stopped
     assert "stopped hard" in job.reason
     wait_for(lambda: ray.info(sub_id).finished, 60, what="Ray job stopped")
     wait_for(lambda: not ray.alive_actors(sub_id), 120, what="actors gone")
 
 
-def test_a_managed_ray_head_that_dies_is_started_again(tmp_path):
-    with LocalControlPlane(tmp_path, ray_address="local", args=("--poll-interval", "0.5")) as cp:
-        try:
-            cp.wait_ready()
-            head = LocalRayCluster(tmp_path)
-            first = head.dashboard_url
-            head.stop()  # as if the node lost it: every head process gone
-            wait_for(
-                lambda: LocalRayCluster(tmp_path).dashboard_url not in (None, first), 300, what="a new head"
-            )
-            cp.wait_ready()
-        finally:
-            cp.stop()
-            LocalRayCluster(tmp_path).stop()
+def test_a_managed_ray_head_that_dies_is_started_again(plane, data_dir):
+    """Last in this module: it kills the module's head; the plane starts a new one, which the module's
+    teardown (control_plane_with_ray) stops."""
+    plane.wait_ready()
+    head = LocalRayCluster(data_dir)
+    first = head.dashboard_url
+    head.stop()  # as if the node lost it: every head process gone
+    wait_for(lambda: LocalRayCluster(data_dir).dashboard_url not in (None, first), 300, what="a new head")
+    plane.wait_ready()
