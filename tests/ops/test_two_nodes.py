@@ -133,34 +133,6 @@ def _lines(path: Path) -> list[dict]:
     return [json.loads(ln) for ln in path.read_text().splitlines() if ln] if path.exists() else []
 
 
-def test_learner_packed_on_the_accelerator_node_and_replicas_spread(cluster, tmp_path):
-    run_dir = tmp_path / "run"
-    proc = cluster.trainer(job_spec("two-nodes", steps=2), run_dir)
-    assert _finish(proc) == 0, (tmp_path / "run.log").read_text()[-3000:]
-    assert [r["step"] for r in _lines(run_dir / "metrics.jsonl")] == [1, 2]
-
-    where = cluster.node_of()
-    actors = {
-        a["name"]: a
-        for a in state_api(cluster.head.dashboard_url, cluster.token, "actors")
-        if a.get("name", "").startswith("two-nodes-")
-    }
-    placed = {name: where[a["node_id"]] for name, a in actors.items()}
-    (cluster.root / "placement.json").write_text(json.dumps(placed, indent=1))  # where each actor ran (kept)
-    roles = {name.removeprefix("two-nodes-").rstrip("-0123456789") for name in placed}
-    assert roles == {"learner", "rollout", "reward"} and len(placed) >= 5, placed
-    # strict_pack + the accelerator resource: both ranks on the one node that has it
-    assert placed["two-nodes-learner-0"] == placed["two-nodes-learner-1"] == "worker"
-    # spread: one replica per node
-    assert {placed["two-nodes-rollout-0"], placed["two-nodes-rollout-1"]} == {"head", "worker"}
-    groups = {g["name"]: g for g in state_api(cluster.head.dashboard_url, cluster.token, "placement_groups")}
-    learner, rollout = groups["two-nodes-learner"]["bundles"], groups["two-nodes-rollout"]["bundles"]
-    assert len(learner) == len(rollout) == 2  # one bundle per rank / replica
-    assert all(ACCEL in json.dumps(b) for b in learner) and not any(ACCEL in json.dumps(b) for b in rollout)
-    assert {g["state"] for g in groups.values()} == {"REMOVED"}  # released when the job ended
-    assert all(a["state"] == "DEAD" for a in actors.values())
-
-
 def test_a_resource_no_node_has_fails_the_job_naming_the_field(cluster, tmp_path):
     spec = job_spec("no-such-node", steps=1)
     spec["resources"]["learner_custom_resources"] = {"tgc_tpu": 1}
@@ -171,9 +143,21 @@ def test_a_resource_no_node_has_fails_the_job_naming_the_field(cluster, tmp_path
     assert "resources.learner_custom_resources" in last["reason"] and "tgc_tpu" in last["reason"], last
 
 
-def test_losing_the_worker_node_fails_cleanly_and_resume_loses_nothing(cluster, tmp_path):
+def _job_actors(cluster: Cluster, name: str) -> dict[str, dict]:
+    return {
+        a["name"]: a
+        for a in state_api(cluster.head.dashboard_url, cluster.token, "actors")
+        if a.get("name", "").startswith(f"{name}-")
+    }
+
+
+def test_learner_packed_on_the_accelerator_node_replicas_spread_and_losing_it_fails_cleanly_then_resumes(
+    cluster, tmp_path
+):
+    """One job (4 steps) checks placement while it runs, then loses the worker node, fails, and resumes on a
+    new worker node with no step lost or repeated."""
     run_dir = tmp_path / "run"
-    spec = job_spec("node-loss", steps=4)
+    spec = job_spec("two-nodes", steps=4)
     proc = cluster.trainer(spec, run_dir)
     try:
         wait_for(
@@ -182,6 +166,28 @@ def test_losing_the_worker_node_fails_cleanly_and_resume_loses_nothing(cluster, 
             "checkpoint of step 1",
         )
         assert proc.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
+
+        where = cluster.node_of()
+        actors = _job_actors(cluster, "two-nodes")
+        placed = {name: where[a["node_id"]] for name, a in actors.items()}
+        (cluster.root / "placement.json").write_text(
+            json.dumps(placed, indent=1)
+        )  # where each actor ran (kept)
+        roles = {name.removeprefix("two-nodes-").rstrip("-0123456789") for name in placed}
+        assert roles == {"learner", "rollout", "reward"} and len(placed) >= 5, placed
+        # strict_pack + the accelerator resource: both ranks on the one node that has it
+        assert placed["two-nodes-learner-0"] == placed["two-nodes-learner-1"] == "worker"
+        # spread: one replica per node
+        assert {placed["two-nodes-rollout-0"], placed["two-nodes-rollout-1"]} == {"head", "worker"}
+        groups = {
+            g["name"]: g for g in state_api(cluster.head.dashboard_url, cluster.token, "placement_groups")
+        }
+        learner, rollout = groups["two-nodes-learner"]["bundles"], groups["two-nodes-rollout"]["bundles"]
+        assert len(learner) == len(rollout) == 2  # one bundle per rank / replica
+        assert all(ACCEL in json.dumps(b) for b in learner) and not any(
+            ACCEL in json.dumps(b) for b in rollout
+        )
+
         cluster.workers[-1].kill()  # the node is lost at once: its raylet, object store and actors
         rc = _finish(proc, 300)
     finally:
@@ -198,3 +204,7 @@ def test_losing_the_worker_node_fails_cleanly_and_resume_loses_nothing(cluster, 
     assert _finish(resumed) == 0, (tmp_path / "run.log").read_text()[-3000:]
     assert [r["step"] for r in _lines(run_dir / "metrics.jsonl")] == [1, 2, 3, 4]  # none lost or repeated
     assert [e["state"] for e in _lines(run_dir / "events.jsonl") if e["type"] == "state"][-1] == "succeeded"
+    # both attempts' placement groups were released when their driver ended, and every actor is gone
+    groups = state_api(cluster.head.dashboard_url, cluster.token, "placement_groups")
+    assert {g["state"] for g in groups if g["name"].startswith("two-nodes-")} == {"REMOVED"}, groups
+    assert all(a["state"] == "DEAD" for a in _job_actors(cluster, "two-nodes").values())
