@@ -140,28 +140,22 @@ def run_eval_only(
     """Evaluate a model (the spec's, or `model_path`, e.g. a checkpoint's `model` dir) without training: rollout
     replicas and a reward pool only, no learner. Writes metrics.jsonl (step 0) and eval/step_0.jsonl."""
     from services.models import load_tokenizer, model_dir
-    from services.reward import RewardPoolGroup
-    from services.rollout import RolloutPool
+    from services.trainer.actors import JobActors
     from services.trainer.metrics import MetricsSink
 
     tokenizer = load_tokenizer(spec.model)
     evaluator = Evaluator(spec, lambda item: encode_item(tokenizer, spec.model, item), run_dir)
     path = model_path or model_dir(spec.model, spec.seed)
     sink = MetricsSink(run_dir, spec.name, 1, progress=False)
-    rollout = rewards = None
+    actors = None
     try:
-        rewards = RewardPoolGroup.for_job(spec.task, spec.seed, spec.name)
-        rollout = RolloutPool(spec, path, spec.name)
-        metrics = evaluator.run(rollout, rewards, 0, tokenizer)
+        actors = JobActors.start(spec, path, learner=False)
+        metrics = evaluator.run(actors.rollout, actors.rewards, 0, tokenizer)
         sink.log(0, metrics)
         if reporter is not None:
             reporter.step(0, metrics)
         return metrics
     finally:
-        for part in (rollout, rewards):
-            if part is not None:
-                try:
-                    part.shutdown()
-                except Exception as e:  # teardown keeps going
-                    log.warning("shutdown failed: %s", e)
+        if actors is not None:
+            actors.stop()
         sink.close()

@@ -26,6 +26,7 @@ from services.rollout.engine import Sampling
 from services.tasks import TaskItem
 from services.tasks.params import fill_template
 from services.trainer.data import derive_seed, encode_item
+from services.trainer.groups import Group
 
 log = logging.getLogger("tgc.trainer")
 
@@ -88,9 +89,11 @@ class Reviser:
         )
         return encode_item(self.tokenizer, self.spec.model, TaskItem(id=item.id, prompt=text))
 
-    def revise(self, groups: list, rollout: Any, rewards: Any, metrics: dict[str, float]) -> None:
-        """Revise and score the incorrect responses of `groups` (each gets `.ibpo`); adds `ibpo/...` to
-        `metrics` and the pass's seconds to its `timing/generate_s` and `timing/reward_s`."""
+    def after_rollout(
+        self, groups: list[Group], rollout: Any, rewards: Any, metrics: dict[str, float]
+    ) -> None:
+        """Revise and score the incorrect responses of `groups` (each gets its GroupRevisions as `.credit`); adds
+        `ibpo/...` to `metrics` and the pass's seconds to its `timing/generate_s` and `timing/reward_s`."""
         t0 = time.perf_counter()
         jobs, eligible, skipped = self._jobs(groups)
         outs, scores = [], []
@@ -109,18 +112,17 @@ class Reviser:
         t3 = time.perf_counter()
         repaired, edited = 0, []
         for j, out, score in zip(jobs, outs, scores, strict=True):
-            rec = groups[j.group].ibpo
+            rec = _revisions(groups[j.group])
             ok = score.correct
             rec.attempted[j.row], rec.revised_correct[j.row] = True, ok
             if ok:
                 repaired += 1
                 rec.phi[j.row] = self.cfg.rho
                 if self.cfg.mask != "none":
-                    rec.edits[j.row] = core.edit_mask(
-                        groups[j.group].completions[j.row].token_ids, out.token_ids
-                    )
-                    edited.append(float(rec.edits[j.row].mean()) if rec.edits[j.row].size else 0.0)
-        phis = [p for g in groups for p in g.ibpo.phi]
+                    edit = core.edit_mask(groups[j.group].completions[j.row].token_ids, out.token_ids)
+                    rec.edits[j.row] = edit
+                    edited.append(float(edit.mean()) if edit.size else 0.0)
+        phis = [p for g in groups for p in _revisions(g).phi]
         gen_s, reward_s = t2 - t1, t3 - t2
         metrics["timing/generate_s"] = metrics.get("timing/generate_s", 0.0) + gen_s + (t1 - t0)
         metrics["timing/reward_s"] = metrics.get("timing/reward_s", 0.0) + reward_s
@@ -142,12 +144,12 @@ class Reviser:
             }
         )
 
-    def _jobs(self, groups: list) -> tuple[list[_Job], int, int]:
+    def _jobs(self, groups: list[Group]) -> tuple[list[_Job], int, int]:
         jobs: list[_Job] = []
         eligible = skipped = 0
         limit = self.spec.sampling.max_prompt_tokens
         for gi, g in enumerate(groups):
-            g.ibpo = GroupRevisions.empty(len(g.completions))
+            g.credit = GroupRevisions.empty(len(g.completions))
             correct = [s.correct for s in g.scores]
             refs = [j for j, c in enumerate(correct) if c]
             if not refs or len(refs) == len(correct):
@@ -169,10 +171,10 @@ class Reviser:
         return jobs, eligible, skipped
 
     # -- the batch ------------------------------------------------------------------------------------
-    def train_batch(self, groups: list, batch: SampledBatch) -> tuple[TrainBatch, dict[str, float]]:
+    def train_batch(self, groups: list[Group], batch: SampledBatch) -> tuple[TrainBatch, dict[str, float]]:
         """The batch with its shaped (B,) advantages and, with a mask on, the credit mask; and `ibpo/...` metrics
         of the credit: D1/D2 of the first on-policy pass for the trained mask and the other variants too."""
-        recs = [g.ibpo if g.ibpo is not None else GroupRevisions.empty(len(g.completions)) for g in groups]
+        recs = [_revisions(g) for g in groups]
         phi = torch.tensor([p for r in recs for p in r.phi], dtype=torch.float32)
         edits = [e for r in recs for e in r.edits]
         mask, gids, tokens = batch.response_mask, batch.group_ids, batch.response_ids
@@ -194,3 +196,10 @@ class Reviser:
         assert credit is not None  # the trained mask is one of the variants
         metrics["ibpo/masked_token_frac"] = 1.0 - float(credit.sum() / mask.sum().clamp_min(1))
         return batch.with_advantages(adv, None if self.cfg.mask == "none" else credit), metrics
+
+
+def _revisions(group: Group) -> GroupRevisions:
+    """The group's revisions (none attempted when the reviser has not seen it)."""
+    if not isinstance(group.credit, GroupRevisions):
+        group.credit = GroupRevisions.empty(len(group.completions))
+    return group.credit

@@ -8,25 +8,21 @@ import os
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 import rlcore
-from rlcore.advantages import Shaping, overlong_penalty, overlong_shaping
-from services.batch import Completion, TrainBatch, collate
-from services.config import JobSpec, SamplingSpec
-from services.rollout import RolloutSpec, engine_kind
+from services.batch import TrainBatch, collate
+from services.config import JobSpec
 from services.run_layout import (
     CANCEL_FILE,
     CHECKPOINTS_DIR,
     CURVES_FILE,
     D2_RESIDUAL,
     D4_GROUPS_COMPLETE,
-    OVERLONG_DROPPED_GROUPS,
-    OVERLONG_FRAC,
     PRESERVES_CANCELLATION,
     RESPONSE_LENGTH_MEAN,
     RESPONSE_TOKENS,
@@ -46,10 +42,13 @@ from services.run_layout import (
     JobState,
     checkpoint_name,
 )
-from services.tasks import Score
 from services.tasks.params import DatasetParams
+from services.trainer.actors import JobActors
+from services.trainer.actors import stop as stop_actors
 from services.trainer.checkpoints import Checkpoints, read_state
+from services.trainer.credit import credit_for
 from services.trainer.data import Prompt, PromptSource, derive_seed
+from services.trainer.groups import Group, Rollout
 from services.trainer.metrics import MetricsSink
 from services.trainer.multi_turn import MultiTurnSampler, with_means
 from services.trainer.reporting import Reporter
@@ -60,26 +59,6 @@ from services.weight_sync import WeightSync
 log = logging.getLogger("tgc.trainer")
 
 MAX_REFILL_ROUNDS = 4  # dynamic sampling: refill attempts before training on a smaller batch
-
-
-@dataclass
-class Group:
-    prompt: Prompt
-    completions: list[Completion]
-    scores: list[Score]
-    ibpo: Any = None  # the group's IBPO revisions (services/trainer/ibpo.py), when the job has `ibpo` on
-    keep: list[bool] | None = None  # multi-turn: the trajectories that enter the centring (None: all)
-
-    @property
-    def informative(self) -> bool:
-        return len({s.reward for s in self.scores}) > 1
-
-
-@dataclass
-class Rollout:
-    groups: list[Group]
-    end_position: int  # data position after this rollout's prompts: what a checkpoint resumes from
-    metrics: dict[str, float] = field(default_factory=dict)
 
 
 class Trainer:
@@ -123,14 +102,10 @@ class Trainer:
         self.data = PromptSource(spec, self.tokenizer, position)
         self.trained_position = position
         self.evaluator = None
-        self.ibpo = None
-        if spec.ibpo is not None and spec.ibpo.enabled:
-            from services.trainer.ibpo import Reviser
-
-            self.ibpo = Reviser(spec, self.tokenizer, self.objective)
+        self.credit = credit_for(spec, self.tokenizer, self.objective)
         # the job's claim (an IBPO credit mask can break what the objective alone preserves), held against
         # each step's D2 here and, through the step metrics, by the TgcCancellationBroken alert
-        preserves = self.ibpo.preserves if self.ibpo is not None else self.objective.preserves_cancellation
+        preserves = self.credit.preserves
         self.residuals = ResidualWatch(preserves, spec.objective.name, reporter)
         if spec.eval is not None:
             from services.trainer.evaluation import Evaluator
@@ -143,50 +118,16 @@ class Trainer:
 
     # -- actors --------------------------------------------------------------------------------------
     def _start_actors(self, model_path: Path, resume: Path | None) -> None:
-        from services.learner import LearnerGroup
-        from services.reward import RewardPoolGroup
-        from services.rollout import RolloutPool
-
-        name = self.spec.name
-        engine_kind(
-            RolloutSpec.of(self.spec)
-        )  # an engine that cannot be built or receive a broadcast fails here
-
-        def start_learner() -> LearnerGroup:
-            learner = LearnerGroup(self.spec, model_path, name)
-            if resume is not None:
-                learner.load(resume)
-            return learner
-
-        # The reward actor, the learner ranks and the rollout replicas start side by side: each spends its
-        # start-up importing, loading weights and (vLLM) warming its engine, and none needs another until the
-        # first step.
-        with ThreadPoolExecutor(3, thread_name_prefix="start") as pool:
-            parts = [
-                pool.submit(RewardPoolGroup.for_job, self.spec.task, self.spec.seed, name),
-                pool.submit(start_learner),
-                pool.submit(RolloutPool, self.spec, model_path, name),
-            ]
-        errors = [e for e in (f.exception() for f in parts) if e is not None]
-        if errors:  # a failed start leaves no actor behind: stop whatever did start
-            for part in parts:
-                if part.exception() is None:
-                    part.result().shutdown()
-            raise errors[0]
-        self.rewards, self.learner, self.rollout = (f.result() for f in parts)
+        actors = JobActors.start(self.spec, model_path, resume=resume)
+        assert actors.learner is not None  # started with its learner
+        self.rewards, self.learner, self.rollout = actors.rewards, actors.learner, actors.rollout
         self.weight_sync = WeightSync(self.spec, self.learner, self.rollout)
         if resume is not None:  # the replicas hold the checkpoint's weights; stamp them with its version
             self.weight_sync(self.version)
 
     def shutdown(self) -> None:
-        for part in ("rollout", "learner", "rewards"):
-            obj = getattr(self, part, None)
-            if obj is None:
-                continue
-            try:
-                obj.shutdown()
-            except Exception as e:  # teardown keeps going: leaving other actors behind is worse
-                log.warning("shutdown of %s failed: %s", part, e)
+        # the parts that started (a failed start stopped its own): JobActors' order and rules
+        stop_actors(*(getattr(self, part, None) for part in ("rollout", "learner", "rewards")))
         self.metrics.close()
         self.traces.close()
         latest = self.checkpoints.latest()
@@ -246,31 +187,24 @@ class Trainer:
         metrics = {**timing, "rollout/groups_dropped": float(dropped)}
         if self.sampler is not None:
             metrics.update(with_means(metrics))
-        if self.ibpo is not None:  # revised by the weights that sampled these groups
-            self.ibpo.revise(groups, self.rollout, self.rewards, metrics)
+        self.credit.after_rollout(
+            groups, self.rollout, self.rewards, metrics
+        )  # the weights that sampled them
         return Rollout(groups, self.data.position, metrics)
 
     # -- one step -----------------------------------------------------------------------------------
     def build_batch(self, groups: list[Group]) -> tuple[TrainBatch, dict[str, float]]:
-        """The step's TrainBatch (advantages from rlcore, or IBPO's shaped ones) and metrics of making it."""
-        prompts, comps, gids, rewards, keep = [], [], [], [], []
+        """The step's TrainBatch (advantages by the job's credit scheme) and metrics of making it."""
+        prompts, comps, gids, rewards = [], [], [], []
         for g_id, g in enumerate(groups):
             for c, s in zip(g.completions, g.scores, strict=True):
                 prompts.append(g.prompt.token_ids)
                 comps.append(c)
                 gids.append(g_id)
                 rewards.append(s.reward)
-            keep += g.keep or [True] * len(g.completions)
         reward_t = torch.tensor(rewards, dtype=torch.float32)
         sampled = collate(prompts, comps, gids, reward_t, self.tokenizer.pad_token_id)
-        if self.ibpo is not None:
-            return self.ibpo.train_batch(groups, sampled)
-        shaping, keep, metrics = overlong_handling(self.spec.sampling, comps, gids, keep)
-        kept = None if all(keep) else torch.tensor(keep)  # failed or truncated: filtered before centring
-        adv = self.objective.advantages(
-            reward_t, sampled.group_ids, sampled.response_mask, shaping=shaping, keep=kept
-        )
-        return sampled.with_advantages(adv), metrics
+        return self.credit.train_batch(groups, sampled)
 
     def train_step(self, rollout: Rollout) -> dict[str, float]:
         t0 = time.perf_counter()
@@ -491,29 +425,6 @@ def _drain(ahead: deque[Future[Rollout | None]]) -> None:
 
 def _prefixed(prefix: str, stats: dict[str, float]) -> dict[str, float]:
     return {(k if k.startswith(prefix) else prefix + k): float(v) for k, v in stats.items()}
-
-
-def overlong_handling(
-    sampling: SamplingSpec, comps: list[Completion], gids: list[int], keep: list[bool]
-) -> tuple[Shaping | None, list[bool], dict[str, float]]:
-    """`sampling.overlong` as inputs of the advantages, both applied before centring so each group still sums
-    to 0 (cancellation holds): (the reward shaping, the responses kept, the metrics); no metrics when off."""
-    spec = sampling.overlong
-    if spec.mode == "none":
-        return None, keep, {}
-    if spec.mode == "shape":
-        assert spec.buffer is not None  # the spec requires it with mode 'shape'
-        lengths = torch.tensor([len(c.token_ids) for c in comps])
-        penalty = overlong_penalty(lengths, sampling.max_new_tokens, spec.buffer, spec.factor)
-        shaping = overlong_shaping(lengths, sampling.max_new_tokens, spec.buffer, spec.factor)
-        return shaping, keep, {OVERLONG_FRAC: float((penalty < 0).float().mean())}
-    cut = [c.finish_reason == "length" for c in comps]
-    kept = [k and not t for k, t in zip(keep, cut, strict=True)]
-    live: dict[int, int] = {}
-    for g, k in zip(gids, kept, strict=True):
-        live[g] = live.get(g, 0) + k
-    dropped = sum(n < 2 for n in live.values())  # rlcore zeroes a group with < 2 kept: no gradient from it
-    return None, kept, {OVERLONG_FRAC: sum(cut) / max(len(cut), 1), OVERLONG_DROPPED_GROUPS: float(dropped)}
 
 
 def _rollout_metrics(rollout: Rollout, batch: TrainBatch) -> dict[str, float]:

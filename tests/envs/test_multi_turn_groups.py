@@ -22,6 +22,7 @@ from services.run_layout import (
     MT_TURNS_PER_TRAJECTORY,
 )
 from services.tasks import TaskItem
+from services.trainer.credit import ObjectiveCredit
 from services.trainer.data import Prompt
 from services.trainer.loop import Group, Trainer
 from services.trainer.multi_turn import group_trajectories, with_means
@@ -65,10 +66,8 @@ def test_failed_trajectories_are_filtered_before_centring():
     assert g.keep == [True, True, False, True] and g.prompt.token_ids == list(PROMPT)
     assert [c.model_mask for c in g.completions][0] == [True, True, False, False, True, True]
     trainer = SimpleNamespace(
-        objective=rlcore.get_objective("cp_grpo"),
-        ibpo=None,
+        credit=ObjectiveCredit(rlcore.get_objective("cp_grpo"), SamplingSpec()),
         tokenizer=SimpleNamespace(pad_token_id=0),
-        spec=SimpleNamespace(sampling=SamplingSpec()),
     )
     batch, _ = Trainer.build_batch(trainer, [Group(g.prompt, g.completions, g.scores, keep=g.keep)])  # type: ignore[arg-type]
     adv = batch.advantages

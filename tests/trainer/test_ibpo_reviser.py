@@ -53,7 +53,7 @@ def test_only_incorrect_responses_with_a_correct_sibling_are_revised():
     # every revision answers "7 and 80": even length for the verifier -> repaired
     rollout = ScriptedRollout(tok, lambda text: tok.encode("7 and 80"))
     metrics = {"timing/generate_s": 1.0, "timing/reward_s": 0.5}
-    rev.revise(groups, rollout, ParityRewards(), metrics)
+    rev.after_rollout(groups, rollout, ParityRewards(), metrics)
     ((prompts, n, seeds, sampling),) = rollout.calls  # one batched pass
     assert len(prompts) == 2 and n == 1 and len(set(seeds)) == 2
     assert (
@@ -66,8 +66,8 @@ def test_only_incorrect_responses_with_a_correct_sibling_are_revised():
         "What is 0 + 1?" in texts[0] and "attempt at this task:\n2" in texts[0] and "solution:\n4" in texts[0]
     )
     assert "attempt at this task:\n3" in texts[1] and "solution:\n1" in texts[1]
-    assert groups[0].ibpo.phi == [0.0, 0.5, 0.5, 0.0] and groups[1].ibpo.phi == [0.0] * 4
-    assert groups[0].ibpo.attempted == [False, True, True, False]
+    assert groups[0].credit.phi == [0.0, 0.5, 0.5, 0.0] and groups[1].credit.phi == [0.0] * 4
+    assert groups[0].credit.attempted == [False, True, True, False]
     assert (
         metrics["ibpo/revisions"] == 2
         and metrics["ibpo/repaired"] == 2
@@ -85,7 +85,7 @@ def test_only_incorrect_responses_with_a_correct_sibling_are_revised():
         batch.rewards,
         batch.group_ids,
         batch.response_mask,
-        torch.tensor([p for g in groups for p in g.ibpo.phi]),
+        torch.tensor([p for g in groups for p in g.credit.phi]),
         0.6,
     )
     assert torch.allclose(adv[0], seq[0] * batch.response_mask[0])  # a correct response keeps every token
@@ -97,15 +97,15 @@ def test_too_long_revision_prompts_are_skipped_and_counted():
     groups = [_group(tok, 0, ["1", "word " * 40, "3", "4"], [1.0, 0.0, 1.0, 1.0])]
     rollout = ScriptedRollout(tok, lambda text: tok.encode("x"))
     metrics: dict[str, float] = {}
-    rev.revise(groups, rollout, ParityRewards(), metrics)
+    rev.after_rollout(groups, rollout, ParityRewards(), metrics)
     assert metrics["ibpo/skipped_too_long"] == 1 and metrics["ibpo/revisions"] == 0 and rollout.calls == []
-    assert groups[0].ibpo.phi == [0.0] * 4
+    assert groups[0].credit.phi == [0.0] * 4
 
 
 def test_no_mask_gives_sequence_advantages_with_zero_group_sums():
     spec, tok, rev = _setup(mask="none")
     groups = [_group(tok, 0, ["1", "2", "3", "4"], [1.0, 0.0, 0.0, 0.0])]
-    rev.revise(groups, ScriptedRollout(tok, lambda text: tok.encode("ab")), ParityRewards(), {})
+    rev.after_rollout(groups, ScriptedRollout(tok, lambda text: tok.encode("ab")), ParityRewards(), {})
     trained, m = rev.train_batch(groups, _batch(tok, groups))
     adv = trained.loss_advantages
     assert adv.shape == (4,) and abs(float(adv.sum())) < 1e-6

@@ -19,6 +19,7 @@ from services.cli import main
 from services.config import JobSpec, SamplingSpec
 from services.run_layout import OVERLONG_DROPPED_GROUPS, OVERLONG_FRAC
 from services.tasks import Score, TaskItem
+from services.trainer.credit import ObjectiveCredit
 from services.trainer.data import Prompt
 from services.trainer.loop import Group, Trainer
 
@@ -53,10 +54,8 @@ def groups(seed: int, n_groups: int = 4) -> tuple[list[Group], dict[tuple[int, .
 def trainer(**overlong: object) -> SimpleNamespace:
     sampling = SamplingSpec(max_new_tokens=MAX, overlong=overlong or {})  # type: ignore[arg-type]
     return SimpleNamespace(
-        objective=rlcore.get_objective("cp_grpo"),
-        ibpo=None,
+        credit=ObjectiveCredit(rlcore.get_objective("cp_grpo"), sampling),
         tokenizer=SimpleNamespace(pad_token_id=0),
-        spec=SimpleNamespace(sampling=sampling),
     )
 
 
