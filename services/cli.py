@@ -213,8 +213,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     else:
         from services.config import JobSpec, SpecError
+        from services.resources import ResourceError
         from services.tasks import GrantError
-        from services.trainer.main import ResourceError, run
+        from services.trainer.main import run
 
         try:
             spec = JobSpec.from_yaml(args.spec, steps=0)  # the trainer entry's one parse, evaluating only

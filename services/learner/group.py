@@ -27,29 +27,13 @@ from services.learner.learner import Learner
 from services.learner.sharding import free_port
 from services.learner.spec import LearnerSpec
 from services.placement import Placement
+from services.resources import check_learner_fits
 
 log = logging.getLogger(__name__)
 
 
 class LearnerGroupError(RuntimeError):
     """A learner rank failed; the group has been shut down (resume from the last checkpoint)."""
-
-
-def _check_feasible(spec: JobSpec) -> None:
-    """Refuse a group the cluster can never place (its actors would wait forever), naming the fields."""
-    r = spec.resources
-    total = ray.cluster_resources()
-    for kind, per_rank, name in (
-        ("CPU", r.cpus_per_learner, "cpus_per_learner"),
-        ("GPU", r.gpus_per_learner, "gpus_per_learner"),
-    ):
-        need = r.learner_ranks * per_rank
-        if need > total.get(kind, 0.0) + 1e-9:
-            raise ValueError(
-                f"resources: {r.learner_ranks} learner ranks x {name} {per_rank:g} need {need:g} {kind}s "
-                f"but the Ray cluster has {total.get(kind, 0.0):g}; lower resources.learner_ranks "
-                f"or resources.{name}"
-            )
 
 
 class _LearnerRank:
@@ -147,7 +131,7 @@ class LearnerGroup:
         # Calls reach every rank in one order even from two threads (async rollout + training): each call is a
         # collective, and ranks that ran two of them in different orders would deadlock.
         self._submit = threading.Lock()
-        _check_feasible(spec)
+        check_learner_fits(spec, ray.cluster_resources())
         self.placement = Placement(
             job_name,
             "learner",

@@ -19,6 +19,7 @@ import traceback
 from pathlib import Path
 
 from services.config import JobSpec, SpecError
+from services.resources import ResourceError, check_resources, required_resources
 from services.run_layout import (
     CHECKPOINTS_DIR,
     CURVES_FILE,
@@ -40,10 +41,6 @@ UNSAFE_HELP = (
     "let this job run model-written code WITHOUT the bubblewrap sandbox when its spec asks for "
     "`task.params.sandbox: unsafe_local` (trusted code only; a spec alone never can)"
 )  # a local cluster may promise this many logical CPUs per core, no more
-
-
-class ResourceError(ValueError):
-    """The spec asks for resources the cluster cannot provide."""
 
 
 class ResumeMismatch(ValueError):
@@ -110,30 +107,6 @@ def allow_unsafe_sandbox() -> None:
     from services.tasks.grants import GRANTS_ENV, UNSAFE_SANDBOX, encode_grants, job_grants
 
     os.environ[GRANTS_ENV] = encode_grants(job_grants() | {UNSAFE_SANDBOX})
-
-
-def required_resources(spec: JobSpec) -> dict[str, float]:
-    r = spec.resources
-    return {
-        "CPU": r.learner_ranks * r.cpus_per_learner
-        + r.rollout_replicas * r.cpus_per_rollout
-        + spec.task.reward_workers,  # the reward actor reserves one CPU per verifier worker process
-        "GPU": r.learner_ranks * r.gpus_per_learner + r.rollout_replicas * r.gpus_per_rollout,
-    }
-
-
-def check_resources(spec: JobSpec, available: dict[str, float]) -> None:
-    need = required_resources(spec)
-    for kind, field_names in (
-        ("CPU", "cpus_per_learner / cpus_per_rollout"),
-        ("GPU", "gpus_per_learner / gpus_per_rollout"),
-    ):
-        if need[kind] > available.get(kind, 0.0) + 1e-9:
-            raise ResourceError(
-                f"resources: the job needs {need[kind]:g} {kind}s (learner_ranks x {field_names.split(' / ')[0]} "
-                f"+ rollout_replicas x {field_names.split(' / ')[1]}) but the cluster has "
-                f"{available.get(kind, 0.0):g}; lower resources.{field_names} or the counts, or use a bigger cluster"
-            )
 
 
 def local_capacity() -> dict[str, float]:

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from services.learner import Learner, LearnerGroup, LearnerGroupError, LearnerSpec
+from services.resources import ResourceError
 from tests.learner.test_prefix_tree import multi_turn
 
 pytestmark = pytest.mark.slow
@@ -142,7 +143,7 @@ def test_checkpoint_restores_the_group_and_loads_in_one_rank(
 
 
 def test_a_group_the_cluster_cannot_place_is_refused(ray_cluster, tiny_spec, tiny_model_path):
-    with pytest.raises(ValueError, match="resources: 64 learner ranks"):
+    with pytest.raises(ResourceError, match="resources: 64 learner ranks"):
         LearnerGroup(tiny_spec(**{"resources.learner_ranks": 64}), tiny_model_path, "test-too-big")
 
 

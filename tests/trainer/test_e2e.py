@@ -11,8 +11,9 @@ import time
 import pytest
 import torch
 
+from services.resources import ResourceError
 from services.trainer.checkpoints import read_state
-from services.trainer.main import ResourceError, run
+from services.trainer.main import run
 from services.trainer.traces import read_page
 
 from .conftest import read_events, read_metrics, tiny_spec

@@ -3,7 +3,8 @@
 import pytest
 
 from services.config import JobSpec
-from services.trainer.main import ResourceError, check_resources, local_capacity
+from services.resources import ResourceError, check_resources
+from services.trainer.main import local_capacity
 
 
 def test_gpus_on_a_cpu_cluster_are_refused():
