@@ -1,12 +1,12 @@
 """The actors' allocator setting: learner steps and generation with and without it, side by side.
 
 A job's actors start with glibc's `MALLOC_MMAP_MAX_=0` and a high `MALLOC_TRIM_THRESHOLD_`
-(services.trainer.main.ALLOCATOR_ENV): buffers over 32 MiB come from the heap and stay there, instead of a
+(tgc_rl.trainer.main.ALLOCATOR_ENV): buffers over 32 MiB come from the heap and stay there, instead of a
 fresh mmap that every step page-faults in again. This runs the same work in child processes started with
 glibc's defaults and with the setting, alternating, and reports the medians, their ratio and the kernel's
 share (system CPU seconds, minor page faults) of each child:
 
-- `learner`: services.learner.Learner (1 rank, 2 threads) on the default job's shapes (8 prompts x 8
+- `learner`: tgc_rl.learner.Learner (1 rank, 2 threads) on the default job's shapes (8 prompts x 8
   responses, ~45 prompt and <= 16 response tokens), the default job's micro-batching, `--steps` timed steps
   after a warm-up;
 - `generate`: the rollout engine's vLLM arguments, 8 prompts x 8 samples x 16 new tokens at T = 0.7, the
@@ -36,9 +36,9 @@ def learner_child(steps: int) -> list[float]:
     import torch
     from learner import make_batch, make_spec, timed_steps  # benchmarks/learner.py
 
-    from services.config import JobSpec
-    from services.learner import Learner, LearnerSpec
-    from services.models import model_dir
+    from tgc_rl.config import JobSpec
+    from tgc_rl.learner import Learner, LearnerSpec
+    from tgc_rl.models import model_dir
 
     torch.set_num_threads(2)
     optim = JobSpec.from_yaml(ROOT / "examples" / "default.yaml").optim.model_dump()
@@ -56,12 +56,12 @@ def learner_child(steps: int) -> list[float]:
 def generate_child(steps: int) -> list[float]:
     import torch
 
-    from services.config import JobSpec
-    from services.models import load_tokenizer, model_dir
-    from services.rollout import RolloutSpec, sample_seed
-    from services.rollout.vllm_engine import engine_args, in_process_llm, sampling_params
-    from services.tasks.arithmetic import ArithmeticTask
-    from services.trainer.data import encode_item
+    from tgc_rl.config import JobSpec
+    from tgc_rl.models import load_tokenizer, model_dir
+    from tgc_rl.rollout import RolloutSpec, sample_seed
+    from tgc_rl.rollout.vllm_engine import engine_args, in_process_llm, sampling_params
+    from tgc_rl.tasks.arithmetic import ArithmeticTask
+    from tgc_rl.trainer.data import encode_item
 
     spec = JobSpec.parse(
         {
@@ -92,7 +92,7 @@ def generate_child(steps: int) -> list[float]:
 
 
 def run_child(work: str, steps: int, heap: bool) -> dict:
-    from services.trainer.main import ALLOCATOR_ENV
+    from tgc_rl.trainer.main import ALLOCATOR_ENV
 
     env = {k: v for k, v in os.environ.items() if k not in ALLOCATOR_ENV}
     if heap:
@@ -126,7 +126,7 @@ def main() -> None:
         times = (learner_child if args.child == "learner" else generate_child)(args.steps)
         print(json.dumps(times))
         return
-    from services.trainer.main import ALLOCATOR_ENV
+    from tgc_rl.trainer.main import ALLOCATOR_ENV
 
     setting = " ".join(f"{k}={v}" for k, v in ALLOCATOR_ENV.items())
     print(f"# allocator: glibc defaults vs {setting}, {args.rounds} rounds x {args.steps} steps")

@@ -21,8 +21,8 @@ import tempfile
 from pathlib import Path
 from typing import Literal
 
-from services.config import AsyncSpec, JobSpec
-from services.run_layout import (
+from tgc_rl.config import AsyncSpec, JobSpec
+from tgc_rl.run_layout import (
     BEHAVIOUR_CORRECTED_FRAC,
     D2_RESIDUAL,
     MISMATCH_K3,
@@ -30,7 +30,7 @@ from services.run_layout import (
     POLICY_STALENESS_MAX,
     REWARD_MEAN,
 )
-from services.trainer.main import run
+from tgc_rl.trainer.main import run
 
 MODES: list[tuple[Literal["sync", "one_step_off", "k_step"], int]] = [
     ("sync", 1),

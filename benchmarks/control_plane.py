@@ -23,7 +23,7 @@ from pathlib import Path
 
 import httpx
 
-from services.control.local import LocalControlPlane
+from tgc_rl.control.local import LocalControlPlane
 
 SPEC = {"name": "bench", "steps": 10, "group_size": 4, "prompts_per_step": 4,
         "model": {"source": "random", "config_overrides": {"num_hidden_layers": 2, "hidden_size": 64}}}  # fmt: skip

@@ -3,7 +3,7 @@
 Parts, each with its own time budget (the defaults keep the whole under 8 minutes on an H100):
   device              GPU, driver, torch / CUDA / transformers versions, which optional packages import
   matmul_peak         the measured matmul peak in the learner's compute dtype (bf16 on a GPU): MFU's denominator
-  learner_0.5b/1.5b   services.learner.Learner (FSDP2, NCCL, world size 1) on a random Qwen2 of that shape in
+  learner_0.5b/1.5b   tgc_rl.learner.Learner (FSDP2, NCCL, world size 1) on a random Qwen2 of that shape in
                       bf16: step time, tokens/s, MFU (model FLOPs / step time / peak), peak memory
   shared_prompt       the shared-prompt forward (one token tree per group; the block tree kernel above 1024 nodes)
                       vs one forward per row at prompt 2k / response 2k: log-probs and gradients equal (float32),
@@ -53,7 +53,7 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # rlcore and services travel as source with the working tree
+sys.path.insert(0, str(ROOT))  # rlcore and tgc_rl travel as source with the working tree
 sys.path.insert(0, str(ROOT / "benchmarks"))  # learner_flops: the learner step's model FLOPs
 
 VOCAB = 151936  # Qwen2's vocabulary: the head's size matters for memory and MFU
@@ -163,7 +163,7 @@ class Context:
 
 @dataclass(frozen=True)
 class OptimSettings:
-    """The learner's optimizer section (services.config.OptimSpec's fields, the values this check runs with):
+    """The learner's optimizer section (tgc_rl.config.OptimSpec's fields, the values this check runs with):
     a plain object so that a Learner runs where pydantic is absent. The suite checks it still validates as
     an OptimSpec with the same fields (tests/benchmarks/test_gpu_check.py)."""
 
@@ -288,7 +288,7 @@ def make_batch(
     responses each of `response`/2..`response` tokens whose first `common` tokens agree (a shared node),
     rewards alternating 0/1 (every group informative), cp_grpo advantages."""
     import rlcore
-    from services.batch import Completion, collate
+    from tgc_rl.batch import Completion, collate
 
     gen = torch.Generator().manual_seed(seed)
     prompts, comps, gids, rewards = [], [], [], []
@@ -361,8 +361,8 @@ def nvidia_driver() -> str | None:
 
 
 def compute_dtype(device: torch.device) -> torch.dtype:
-    """What the learner computes in when the spec asks for bf16 (services.learner.sharding decides)."""
-    from services.learner.sharding import compute_dtype as learner_dtype
+    """What the learner computes in when the spec asks for bf16 (tgc_rl.learner.sharding decides)."""
+    from tgc_rl.learner.sharding import compute_dtype as learner_dtype
 
     return learner_dtype("bfloat16", device)
 
@@ -385,7 +385,7 @@ def part_matmul_peak(ctx: Context, part: Part) -> None:
 
 def learner_spec(ctx: Context, micro_batch_size: int, **optim: Any):
     from rlcore import resolve as rlcore_resolve
-    from services.learner.spec import LearnerSpec
+    from tgc_rl.learner.spec import LearnerSpec
 
     s = ctx.sizes
     settings = OptimSettings(micro_batch_size=micro_batch_size, logprob_chunk_tokens=s.chunk_tokens, **optim)
@@ -410,7 +410,7 @@ def part_learner(name: str) -> Callable[[Context, Part], None]:
     def run(ctx: Context, part: Part) -> None:
         from learner_flops import step_work  # benchmarks/learner_flops.py: the step's model FLOPs
 
-        from services.learner.learner import Learner
+        from tgc_rl.learner.learner import Learner
 
         s = ctx.sizes
         path = model_path(ctx, name)
@@ -481,7 +481,7 @@ def _policy_pass(policy, batch, coef: torch.Tensor, device: torch.device):
 def part_shared_prompt(ctx: Context, part: Part) -> None:
     """Equality in float32 on a shallow model of the 0.5B shape (gradients need no depth to differ), speed in
     bf16 on the whole 0.5B model: one forward/backward per row vs one token tree per group."""
-    from services.learner.logprobs import PolicyLogprobs
+    from tgc_rl.learner.logprobs import PolicyLogprobs
 
     s, dev = ctx.sizes, ctx.device
     batch = make_batch(s.tree_groups, s.tree_group, s.tree_prompt, s.tree_response, s.vocab, seed=7, common=8)
@@ -556,7 +556,7 @@ def part_chunked_logprobs(ctx: Context, part: Part) -> None:
     """The chunked head against whole logits at vocab 151936 (float32): values, gradients, peak memory."""
     import torch.nn.functional as F
 
-    from services.learner.logprobs import chunked_head_logprobs
+    from tgc_rl.learner.logprobs import chunked_head_logprobs
 
     s, dev = ctx.sizes, ctx.device
     hidden_size = (TINY_SHAPES if ctx.tiny else SHAPES)["0.5b"][0]  # SHAPE_FIELDS[0]
@@ -704,9 +704,9 @@ def part_rlcore(ctx: Context, part: Part) -> None:
 
 
 def part_rollout_hf(ctx: Context, part: Part) -> None:
-    from services.config import ModelSpec, SamplingSpec
-    from services.rollout.hf_engine import HFEngine
-    from services.rollout.spec import RolloutSpec
+    from tgc_rl.config import ModelSpec, SamplingSpec
+    from tgc_rl.rollout.hf_engine import HFEngine
+    from tgc_rl.rollout.spec import RolloutSpec
 
     s = ctx.sizes
     path = model_path(ctx, "0.5b")
@@ -778,8 +778,8 @@ def e2e_spec(path: Path, tiny: bool) -> dict[str, Any]:
 def part_e2e_broadcast(ctx: Context, part: Part) -> None:
     if ctx.device.type != "cuda":
         raise _Skip("the NCCL weight broadcast needs a CUDA device")
-    from services.config import JobSpec
-    from services.trainer.main import run
+    from tgc_rl.config import JobSpec
+    from tgc_rl.trainer.main import run
 
     run_dir = ctx.work / "e2e"
     spec = JobSpec.parse(e2e_spec(model_path(ctx, "0.5b"), ctx.tiny))
@@ -807,20 +807,20 @@ class _Skip(Exception):
 # Each part: its function and the modules it imports (a missing one skips the part, named in the report).
 PARTS: dict[str, tuple[Callable[[Context, Part], None], tuple[str, ...]]] = {
     "device": (part_device, ()),
-    "matmul_peak": (part_matmul_peak, ("services.learner.sharding",)),
+    "matmul_peak": (part_matmul_peak, ("tgc_rl.learner.sharding",)),
     "learner_0.5b": (
         part_learner("0.5b"),
-        ("services.learner.learner", "rlcore.diagnostics", "learner_flops"),
+        ("tgc_rl.learner.learner", "rlcore.diagnostics", "learner_flops"),
     ),
     "learner_1.5b": (
         part_learner("1.5b"),
-        ("services.learner.learner", "rlcore.diagnostics", "learner_flops"),
+        ("tgc_rl.learner.learner", "rlcore.diagnostics", "learner_flops"),
     ),
-    "shared_prompt": (part_shared_prompt, ("services.learner.logprobs", "rlcore.objective")),
-    "chunked_logprobs": (part_chunked_logprobs, ("services.learner.logprobs",)),
+    "shared_prompt": (part_shared_prompt, ("tgc_rl.learner.logprobs", "rlcore.objective")),
+    "chunked_logprobs": (part_chunked_logprobs, ("tgc_rl.learner.logprobs",)),
     "rlcore": (part_rlcore, ("rlcore.objective", "rlcore.diagnostics")),
-    "rollout_hf": (part_rollout_hf, ("services.rollout.hf_engine",)),
-    "e2e_broadcast": (part_e2e_broadcast, ("vllm", "ray", "services.trainer.main")),
+    "rollout_hf": (part_rollout_hf, ("tgc_rl.rollout.hf_engine",)),
+    "e2e_broadcast": (part_e2e_broadcast, ("vllm", "ray", "tgc_rl.trainer.main")),
 }
 
 

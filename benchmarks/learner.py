@@ -1,6 +1,6 @@
 """Learner benchmarks, printed side by side in one run.
 
-1. Step throughput: tokens/s of the FSDP2 learner step (services.learner.Learner, world size 1, gloo) vs a
+1. Step throughput: tokens/s of the FSDP2 learner step (tgc_rl.learner.Learner, world size 1, gloo) vs a
    plain single-process torch loop (the same HF model unwrapped, same chunked log-prob head, same rlcore
    loss, same micro-batches, AdamW + clip_grad_norm_). With `optim.shared_prompt_forward` off the learner
    computes what the loop computes, so the ratio is the cost of FSDP2 and the learner's machinery (plan,
@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(
     0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-)  # the repo root, for rlcore/services
+)  # the repo root, for rlcore/tgc_rl
 
 TINY = {
     "num_hidden_layers": 2,
@@ -39,7 +39,7 @@ TINY = {
 
 
 def make_spec(args, **changes):
-    from services.config import JobSpec
+    from tgc_rl.config import JobSpec
 
     model = (
         {"source": "smollm2-135m-instruct", "dtype": args.dtype}
@@ -63,7 +63,7 @@ def make_spec(args, **changes):
 
 def make_batch(args, seed=0):
     import rlcore
-    from services.batch import Completion, collate
+    from tgc_rl.batch import Completion, collate
 
     gen = torch.Generator().manual_seed(seed)
     prompts, comps, gids, rewards = [], [], [], []
@@ -106,7 +106,7 @@ def timed_steps(train_step, batches) -> list[float]:
 def plain_loop_step(policy, optimizer, objective, batch, micro_rows, max_new_tokens, dtype):
     """One optimizer step without FSDP: the reference a hand-written single-process trainer would run."""
     import rlcore
-    from services.learner.plan import trim_padding
+    from tgc_rl.learner.plan import trim_padding
 
     norm = rlcore.StepNorm(
         tokens=float(batch.response_mask.sum()),
@@ -131,11 +131,11 @@ def bench_throughput(args) -> dict[str, float]:
     from transformers import AutoModelForCausalLM
 
     import rlcore
-    from services.learner import Learner, LearnerSpec
-    from services.learner.logprobs import PolicyLogprobs
-    from services.learner.plan import group_spans, plan_minibatches
-    from services.learner.sharding import compute_dtype
-    from services.models import model_dir
+    from tgc_rl.learner import Learner, LearnerSpec
+    from tgc_rl.learner.logprobs import PolicyLogprobs
+    from tgc_rl.learner.plan import group_spans, plan_minibatches
+    from tgc_rl.learner.sharding import compute_dtype
+    from tgc_rl.models import model_dir
 
     spec = make_spec(args)
     path = model_dir(spec.model, spec.seed)
@@ -191,7 +191,7 @@ def bench_throughput(args) -> dict[str, float]:
     if args.ranks > 1:
         import ray
 
-        from services.learner import LearnerGroup
+        from tgc_rl.learner import LearnerGroup
 
         ray.init(
             num_cpus=max(2, args.ranks),
@@ -223,7 +223,7 @@ def bench_throughput(args) -> dict[str, float]:
 _HEAD_CHILD = r"""
 import json, os, sys, time, torch
 import torch.nn.functional as F
-from services.learner.logprobs import chunked_head_logprobs
+from tgc_rl.learner.logprobs import chunked_head_logprobs
 torch.set_num_threads(int(sys.argv[4]))
 n, vocab, chunk = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 gen = torch.Generator().manual_seed(0)

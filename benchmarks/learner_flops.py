@@ -1,7 +1,7 @@
 """The learner against the hardware: shared-prompt vs full forward side by side, and FLOP/s vs this CPU's GEMM peak.
 
 In one process, on SmolLM2-135M: (1) the GEMM peak, a 2048^3 matmul in the compute dtype (bf16 where the CPU
-has AVX512-BF16/AMX, else float32) on the same threads; (2) learner steps (services.learner.Learner, 1 rank)
+has AVX512-BF16/AMX, else float32) on the same threads; (2) learner steps (tgc_rl.learner.Learner, 1 rank)
 with `optim.shared_prompt_forward` off and on, alternating on the same batches, at the default job's shapes
 (8 prompts x 8 responses, ~43 prompt and ~12 response tokens) and with 4x longer prompts; (3) what bounds
 it: the time the step's GEMMs take at the rate a GEMM of the step's own shapes reaches here, vs the step.
@@ -41,8 +41,8 @@ def gemm_peak(dtype: torch.dtype, n: int = 2048) -> float:
 def step_work(cfg, batch, micro_batch_size: int, shared: bool) -> dict[str, int]:
     """What one learner step on `batch` computes, as the learner's plan cuts it: tokens through the decoder,
     causal query-key pairs, rows through the head, and the model FLOPs (forward + backward)."""
-    from services.learner.plan import MicroBatchLimit, group_spans, plan_minibatches, trim_padding
-    from services.learner.prefix_tree import pack_trees
+    from tgc_rl.learner.plan import MicroBatchLimit, group_spans, plan_minibatches, trim_padding
+    from tgc_rl.learner.prefix_tree import pack_trees
 
     tokens = pairs = head_rows = 0
     limit = MicroBatchLimit(micro_batch_size, tree=shared)
@@ -96,8 +96,8 @@ def gemm_floor(cfg, work: dict[str, int], micro_batches: int, dtype: torch.dtype
 
 
 def run_shape(args, name: str, prompt: int, peak: float, path) -> list[str]:
-    from services.learner import Learner, LearnerSpec
-    from services.learner.plan import group_spans, plan_minibatches
+    from tgc_rl.learner import Learner, LearnerSpec
+    from tgc_rl.learner.plan import group_spans, plan_minibatches
 
     shape = argparse.Namespace(
         model="smollm2",
@@ -195,8 +195,8 @@ def main() -> None:
     if args.wall:
         CLOCK = time.perf_counter
 
-    from services.learner.sharding import compute_dtype
-    from services.models import model_dir
+    from tgc_rl.learner.sharding import compute_dtype
+    from tgc_rl.models import model_dir
 
     dtype = compute_dtype(args.dtype, torch.device("cpu"))
     path = model_dir(

@@ -6,7 +6,7 @@ log-probs (1024 tokens a chunk) on a 152k vocabulary, for:
 
   plain  the plain torch loop: the HF model unwrapped, one forward per row (8 x (256 + R) tokens, SDPA with
          the padding mask), the same chunked head and rlcore loss, AdamW (benchmarks/learner.py's loop)
-  dense  services.learner.Learner (FSDP2, world size 1) with the shared-prompt forward on the dense L x L tree
+  dense  tgc_rl.learner.Learner (FSDP2, world size 1) with the shared-prompt forward on the dense L x L tree
          mask (optim.dense_tree_max_tokens above L), L = 256 + 8R nodes
   block  the same learner on the block tree kernel (optim.dense_tree_max_tokens 0)
 
@@ -74,14 +74,14 @@ def _rss_mb(field: str = "VmRSS", pid: str = "self") -> float:
 
 
 def _model_spec():
-    from services.config import ModelSpec
+    from tgc_rl.config import ModelSpec
 
     return ModelSpec(source="random", dtype="float32", config_overrides=SHAPE)
 
 
 def _batch(prompt: int, response: int, loss_every: int):
     import rlcore
-    from services.batch import Completion, collate
+    from tgc_rl.batch import Completion, collate
 
     gen = torch.Generator().manual_seed(0)
     p = torch.randint(3, SHAPE["vocab_size"], (prompt,), generator=gen).tolist()
@@ -101,9 +101,9 @@ def _batch(prompt: int, response: int, loss_every: int):
 
 
 def _learner(variant: str, response: int):
-    from services.config import JobSpec
-    from services.learner import Learner, LearnerSpec
-    from services.models import model_dir
+    from tgc_rl.config import JobSpec
+    from tgc_rl.learner import Learner, LearnerSpec
+    from tgc_rl.models import model_dir
 
     spec = JobSpec.parse(
         {
@@ -137,8 +137,8 @@ def run_point(variant: str, response: int, prompt: int, threads: int, loss_every
 
         import rlcore
         from benchmarks.learner import plain_loop_step
-        from services.learner.logprobs import PolicyLogprobs
-        from services.models import model_dir
+        from tgc_rl.learner.logprobs import PolicyLogprobs
+        from tgc_rl.models import model_dir
 
         lm = AutoModelForCausalLM.from_pretrained(model_dir(_model_spec()), dtype=torch.float32)
         lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the repo root: services and the tests' model and batches
+sys.path.insert(0, str(ROOT))  # the repo root: tgc_rl and the tests' model and batches
 
 from tests.learner.conftest import TINY_MODEL  # noqa: E402
 
@@ -36,12 +36,12 @@ def _status(key: str) -> int:
 def one_variant(model: str, lora: bool, steps: int) -> dict[str, float]:
     import torch
 
-    from services.config import JobSpec
-    from services.learner import Learner, LearnerSpec
-    from services.models import model_dir
-    from services.weight_sync.adapter import AdapterWeights
-    from services.weight_sync.flat import FlatWeights
     from tests.batches import build_batch
+    from tgc_rl.config import JobSpec
+    from tgc_rl.learner import Learner, LearnerSpec
+    from tgc_rl.models import model_dir
+    from tgc_rl.weight_sync.adapter import AdapterWeights
+    from tgc_rl.weight_sync.flat import FlatWeights
 
     torch.set_num_threads(1)
     spec = JobSpec.parse(

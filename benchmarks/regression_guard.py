@@ -40,10 +40,10 @@ def measure(steps: int, threads: int) -> dict[str, float]:
     from transformers import AutoModelForCausalLM
 
     import rlcore
-    from services.learner import Learner, LearnerSpec
-    from services.learner.logprobs import PolicyLogprobs
-    from services.learner.plan import group_spans, plan_minibatches
-    from services.models import model_dir
+    from tgc_rl.learner import Learner, LearnerSpec
+    from tgc_rl.learner.logprobs import PolicyLogprobs
+    from tgc_rl.learner.plan import group_spans, plan_minibatches
+    from tgc_rl.models import model_dir
 
     torch.set_num_threads(threads)
     shape = argparse.Namespace(

@@ -13,9 +13,9 @@ import statistics
 import threading
 import time
 
-from services.config import TaskSpec
-from services.reward import RewardPool
-from services.tasks import Score, TaskItem, load_task
+from tgc_rl.config import TaskSpec
+from tgc_rl.reward import RewardPool
+from tgc_rl.tasks import Score, TaskItem, load_task
 
 # Math answers in the forms a model writes them, half right, half wrong.
 _MATH = [
@@ -48,7 +48,7 @@ def code_batch(n: int) -> tuple[list[TaskItem], list[str]]:
 
 def serial(task_name: str, params: dict, items: list[TaskItem], responses: list[str]) -> float:
     """The alternative: one process verifying one sample after another (math-verify / sandbox in-process)."""
-    from services.reward.verifier import Verifier
+    from tgc_rl.reward.verifier import Verifier
 
     verifier = Verifier(task_name, params, 0)
     verifier.warm_up()

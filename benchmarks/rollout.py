@@ -33,11 +33,11 @@ def main() -> None:
     import ray
     import torch
 
-    from services.config import JobSpec
-    from services.models import load_tokenizer, model_dir
-    from services.rollout import RolloutPool, RolloutSpec, sample_seed
-    from services.rollout.vllm_engine import engine_args, in_process_llm, sampling_params
-    from services.tasks.arithmetic import ArithmeticTask
+    from tgc_rl.config import JobSpec
+    from tgc_rl.models import load_tokenizer, model_dir
+    from tgc_rl.rollout import RolloutPool, RolloutSpec, sample_seed
+    from tgc_rl.rollout.vllm_engine import engine_args, in_process_llm, sampling_params
+    from tgc_rl.tasks.arithmetic import ArithmeticTask
 
     spec = JobSpec.parse(
         {

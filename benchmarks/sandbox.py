@@ -16,7 +16,7 @@ import subprocess
 import time
 import warnings
 
-from services.sandbox import Sandbox
+from tgc_rl.sandbox import Sandbox
 
 PROGRAM = "print('ok')"
 

@@ -14,8 +14,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from services.config import JobSpec
-from services.trainer.main import run
+from tgc_rl.config import JobSpec
+from tgc_rl.trainer.main import run
 
 PHASES = ["timing/generate_s", "timing/reward_s", "timing/train_s", "timing/sync_s"]
 

@@ -208,7 +208,7 @@ def ensure_trl_venv() -> Path:
 
 
 def job_spec(cfg: Config, args):
-    from services.config import JobSpec
+    from tgc_rl.config import JobSpec
 
     data = JobSpec.from_yaml(ROOT / "examples" / "default.yaml").model_dump()
     data["name"] = "bench-vs-trl"
@@ -232,8 +232,8 @@ def system_prompt(words: int) -> str:
 
 def step_items(spec, n_steps: int) -> list[list]:
     """The task items of each step, in the order the job takes them (its prompt stream from position 0)."""
-    from services.tasks import load_task
-    from services.tasks.grants import job_grants
+    from tgc_rl.tasks import load_task
+    from tgc_rl.tasks.grants import job_grants
 
     task = load_task(spec.task.name, spec.task.params, spec.seed, job_grants())
     k = spec.prompts_per_step
@@ -241,9 +241,9 @@ def step_items(spec, n_steps: int) -> list[list]:
 
 
 def run_ours(spec, items: list[list]) -> list[Step]:
-    from services.models import load_tokenizer
-    from services.trainer.data import encode_item
-    from services.trainer.main import run
+    from tgc_rl.models import load_tokenizer
+    from tgc_rl.trainer.data import encode_item
+    from tgc_rl.trainer.main import run
 
     tok = load_tokenizer(spec.model)
     prompt_tokens = [sum(len(encode_item(tok, spec.model, it)) for it in step) for step in items]
@@ -265,8 +265,8 @@ def run_trl(
 ) -> tuple[list[Step], list[float]]:
     """TRL's steps, and its CPU seconds a step (all threads; against `threads` x wall: how much CPU it got);
     `env` is added to TRL's environment."""
-    from services.config import resolve_dtype
-    from services.models import model_dir
+    from tgc_rl.config import resolve_dtype
+    from tgc_rl.models import model_dir
 
     flat = [it for step in items for it in step]
     with tempfile.TemporaryDirectory() as d:
@@ -301,7 +301,7 @@ def run_trl(
 def report(
     name: str, spec, args, trl: list[Step], ours: list[Step], loads: list[float], seconds: float
 ) -> dict:
-    from services.config import resolve_dtype
+    from tgc_rl.config import resolve_dtype
 
     s_trl, s_ours = summarise(trl, args.warmup), summarise(ours, args.warmup)
     r = ratios(s_ours, s_trl)
@@ -360,7 +360,7 @@ def main() -> None:
     p.add_argument(
         "--trl-heap",
         action="store_true",
-        help="give TRL the allocator setting tgc-rl's actors run with (services.trainer.main.ALLOCATOR_ENV); "
+        help="give TRL the allocator setting tgc-rl's actors run with (tgc_rl.trainer.main.ALLOCATOR_ENV); "
         "no baseline check",
     )
     args = p.parse_args()
@@ -370,7 +370,7 @@ def main() -> None:
     items = step_items(spec, args.warmup + args.steps)
     t0, loads = time.time(), [os.getloadavg()[0]]
     trl_mb = args.trl_micro_batch or spec.optim.micro_batch_size
-    from services.trainer.main import ALLOCATOR_ENV
+    from tgc_rl.trainer.main import ALLOCATOR_ENV
 
     trl_env = ALLOCATOR_ENV if args.trl_heap else {}
     trl, trl_cpu = run_trl(py, spec, items, cfg, args.threads, trl_mb, trl_env)

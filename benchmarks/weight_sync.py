@@ -11,7 +11,7 @@ For each model, one run measures side by side:
   publish   the learner-side cost of flattening the state dict and ray.put-ting it (once per step)
   dict      the same sync when the learner puts a plain dict of tensors (pickled tensor by tensor)
   bcast     the same weights through vLLM's native weight-transfer protocol over a gloo broadcast (the CPU
-            stand-in of the GPU NCCL path, see services/weight_sync/gloo.py)
+            stand-in of the GPU NCCL path, see tgc_rl/weight_sync/gloo.py)
 Target: sync within 2x of copy.
 
     .venv/bin/python benchmarks/weight_sync.py [--repeats 5] [--sizes smollm2-135m,random-300m]
@@ -78,11 +78,11 @@ def measure(name: str, model: dict, args) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from services.config import JobSpec
-    from services.models import model_dir
-    from services.rollout import RolloutPool
-    from services.weight_sync.flat import FlatWeights, publish_weights
-    from services.weight_sync.gloo import GlooSender
+    from tgc_rl.config import JobSpec
+    from tgc_rl.models import model_dir
+    from tgc_rl.rollout import RolloutPool
+    from tgc_rl.weight_sync.flat import FlatWeights, publish_weights
+    from tgc_rl.weight_sync.gloo import GlooSender
 
     spec = JobSpec.parse(
         {

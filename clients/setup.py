@@ -1,6 +1,6 @@
 """Build of tgc-rl-client: the modules pyproject.toml's [tool.tgc-client] names, taken from the repository root.
 
-setuptools ships every module of a package it includes; `services` also holds the trainer's and the server's
+setuptools ships every module of a package it includes; `tgc_rl` also holds the trainer's and the server's
 modules, so the build keeps only the named ones (and fails when one is missing rather than ship a partial client).
 """
 

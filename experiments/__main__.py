@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "sweep":
         from experiments import sweep
-        from services.sdk import Client
+        from tgc_rl.sdk import Client
 
         manifest = args.manifest or sweep.DEFAULT_MANIFEST
         with Client(args.url, args.token) as client:

@@ -60,8 +60,8 @@ def spec_for(objective: str, seed: int, mask: str | None, steps: int) -> dict[st
 def run_one(objective: str, seed: int, mask: str | None, steps: int) -> Path:
     import ray
 
-    from services.config import JobSpec
-    from services.trainer.main import run as train
+    from tgc_rl.config import JobSpec
+    from tgc_rl.trainer.main import run as train
 
     spec = spec_for(objective, seed, mask, steps)
     code = code_version()
@@ -99,7 +99,7 @@ def code_version() -> dict[str, Any]:
         done = subprocess.run(["git", *args], cwd=HERE.parent, capture_output=True, text=True, check=False)
         return done.stdout
 
-    changed = [ln[3:] for ln in git("status", "--porcelain", "--", "rlcore", "services").splitlines()]
+    changed = [ln[3:] for ln in git("status", "--porcelain", "--", "rlcore", "tgc_rl").splitlines()]
     return {"commit": git("rev-parse", "HEAD").strip(), "uncommitted": changed}
 
 

@@ -3,7 +3,7 @@
     python -m experiments sweep submit --size full      # prints and saves the manifest
     python -m experiments sweep collect                 # waits, fetches metrics, writes results + report
 
-Submission goes through the Python SDK (`services.sdk.Client`, REST only), so the sweep runs wherever the
+Submission goes through the Python SDK (`tgc_rl.sdk.Client`, REST only), so the sweep runs wherever the
 control plane sends jobs (a local Ray cluster or KubeRay). The manifest (job ids per run) is a JSON file;
 collection reads each job's per-step metrics back from the control plane and reduces them exactly like a
 local run's metrics.jsonl (`trainer_study.summarise_metrics`).

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from experiments.paths import CACHE, RESULTS
-from services.trainer.metrics import read_metrics
+from tgc_rl.trainer.metrics import read_metrics
 
 OBJECTIVES = ("grpo", "grpo_ar", "dr_grpo", "dfpo_min", "cp_grpo", "ibpo_cp")
 # Arms dropped after a run showed them to be another arm's run exactly, with that arm: one on-policy epoch makes
@@ -424,9 +424,9 @@ def run_one(
 ) -> dict[str, Any] | None:
     """Train (or resume) one run, probe its checkpoints, return its summary (None: the run failed; a
     cancelled run exits the study)."""
-    from services.config import JobSpec
-    from services.trainer.checkpoints import Checkpoints
-    from services.trainer.main import run as train
+    from tgc_rl.config import JobSpec
+    from tgc_rl.trainer.checkpoints import Checkpoints
+    from tgc_rl.trainer.main import run as train
 
     run_dir = Path(cache) / "testbed4" / spec_dict["name"]
     spec = JobSpec.parse(spec_dict)
@@ -469,16 +469,16 @@ def run_one(
 
 
 def base_model_path() -> Path:
-    from services.config import ModelSpec
-    from services.models import model_dir
+    from tgc_rl.config import ModelSpec
+    from tgc_rl.models import model_dir
 
     return model_dir(ModelSpec.model_validate(PLAN["model"]))
 
 
 def make_prober(**sizes: Any) -> Prober:
     """The study's prober (`sizes`: smaller probe sets, for tests)."""
-    from services.config import ModelSpec
-    from services.models import load_tokenizer
+    from tgc_rl.config import ModelSpec
+    from tgc_rl.models import load_tokenizer
 
     tok = load_tokenizer(ModelSpec.model_validate(PLAN["model"]))
     heldout = [json.loads(x) for x in write_data()[1].read_text().splitlines()]

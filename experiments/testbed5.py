@@ -38,7 +38,7 @@ import numpy as np
 from experiments import testbed4
 from experiments.paths import CACHE, RESULTS
 from experiments.testbed4 import Prober, as_float, base_model_path, format_metrics
-from services.trainer.metrics import read_metrics
+from tgc_rl.trainer.metrics import read_metrics
 
 OBJECTIVES = ("grpo", "cp_grpo")
 SEEDS = (0, 1, 2, 3, 4, 5)
@@ -577,8 +577,8 @@ def summarise_run(
 
 
 def _train(spec_dict: dict[str, Any], run_dir: Path, resume: str | Path | None) -> str:
-    from services.config import JobSpec
-    from services.trainer.main import run as train
+    from tgc_rl.config import JobSpec
+    from tgc_rl.trainer.main import run as train
 
     state = train(JobSpec.parse(spec_dict), run_dir, resume=resume, progress=False)
     if state == "cancelled":  # Ctrl-C or SIGTERM stops the study or the pilot, not only this job
@@ -600,8 +600,8 @@ def run_one(
 ) -> dict[str, Any] | None:
     """Train (or resume) one run, evaluate its final checkpoint on every held-out row, probe the named
     steps' checkpoints; its summary, or None when the run failed (checkpoints kept for a resume)."""
-    from services.run_layout import checkpoint_name
-    from services.trainer.checkpoints import Checkpoints
+    from tgc_rl.run_layout import checkpoint_name
+    from tgc_rl.trainer.checkpoints import Checkpoints
 
     name, steps = spec_dict["name"], spec_dict["steps"]
     run_dir = Path(cache) / "testbed5" / name
@@ -668,8 +668,8 @@ def opening_share(samples: Sequence[dict[str, Any]], tokenizer) -> float:
 
 def make_prober(files: DataFiles | None = None) -> Prober:
     """Testbed 4's prober on testbed 5's held-out rows (its phrasings need the plain sum as `answer`)."""
-    from services.config import ModelSpec
-    from services.models import load_tokenizer
+    from tgc_rl.config import ModelSpec
+    from tgc_rl.models import load_tokenizer
 
     files = files or write_data()
     rows = [{**r, "answer": str(r["sum"])} for r in read_rows(files.heldout)]
@@ -763,7 +763,7 @@ def cut_samples(
     """The pilot's responses as they would be at `cap` (sampling at cap c gives the same first c tokens),
     re-scored by the rows' own verifier: a response longer than the cap keeps its first `cap` tokens
     (re-tokenised from its text) and is marked cut."""
-    from services.tasks.dataset import score_row
+    from tgc_rl.tasks.dataset import score_row
 
     out = []
     for s in samples:
@@ -777,8 +777,8 @@ def cut_samples(
 
 def dataset_items(path: Path) -> dict[str, Any]:
     """The rows of a study file as the dataset task loads them (the verifier the trainer uses), by row id."""
-    from services.tasks.dataset import DatasetTask
-    from services.tasks.params import DatasetParams
+    from tgc_rl.tasks.dataset import DatasetTask
+    from tgc_rl.tasks.params import DatasetParams
 
     task = DatasetTask(role="all", params=DatasetParams(path=str(path), id_column="id"))
     return {item.meta["row"]: item for item in (task.eval_item(i) for i in range(len(task)))}
@@ -819,8 +819,8 @@ def _cached(run_dir: Path, inputs: str) -> bool:
 
 
 def _pilot_cap(ctx: _PilotContext) -> CapDecision:
-    from services.config import ModelSpec
-    from services.models import load_tokenizer
+    from tgc_rl.config import ModelSpec
+    from tgc_rl.models import load_tokenizer
 
     spec = pilot_sampling_spec(ctx.files)
     run_dir = ctx.cache / "testbed5" / spec["name"]

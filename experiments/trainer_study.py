@@ -1,7 +1,7 @@
 """Testbed 3: SmolLM2-135M-Instruct through the project's real trainer (Ray, vLLM CPU, FSDP2 over gloo).
 
 The study is a list of job specs (one per objective x task x seed). They run either here, one after the
-other through `services.trainer.main.run` (`python -m experiments trainer`), or through the control plane
+other through `tgc_rl.trainer.main.run` (`python -m experiments trainer`), or through the control plane
 as a sweep of jobs (`experiments.sweep`). Either way each run's per-step metrics (the trainer's
 metrics.jsonl, or the same points from the control plane) are reduced by `summarise_metrics` to the
 compact results format the report reads.
@@ -21,7 +21,7 @@ import numpy as np
 from experiments.paths import CACHE
 from experiments.stats import summarize
 from experiments.studies import OBJECTIVES, Condition
-from services.trainer.metrics import read_metrics
+from tgc_rl.trainer.metrics import read_metrics
 
 TASKS = {
     # 1-digit addition: SmolLM2-135M-Instruct samples ~0.46 correct at T=0.7, 11/12 groups mixed
@@ -315,8 +315,8 @@ def run_local(
     """
     import ray
 
-    from services.config import JobSpec
-    from services.trainer.main import run as train
+    from tgc_rl.config import JobSpec
+    from tgc_rl.trainer.main import run as train
 
     plan = study_plan(size)
     run_root = Path(cache) / "trainer_runs" / plan["name"]

@@ -132,10 +132,10 @@ cp "$LOCK" "$WH/requirements.lock"
 rm -rf "$CTX/src" && mkdir -p "$CTX/src"
 if git rev-parse --git-dir >/dev/null 2>&1; then
   # Tracked and new files, not ignored ones (caches, venvs); a tracked file deleted here is skipped.
-  git ls-files -z -co --exclude-standard -- pyproject.toml README.md rlcore services \
+  git ls-files -z -co --exclude-standard -- pyproject.toml README.md rlcore tgc_rl \
     | tar --null --ignore-failed-read -T - -cf - 2>/dev/null | tar -xf - -C "$CTX/src"
 else
-  cp -r pyproject.toml README.md rlcore services "$CTX/src/"
+  cp -r pyproject.toml README.md rlcore tgc_rl "$CTX/src/"
 fi
 cp docker/Dockerfile "$CTX/Dockerfile"
 

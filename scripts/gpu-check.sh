@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The project's environment where it exists (developer machines, CI), else the machine's python3 (a lent GPU
-# machine: its own torch and transformers; rlcore and services travel as source). PYTHON overrides both.
+# machine: its own torch and transformers; rlcore and tgc_rl travel as source). PYTHON overrides both.
 if [[ -n "${PYTHON:-}" ]]; then
     py=$PYTHON
 elif [[ -x .venv/bin/python ]]; then

@@ -1,11 +1,11 @@
-"""Synthetic rollout batches with the layout the trainer builds (services.batch.collate)."""
+"""Synthetic rollout batches with the layout the trainer builds (tgc_rl.batch.collate)."""
 
 from __future__ import annotations
 
 import torch
 
 import rlcore
-from services.batch import Completion, TrainBatch, collate
+from tgc_rl.batch import Completion, TrainBatch, collate
 
 
 def build_batch(

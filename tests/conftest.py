@@ -71,8 +71,8 @@ def ray_cluster():
 @pytest.fixture(scope="module")
 def api_server(tmp_path_factory):
     """A control plane without Ray for the module (tests/servers.py): jobs stay queued, the rest is real."""
-    from services.control.local import LocalControlPlane
     from tests.servers import ApiServer
+    from tgc_rl.control.local import LocalControlPlane
 
     # One token per tenant serves a whole module's tests, some of them in bursts of hundreds: the request
     # rate and queued-job limits are off here (tests/control/test_limits.py tests them on servers of its own).

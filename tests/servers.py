@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.control.local import LocalControlPlane
+from tgc_rl.control.local import LocalControlPlane
 
 
 @dataclass
@@ -31,9 +31,9 @@ def auth(token: str) -> dict[str, str]:
 def arm(api_server: ApiServer, job_id: str, run_dir: Path) -> str:
     """Do what the scheduler does at submission on a server without Ray: mark the job starting with `run_dir`
     and mint its reporting token (returned: what a trainer's Reporter sends)."""
-    from services.control import tokens
-    from services.control.db import make_engine
-    from services.control.store import JobStore
+    from tgc_rl.control import tokens
+    from tgc_rl.control.db import make_engine
+    from tgc_rl.control.store import JobStore
 
     engine = make_engine(f"sqlite:///{(api_server.cp.data_dir / 'tgc.db').resolve()}")
     try:
@@ -49,7 +49,7 @@ def arm(api_server: ApiServer, job_id: str, run_dir: Path) -> str:
 @contextmanager
 def control_plane_with_ray(data_dir: Path, *args: str) -> Iterator[LocalControlPlane]:
     """A started control plane that runs jobs on its managed local Ray head; both are stopped on exit."""
-    from services.control.ray_cluster import LocalRayCluster
+    from tgc_rl.control.ray_cluster import LocalRayCluster
 
     cp = LocalControlPlane(data_dir, ray_address="local", args=("--poll-interval", "0.5", *args))
     cp.start()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from services.config import JobSpec
+from tgc_rl.config import JobSpec
 
 
 def job_spec(base: dict[str, Any], **changes: Any) -> JobSpec:

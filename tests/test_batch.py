@@ -1,9 +1,9 @@
-"""services.batch: a step's samples are collated without advantages; attaching them checks the batch once."""
+"""tgc_rl.batch: a step's samples are collated without advantages; attaching them checks the batch once."""
 
 import pytest
 import torch
 
-from services.batch import Completion, SampledBatch, TrainBatch, collate, validate_batch
+from tgc_rl.batch import Completion, SampledBatch, TrainBatch, collate, validate_batch
 
 
 def _sampled() -> SampledBatch:

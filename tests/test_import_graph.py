@@ -1,5 +1,5 @@
-"""The import graph: layers point one way. No two packages (rlcore, each services/<package>, each top-level
-services module) import each other, and inside a package no two modules do, directly or around a loop.
+"""The import graph: layers point one way. No two packages (rlcore, each tgc_rl/<package>, each top-level
+tgc_rl module) import each other, and inside a package no two modules do, directly or around a loop.
 Imports inside functions count too; imports for type checking only (`if TYPE_CHECKING:`) count between
 packages but not between the modules of one package (a handle may name its client's type)."""
 
@@ -11,19 +11,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _node(module: str) -> str | None:
-    """The package a dotted module name belongs to: rlcore, services.<package> or services.<module>."""
+    """The package a dotted module name belongs to: rlcore, tgc_rl.<package> or tgc_rl.<module>."""
     parts = module.split(".")
     if parts[0] == "rlcore":
         return "rlcore"
-    if parts[0] == "services" and len(parts) > 1:
-        return f"services.{parts[1]}"
+    if parts[0] == "tgc_rl" and len(parts) > 1:
+        return f"tgc_rl.{parts[1]}"
     return None
 
 
 def _sources() -> dict[str, Path]:
-    """Every module of rlcore and services by dotted name (a package by its `__init__`)."""
+    """Every module of rlcore and tgc_rl by dotted name (a package by its `__init__`)."""
     out = {}
-    for path in [*ROOT.glob("rlcore/**/*.py"), *ROOT.glob("services/**/*.py")]:
+    for path in [*ROOT.glob("rlcore/**/*.py"), *ROOT.glob("tgc_rl/**/*.py")]:
         parts = path.relative_to(ROOT).with_suffix("").parts
         out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return out
@@ -111,7 +111,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_two_packages_import_each_other():
     graph = _graph()
-    assert "services.learner" in graph and "rlcore" in graph["services.learner"]  # the walk sees imports
+    assert "tgc_rl.learner" in graph and "rlcore" in graph["tgc_rl.learner"]  # the walk sees imports
     assert _cycles(graph) == []
 
 
@@ -121,8 +121,8 @@ def test_rlcore_imports_no_service():
 
 def test_no_two_modules_of_a_package_import_each_other():
     graph = _module_graph()
-    assert "services.tasks.base" in graph["services.tasks.registry"]  # the walk sees imports
-    assert "services.rollout.vllm_engine" in graph["services.rollout.actor"]  # inside functions too
+    assert "tgc_rl.tasks.base" in graph["tgc_rl.tasks.registry"]  # the walk sees imports
+    assert "tgc_rl.rollout.vllm_engine" in graph["tgc_rl.rollout.actor"]  # inside functions too
     assert _cycles(graph) == []
 
 
@@ -139,17 +139,15 @@ def test_the_client_modules_import_only_each_other():
     """The client (SDK, wire layer, CLI) runs without the server and the trainer: its modules import only each
     other; the CLI's local commands import the rest inside their functions (never at module level)."""
     client, modules = _client_modules(), _sources()
-    assert {"services.sdk", "services.wire", "services.cli"} <= client.keys()
+    assert {"tgc_rl.sdk", "tgc_rl.wire", "tgc_rl.cli"} <= client.keys()
     outside = {}
     for name, path in client.items():
-        if name == "services.cli":
+        if name == "tgc_rl.cli":
             tree = ast.parse(path.read_text())
             top = ast.Module(body=[n for n in tree.body if not isinstance(n, ast.FunctionDef | ast.ClassDef)],
                              type_ignores=[])  # fmt: skip
             found = _imports_of(top, modules)
-            assert "services.trainer.main" in _imports(
-                path, modules, type_checking=True
-            )  # the walk sees them
+            assert "tgc_rl.trainer.main" in _imports(path, modules, type_checking=True)  # the walk sees them
         else:
             found = _imports(path, modules, type_checking=True)
         if found - client.keys():

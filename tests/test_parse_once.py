@@ -14,24 +14,24 @@ import re
 import pytest
 
 import rlcore
-from services.config import CUSTOM_KIND, GYM_KIND, TASK_MODELS, JobSpec, SpecError, TaskSpec, task_kind
-from services.learner import LearnerSpec
-from services.tasks.params import (
+from tests.learner.conftest import TINY_MODEL, build_spec
+from tgc_rl.config import CUSTOM_KIND, GYM_KIND, TASK_MODELS, JobSpec, SpecError, TaskSpec, task_kind
+from tgc_rl.learner import LearnerSpec
+from tgc_rl.tasks.params import (
     ArithmeticParams,
     CodeParams,
     DatasetParams,
     HumanEvalParams,
     ReasoningGymParams,
 )
-from services.tasks.registry import BUILTIN_TASKS
-from tests.learner.conftest import TINY_MODEL, build_spec
+from tgc_rl.tasks.registry import BUILTIN_TASKS
 
 
 def _no_resolving(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*_args, **_kwargs):
         raise AssertionError("the objective's overrides were resolved again after the spec was parsed")
 
-    for module in ("rlcore", "rlcore.presets", "rlcore.objective", "services.config"):
+    for module in ("rlcore", "rlcore.presets", "rlcore.objective", "tgc_rl.config"):
         monkeypatch.setattr(f"{module}.resolve", refuse)
 
 
@@ -68,9 +68,9 @@ def test_the_objective_says_what_it_needs(name, overrides, reference, entropies,
 
 
 def test_the_learner_builds_what_the_objective_needs_from_the_resolved_config(monkeypatch, tmp_path):
-    from services.config import ModelSpec
-    from services.learner import Learner
-    from services.models import model_dir
+    from tgc_rl.config import ModelSpec
+    from tgc_rl.learner import Learner
+    from tgc_rl.models import model_dir
 
     model = model_dir(ModelSpec(**TINY_MODEL), seed=0)
     spec = LearnerSpec.of(
@@ -91,10 +91,10 @@ def _no_task_parsing(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("task.params were parsed again after the spec was parsed")
 
     for target in (
-        "services.tasks.registry.parse_params",
-        "services.tasks.registry.validate_params",
-        "services.tasks.params.validate_params",
-        "services.config.validate_params",
+        "tgc_rl.tasks.registry.parse_params",
+        "tgc_rl.tasks.registry.validate_params",
+        "tgc_rl.tasks.params.validate_params",
+        "tgc_rl.config.validate_params",
     ):
         monkeypatch.setattr(target, refuse)
 
@@ -138,7 +138,7 @@ def test_the_spec_as_written_is_kept_and_errors_name_task_params():
 
 
 def test_tgc_schema_shows_each_tasks_params_inline(capsys):
-    from services.cli import main
+    from tgc_rl.cli import main
 
     assert main(["schema"]) == 0
     schema = json.loads(capsys.readouterr().out)
@@ -160,11 +160,11 @@ def test_tgc_schema_shows_each_tasks_params_inline(capsys):
 
 
 def test_the_prompt_source_and_a_reward_worker_use_the_typed_params(monkeypatch):
-    from services.models import load_tokenizer
-    from services.reward import wire
-    from services.reward.pool import worker_init
-    from services.reward.worker import _verifier
-    from services.trainer.data import PromptSource
+    from tgc_rl.models import load_tokenizer
+    from tgc_rl.reward import wire
+    from tgc_rl.reward.pool import worker_init
+    from tgc_rl.reward.worker import _verifier
+    from tgc_rl.trainer.data import PromptSource
 
     spec = JobSpec.parse({"task": {"name": "arithmetic", "params": {"max_operand": 3, "ops": ["*"]}}})
     tokenizer = load_tokenizer(spec.model)
@@ -179,8 +179,8 @@ def test_the_prompt_source_and_a_reward_worker_use_the_typed_params(monkeypatch)
 
 
 def test_evaluation_and_the_policy_read_a_dataset_tasks_typed_params(monkeypatch, tmp_path):
-    from services.control.policy import dataset_references
-    from services.trainer.evaluation import eval_task
+    from tgc_rl.control.policy import dataset_references
+    from tgc_rl.trainer.evaluation import eval_task
 
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(f'{{"prompt": "{i}+1?", "answer": "{i + 1}"}}\n' for i in range(6)))

@@ -1,4 +1,4 @@
-"""The run contract (services/run_layout.py): the trainer writes the events the control plane reads back, as
+"""The run contract (tgc_rl/run_layout.py): the trainer writes the events the control plane reads back, as
 the same typed objects; lines it cannot read never stop it; one list of headline metrics feeds the console,
 the summary, curves.png and the CLI."""
 
@@ -7,10 +7,10 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from services.cli import _metrics_text
-from services.config import JobSpec
-from services.control import progress
-from services.run_layout import (
+from tgc_rl.cli import _metrics_text
+from tgc_rl.config import JobSpec
+from tgc_rl.control import progress
+from tgc_rl.run_layout import (
     CURVE_PANELS,
     EVENTS_FILE,
     HEADLINE_METRICS,
@@ -22,9 +22,9 @@ from services.run_layout import (
     StateEvent,
     StepEvent,
 )
-from services.trainer.main import summary
-from services.trainer.metrics import step_line
-from services.trainer.reporting import Reporter
+from tgc_rl.trainer.main import summary
+from tgc_rl.trainer.metrics import step_line
+from tgc_rl.trainer.reporting import Reporter
 
 
 def test_what_the_trainer_writes_the_control_plane_reads_as_the_same_events(tmp_path):

@@ -120,7 +120,7 @@ def test_parts_that_cannot_import_are_skipped_and_named(tmp_path, absent, expect
 
 def test_the_learner_settings_are_a_valid_optim_spec():
     """The check builds the learner's optimizer section without pydantic; it must stay an OptimSpec."""
-    from services.config import OptimSpec
+    from tgc_rl.config import OptimSpec
 
     settings = gpu_check.OptimSettings(micro_batch_size=8, logprob_chunk_tokens=1024)
     assert {f.name for f in dataclasses.fields(settings)} == set(OptimSpec.model_fields)
@@ -128,7 +128,7 @@ def test_the_learner_settings_are_a_valid_optim_spec():
 
 
 def test_the_end_to_end_job_is_a_valid_spec(tmp_path):
-    from services.config import JobSpec
+    from tgc_rl.config import JobSpec
 
     spec = JobSpec.parse(gpu_check.e2e_spec(tmp_path, tiny=False))
     assert spec.resources.weight_sync == "broadcast" and spec.resources.rollout_engine == "vllm"

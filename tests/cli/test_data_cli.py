@@ -2,8 +2,8 @@
 
 import pytest
 
-from services.cli import main
-from services.tasks.dataset import DatasetTask
+from tgc_rl.cli import main
+from tgc_rl.tasks.dataset import DatasetTask
 
 
 def test_data_export_writes_jsonl_and_parquet_that_load_back(tmp_path, capsys):
@@ -40,7 +40,7 @@ def test_eval_needs_an_eval_section(tmp_path, capsys):
 
 @pytest.mark.parametrize("flag", ["--checkpoint", "--run-dir"])
 def test_eval_remote_refuses_the_local_only_flags_before_it_submits(tmp_path, capsys, monkeypatch, flag):
-    import services.cli as cli
+    import tgc_rl.cli as cli
 
     spec = tmp_path / "job.yaml"
     spec.write_text(f"name: x\neval: {{dataset: {{path: {tmp_path / 'rows.jsonl'}}}}}\n")

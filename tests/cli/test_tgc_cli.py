@@ -14,11 +14,11 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
-from services.cli import main
-from services.control.db import make_engine
-from services.control.local import free_port
-from services.control.tokens import TokenStore
 from tests.servers import control_plane_with_ray
+from tgc_rl.cli import main
+from tgc_rl.control.db import make_engine
+from tgc_rl.control.local import free_port
+from tgc_rl.control.tokens import TokenStore
 
 TINY = {
     "name": "cli-tiny",
@@ -141,7 +141,7 @@ def test_status_of_an_unknown_job_exits_1(capsys, api):
 def test_unreachable_server_exits_3(capsys, monkeypatch, spec_file):
     monkeypatch.setenv("TGC_URL", f"http://127.0.0.1:{free_port()}")
     monkeypatch.setenv("TGC_TOKEN", "tgc_x")
-    from services.sdk import client as sdk_client
+    from tgc_rl.sdk import client as sdk_client
 
     monkeypatch.setattr(
         sdk_client.Client, "_sleep_before_retry", lambda *a, **k: None
@@ -182,8 +182,8 @@ def ray_plane(tmp_path_factory):
 
 @pytest.mark.slow
 def test_logs_follow_prints_a_running_jobs_lines_until_it_ends(ray_plane):
-    from services.control.store import JobStore
-    from services.sdk import Client
+    from tgc_rl.control.store import JobStore
+    from tgc_rl.sdk import Client
 
     cp = ray_plane
     proc = None

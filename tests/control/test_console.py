@@ -10,18 +10,18 @@ import re
 import httpx
 import pytest
 
-from services.batch import Completion
-from services.config import TracesSpec
-from services.control.console import SECURITY_HEADERS
-from services.run_layout import CURVE_PANELS, D7_ENTROPY_MEAN, REWARD_MEAN, JobState
-from services.tasks import Score, TaskItem
-from services.trainer.data import Prompt
-from services.trainer.loop import Group
-from services.trainer.reporting import Reporter
-from services.trainer.traces import TraceWriter
 from tests.browser import CHROMIUM, Browser, log_in_to_console
 from tests.proc_helpers import wait_for
 from tests.servers import arm, auth
+from tgc_rl.batch import Completion
+from tgc_rl.config import TracesSpec
+from tgc_rl.control.console import SECURITY_HEADERS
+from tgc_rl.run_layout import CURVE_PANELS, D7_ENTROPY_MEAN, REWARD_MEAN, JobState
+from tgc_rl.tasks import Score, TaskItem
+from tgc_rl.trainer.data import Prompt
+from tgc_rl.trainer.loop import Group
+from tgc_rl.trainer.reporting import Reporter
+from tgc_rl.trainer.traces import TraceWriter
 
 SPEC = {"name": "watched", "steps": 10, "group_size": 2, "prompts_per_step": 2}
 HOSTILE = '<img src=x onerror="window.pwned=1"><script>window.pwned=2</script>'

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.sdk import Client, Invalid, NotFound, TooLarge
-from services.tasks.export import export_rows, write_rows
+from tgc_rl.sdk import Client, Invalid, NotFound, TooLarge
+from tgc_rl.tasks.export import export_rows, write_rows
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-from services.control.states import ACTIVE, RESUMABLE, TERMINAL, JobState, can_transition, sources_of
+from tgc_rl.control.states import ACTIVE, RESUMABLE, TERMINAL, JobState, can_transition, sources_of
 
 
 def test_lifecycle_runs_queued_starting_running_then_a_terminal_state():

@@ -4,10 +4,10 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from services.control.db import make_engine
-from services.control.migrations import migrate
-from services.control.states import JobState
-from services.control.store import IdempotencyConflict, InvalidTransition, JobStore, QueueFull
+from tgc_rl.control.db import make_engine
+from tgc_rl.control.migrations import migrate
+from tgc_rl.control.states import JobState
+from tgc_rl.control.store import IdempotencyConflict, InvalidTransition, JobStore, QueueFull
 
 
 @pytest.fixture
@@ -186,7 +186,7 @@ def _ended(store: JobStore, tenant: str = "acme") -> str:
 
 
 def _rows(store: JobStore, job_id: str) -> int:
-    from services.control import db
+    from tgc_rl.control import db
 
     with store.read() as conn:
         return sum(

@@ -16,12 +16,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.control.db import make_engine
-from services.control.limits import RateLimiter, StreamSlots
-from services.control.local import LocalControlPlane
-from services.control.tokens import TokenStore
-from services.sdk import Client
 from tests.servers import auth
+from tgc_rl.control.db import make_engine
+from tgc_rl.control.limits import RateLimiter, StreamSlots
+from tgc_rl.control.local import LocalControlPlane
+from tgc_rl.control.tokens import TokenStore
+from tgc_rl.sdk import Client
 
 TINY = {"name": "tiny", "steps": 3, "group_size": 2, "prompts_per_step": 2}
 METRICS_TOKEN = "metrics-token-0123456789abcdef"
@@ -270,7 +270,7 @@ def test_the_sdk_follows_a_job_across_stream_lifetimes(server, http):
 def test_tgc_submit_follow_follows_across_stream_lifetimes(server, tmp_path, capsys):
     import yaml
 
-    from services.cli import main
+    from tgc_rl.cli import main
 
     token = _token(server, "cli-follower")
 
@@ -292,8 +292,8 @@ def test_tgc_submit_follow_follows_across_stream_lifetimes(server, tmp_path, cap
 
 
 def test_a_trainers_event_type_cannot_add_fields_to_the_stream(server, http):
-    from services.control import tokens
-    from services.control.store import JobStore
+    from tgc_rl.control import tokens
+    from tgc_rl.control.store import JobStore
 
     token = _token(server, "forged")
     job_id = _submit(http, token).json()["id"]
@@ -386,9 +386,9 @@ def test_an_idle_keep_alive_connection_is_closed_after_the_setting(server):
 
 
 def test_run_dirs_outside_job_ids_are_never_removed(tmp_path: Path):
-    from services.control.scheduler import RetentionSweeper
-    from services.control.settings import ControlSettings
-    from services.control.store import JobStore
+    from tgc_rl.control.scheduler import RetentionSweeper
+    from tgc_rl.control.settings import ControlSettings
+    from tgc_rl.control.store import JobStore
 
     engine = make_engine(f"sqlite:///{tmp_path / 'tgc.db'}")
     sweeper = RetentionSweeper(JobStore(engine), ControlSettings(data_dir=tmp_path))

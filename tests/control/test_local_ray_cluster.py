@@ -6,7 +6,7 @@ import os
 import psutil
 import pytest
 
-from services.control.ray_cluster import LocalRayCluster
+from tgc_rl.control.ray_cluster import LocalRayCluster
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +53,7 @@ def test_a_head_whose_daemons_died_is_gone_and_its_leftovers_are_still_stopped(t
 
 
 def test_tgc_cluster_stop_ends_the_head_that_tgc_serve_leaves_running(tmp_path, capsys):
-    from services.cli import main
+    from tgc_rl.cli import main
 
     head = LocalRayCluster(tmp_path, num_cpus=1)
     try:

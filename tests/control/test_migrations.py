@@ -2,8 +2,8 @@ import threading
 
 import sqlalchemy as sa
 
-from services.control import db
-from services.control.migrations import MIGRATIONS, current_version, migrate
+from tgc_rl.control import db
+from tgc_rl.control.migrations import MIGRATIONS, current_version, migrate
 
 
 def _columns(engine: sa.Engine) -> dict[str, set[str]]:

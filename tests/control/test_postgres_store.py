@@ -19,12 +19,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.control import progress
-from services.control.db import make_engine
-from services.control.local import LocalControlPlane, free_port
-from services.control.migrations import MIGRATIONS, migrate
-from services.control.states import JobState
-from services.control.store import JobStore, QueueFull
+from tgc_rl.control import progress
+from tgc_rl.control.db import make_engine
+from tgc_rl.control.local import LocalControlPlane, free_port
+from tgc_rl.control.migrations import MIGRATIONS, migrate
+from tgc_rl.control.states import JobState
+from tgc_rl.control.store import JobStore, QueueFull
 
 BIN = sorted(glob.glob("/usr/lib/postgresql/*/bin"))
 pytestmark = [

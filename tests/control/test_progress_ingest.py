@@ -3,11 +3,11 @@ import time
 
 import pytest
 
-from services.control import progress
-from services.control.db import make_engine
-from services.control.migrations import migrate
-from services.control.states import JobState
-from services.control.store import JobStore
+from tgc_rl.control import progress
+from tgc_rl.control.db import make_engine
+from tgc_rl.control.migrations import migrate
+from tgc_rl.control.states import JobState
+from tgc_rl.control.store import JobStore
 
 
 @pytest.fixture

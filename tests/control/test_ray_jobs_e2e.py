@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from services.control.db import make_engine
-from services.control.local import LocalControlPlane
-from services.control.migrations import migrate
-from services.control.ray_cluster import LocalRayCluster
-from services.control.ray_jobs import RayJobs
-from services.sdk import Client
 from tests.proc_helpers import wait_for, wait_until
 from tests.servers import control_plane_with_ray
+from tgc_rl.control.db import make_engine
+from tgc_rl.control.local import LocalControlPlane
+from tgc_rl.control.migrations import migrate
+from tgc_rl.control.ray_cluster import LocalRayCluster
+from tgc_rl.control.ray_jobs import RayJobs
+from tgc_rl.sdk import Client
 
 pytestmark = pytest.mark.slow
 JOB_TIMEOUT = 600
@@ -159,7 +159,7 @@ def test_resume_runs_a_new_attempt_from_the_checkpoint(cancelled_job):
 
 
 def _resumable(job) -> bool:
-    from services.sdk import Conflict
+    from tgc_rl.sdk import Conflict
 
     try:
         job.resume()

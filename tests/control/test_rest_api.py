@@ -8,8 +8,8 @@ from pathlib import Path
 
 import httpx
 
-from services.trainer.reporting import Reporter
 from tests.servers import arm, auth
+from tgc_rl.trainer.reporting import Reporter
 
 TINY = {"name": "tiny", "steps": 3, "group_size": 2, "prompts_per_step": 2}
 

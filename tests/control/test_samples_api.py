@@ -9,15 +9,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.batch import Completion
-from services.cli import main
-from services.config import TracesSpec
-from services.sdk import Client, NotFound, TraceRecord
-from services.tasks import Score, TaskItem
-from services.trainer.data import Prompt
-from services.trainer.loop import Group
-from services.trainer.traces import TRACES_DIR, TraceWriter, trace_files
 from tests.servers import arm, auth
+from tgc_rl.batch import Completion
+from tgc_rl.cli import main
+from tgc_rl.config import TracesSpec
+from tgc_rl.sdk import Client, NotFound, TraceRecord
+from tgc_rl.tasks import Score, TaskItem
+from tgc_rl.trainer.data import Prompt
+from tgc_rl.trainer.loop import Group
+from tgc_rl.trainer.traces import TRACES_DIR, TraceWriter, trace_files
 
 SPEC = {"name": "traced", "steps": 3, "group_size": 4, "prompts_per_step": 3}
 STEPS = 3

@@ -4,10 +4,10 @@ import dataclasses
 
 import pytest
 
-from services.control.scheduler import Scheduler, SchedulerInvariantError
-from services.control.settings import ControlSettings
-from services.control.states import JobState
-from services.control.store import JobRow
+from tgc_rl.control.scheduler import Scheduler, SchedulerInvariantError
+from tgc_rl.control.settings import ControlSettings
+from tgc_rl.control.states import JobState
+from tgc_rl.control.store import JobRow
 
 
 def _scheduler(tmp_path) -> Scheduler:

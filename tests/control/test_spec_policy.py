@@ -1,8 +1,8 @@
 import pytest
 
-from services.config import JobSpec, SpecError
-from services.control.policy import PolicyError, check_spec
-from services.control.settings import ControlSettings
+from tgc_rl.config import JobSpec, SpecError
+from tgc_rl.control.policy import PolicyError, check_spec
+from tgc_rl.control.settings import ControlSettings
 
 
 def fields(spec: dict, settings: ControlSettings | None = None, admin: bool = False) -> set[str]:

@@ -1,9 +1,9 @@
 import pytest
 import sqlalchemy as sa
 
-from services.control import db
-from services.control.migrations import migrate
-from services.control.tokens import TokenStore
+from tgc_rl.control import db
+from tgc_rl.control.migrations import migrate
+from tgc_rl.control.tokens import TokenStore
 
 
 @pytest.fixture

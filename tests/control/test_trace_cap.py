@@ -7,9 +7,9 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from services.control.local import LocalControlPlane
-from services.control.settings import ControlSettings
 from tests.servers import auth
+from tgc_rl.control.local import LocalControlPlane
+from tgc_rl.control.settings import ControlSettings
 
 CAP = 16 << 20
 # one trace file (steps_per_file x max_step_bytes = 50 x 256 KiB) fits the cap, so only the cap decides

@@ -17,17 +17,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.config import JobSpec, SpecError
-from services.control.db import make_engine
-from services.control.policy import PolicyError, check_spec
-from services.control.settings import ControlSettings
-from services.control.store import JobStore
-from services.control.tokens import TokenStore
-from services.tasks import load_task
-from services.tasks.grants import LOCAL_GRANTS, PRIVILEGES, UNSAFE_SANDBOX, GrantError
-from services.tasks.registry import params_model
-from services.trainer.main import check_grants
 from tests.servers import auth
+from tgc_rl.config import JobSpec, SpecError
+from tgc_rl.control.db import make_engine
+from tgc_rl.control.policy import PolicyError, check_spec
+from tgc_rl.control.settings import ControlSettings
+from tgc_rl.control.store import JobStore
+from tgc_rl.control.tokens import TokenStore
+from tgc_rl.tasks import load_task
+from tgc_rl.tasks.grants import LOCAL_GRANTS, PRIVILEGES, UNSAFE_SANDBOX, GrantError
+from tgc_rl.tasks.registry import params_model
+from tgc_rl.trainer.main import check_grants
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +98,7 @@ def test_a_control_plane_job_gets_only_its_recorded_grants(monkeypatch):
     with pytest.raises(GrantError, match="task.params.sandbox needs the grant 'unsafe_sandbox'"):
         check_grants(spec)
     with pytest.raises(GrantError, match="custom code"):
-        load_task("services.tasks.arithmetic:ArithmeticTask", {}, 0, grants=frozenset())
+        load_task("tgc_rl.tasks.arithmetic:ArithmeticTask", {}, 0, grants=frozenset())
     monkeypatch.setenv("TGC_GRANTS", "unsafe_sandbox,host_paths,bogus")
     check_grants(spec)
     monkeypatch.delenv("TGC_GRANTS")  # a local run: the operator's own code and files, never unconfined
@@ -107,7 +107,7 @@ def test_a_control_plane_job_gets_only_its_recorded_grants(monkeypatch):
 
 
 def test_the_scheduler_hands_the_job_its_grants(api_server, http, store):
-    from services.control.scheduler import Scheduler
+    from tgc_rl.control.scheduler import Scheduler
 
     job = http.post("/v1/jobs", json=UNSAFE_SPECS[0], headers=auth(api_server.admin)).json()
     row = store.get(job["id"])
@@ -363,7 +363,7 @@ def test_metrics_need_the_metrics_token_or_an_admin(http, api_server):
 
 
 def test_prometheus_reads_metrics_with_its_own_token(tmp_path):
-    from services.control.local import LocalControlPlane
+    from tgc_rl.control.local import LocalControlPlane
 
     token = "prometheus-scrape-token-0123456789"
     cp = LocalControlPlane(tmp_path, ray_address="none", env={"TGC_METRICS_TOKEN": token})

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.control.local import LocalControlPlane
 from tests.servers import auth
+from tgc_rl.control.local import LocalControlPlane
 
 
 def _post(server, token: str, name: str, body: bytes, timeout: float = 120) -> httpx.Response:
@@ -307,8 +307,8 @@ def test_a_full_inspection_pool_answers_503_and_a_tenant_429_beyond_its_uploads_
 
 # -- the child's rlimits and the sweeper, without a server --------------------------------------------------
 def test_the_inspection_child_is_stopped_by_its_memory_and_cpu_limits(tmp_path):
-    from services.bounded_read import DataError
-    from services.control.inspection import InspectionLimits, Inspector
+    from tgc_rl.bounded_read import DataError
+    from tgc_rl.control.inspection import InspectionLimits, Inspector
 
     fat = tmp_path / "fat.jsonl"  # one row whose list of 10 million floats needs ~330 MB as Python objects
     fat.write_text('{"prompt": "a", "answer": [' + ",".join(["0.5"] * 10_000_000) + "]}\n")
@@ -331,9 +331,9 @@ def test_the_inspection_child_is_stopped_by_its_memory_and_cpu_limits(tmp_path):
 def test_stale_staging_folders_and_unrecorded_dataset_folders_are_swept_at_start_up(tmp_path):
     import os
 
-    from services.control import db
-    from services.control.datasets import DatasetStore
-    from services.control.migrations import migrate
+    from tgc_rl.control import db
+    from tgc_rl.control.datasets import DatasetStore
+    from tgc_rl.control.migrations import migrate
 
     engine = db.make_engine(f"sqlite:///{tmp_path / 'tgc.db'}")
     migrate(engine)
@@ -356,7 +356,7 @@ def test_stale_staging_folders_and_unrecorded_dataset_folders_are_swept_at_start
 
 def test_the_charts_dataset_values_are_the_servers_defaults_and_reach_it():
     chart = pytest.importorskip("tests.deploy.test_chart")
-    from services.control.settings import ControlSettings
+    from tgc_rl.control.settings import ControlSettings
 
     def env(values: dict) -> dict[str, str]:
         cp = chart._one(chart.render(values), "Deployment", "control-plane")["spec"]["template"]["spec"]

@@ -11,9 +11,9 @@ import helm_python as helm
 import pytest
 import yaml
 
-from services.config import JobSpec
-from services.control.settings import ControlSettings
 from tests.deploy.kuberay_fields import check_kuberay, validate_core
+from tgc_rl.config import JobSpec
+from tgc_rl.control.settings import ControlSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "tgc-rl"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from services.config import JobSpec
+from tgc_rl.config import JobSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "tgc-rl"

@@ -10,7 +10,7 @@ import subprocess
 import httpx
 import pytest
 
-from services.control.local import LocalControlPlane
+from tgc_rl.control.local import LocalControlPlane
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 

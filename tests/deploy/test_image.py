@@ -15,9 +15,9 @@ import httpx
 import pytest
 import yaml
 
-from services.control.local import free_port
-from services.sdk import Client
 from tests.image_build import ENGINE, ROOT, TAG, build_image
+from tgc_rl.control.local import free_port
+from tgc_rl.sdk import Client
 
 CACHE = Path(os.environ.get("TGC_CACHE_DIR", Path.home() / ".cache" / "tgc-rl"))
 
@@ -119,7 +119,7 @@ def test_control_plane_answers_health_and_readiness(container):
 
 def test_sandbox_isolates_code_inside_the_container(container):
     name, _ = container
-    probe = ("from services.sandbox import Sandbox\n"
+    probe = ("from tgc_rl.sandbox import Sandbox\n"
              "r = Sandbox().run('import os, socket\\n"
              "print(os.getuid(), len(socket.if_nameindex()), sorted(os.listdir(\"/\")))')\n"
              "print(r.ok, r.stdout.strip())")  # fmt: skip

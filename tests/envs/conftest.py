@@ -1,8 +1,8 @@
 import pytest
 
-from services.config import ModelSpec
-from services.envs import ChatTemplate
-from services.models import load_tokenizer
+from tgc_rl.config import ModelSpec
+from tgc_rl.envs import ChatTemplate
+from tgc_rl.models import load_tokenizer
 
 
 @pytest.fixture(scope="session")

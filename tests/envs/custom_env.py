@@ -1,6 +1,6 @@
 """A custom environment, as a user would write one from docs/multi_turn.md (loaded as `module:Class`)."""
 
-from services.envs import EnvContext, Message, StepResult
+from tgc_rl.envs import EnvContext, Message, StepResult
 
 
 class EchoTwice:

@@ -1,6 +1,6 @@
 """A custom environment whose tool never returns (CPU-bound), for the process-level deadline test."""
 
-from services.envs import EnvContext, Message, StepResult
+from tgc_rl.envs import EnvContext, Message, StepResult
 
 
 class Spin:

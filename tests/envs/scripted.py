@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from services.envs import EnvBounds, EnvContext, GenerateRequest, Message, Sample, StepResult, TrajectoryRun
-from services.envs.tokens import ChatTemplate, TrajectoryBuilder
-from services.tasks import Score, TaskItem
+from tgc_rl.envs import EnvBounds, EnvContext, GenerateRequest, Message, Sample, StepResult, TrajectoryRun
+from tgc_rl.envs.tokens import ChatTemplate, TrajectoryBuilder
+from tgc_rl.tasks import Score, TaskItem
 
 
 def context(

@@ -3,9 +3,9 @@
 import pytest
 from pydantic import ValidationError
 
-from services.envs import EnvBounds, Message, Sample, StepResult
-from services.envs.rollout import TRUNCATION_MARKER
 from tests.envs.scripted import ScriptedEnv, context, drive, run_of
+from tgc_rl.envs import EnvBounds, Message, Sample, StepResult
+from tgc_rl.envs.rollout import TRUNCATION_MARKER
 
 IM_END = 2
 

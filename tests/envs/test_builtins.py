@@ -4,11 +4,11 @@ import time
 
 import pytest
 
-from services.envs import BoundHit, EnvBounds, Message, Sample
-from services.envs.calculator import CalcError, CalculatorEnv, CalculatorParams, evaluate
-from services.envs.feedback import FeedbackEnv, FeedbackParams
-from services.envs.python_tool import PythonToolEnv, PythonToolParams
 from tests.envs.scripted import context, drive, run_of
+from tgc_rl.envs import BoundHit, EnvBounds, Message, Sample
+from tgc_rl.envs.calculator import CalcError, CalculatorEnv, CalculatorParams, evaluate
+from tgc_rl.envs.feedback import FeedbackEnv, FeedbackParams
+from tgc_rl.envs.python_tool import PythonToolEnv, PythonToolParams
 
 IM_END = 2
 

@@ -5,12 +5,12 @@ it can only do if every model token sits where, and after what, it was sampled."
 import pytest
 import torch
 
-from services.envs import EnvBounds, Message, Sample
-from services.models import model_dir
-from services.rollout.engine import Sampling
-from services.rollout.hf_engine import HFEngine
 from tests.envs.scripted import ScriptedEnv, context, drive, run_of
 from tests.rollout.rollout_helpers import replica_spec
+from tgc_rl.envs import EnvBounds, Message, Sample
+from tgc_rl.models import model_dir
+from tgc_rl.rollout.engine import Sampling
+from tgc_rl.rollout.hf_engine import HFEngine
 
 
 @pytest.fixture(scope="module")

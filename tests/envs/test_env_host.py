@@ -1,4 +1,4 @@
-"""Environments in worker processes beside the reward workers (services/reward/env_host.py): calls to several
+"""Environments in worker processes beside the reward workers (tgc_rl/reward/env_host.py): calls to several
 trajectories' environments at once, and a hung tool killed at the process level with only its slot lost."""
 
 import os
@@ -6,11 +6,11 @@ import time
 
 import pytest
 
-from services.config import TaskSpec
-from services.envs import EnvSpec, Message, StepResult
-from services.reward.env_host import EnvCall, EnvHost
-from services.tasks import TaskItem
-from services.tasks.grants import LOCAL_GRANTS
+from tgc_rl.config import TaskSpec
+from tgc_rl.envs import EnvSpec, Message, StepResult
+from tgc_rl.reward.env_host import EnvCall, EnvHost
+from tgc_rl.tasks import TaskItem
+from tgc_rl.tasks.grants import LOCAL_GRANTS
 
 TASK = TaskSpec(name="arithmetic")
 ITEM = TaskItem(id="a-0", prompt="What is 6 * 7?", answer="42", kind="math")

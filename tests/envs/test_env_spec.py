@@ -3,9 +3,9 @@ a custom environment under the operator's custom-code grant, and a single-turn s
 
 import pytest
 
-from services.config import JobSpec, SpecError
-from services.control.policy import PolicyError, check_spec
-from services.control.settings import ControlSettings
+from tgc_rl.config import JobSpec, SpecError
+from tgc_rl.control.policy import PolicyError, check_spec
+from tgc_rl.control.settings import ControlSettings
 
 CUSTOM = "tests.envs.custom_env:EchoTwice"
 BOUNDS = {"max_total_tokens": 512, "max_observation_tokens": 64}
@@ -71,8 +71,8 @@ def test_a_single_turn_spec_has_no_env_and_the_schema_shows_the_section():
 
 
 def test_the_calculator_example_fits_its_bounds_with_room_to_answer(template):
-    from services.envs import EnvContext, load_env
-    from services.tasks import load_task
+    from tgc_rl.envs import EnvContext, load_env
+    from tgc_rl.tasks import load_task
 
     spec = JobSpec.from_yaml("examples/multi_turn_calculator.yaml")
     assert spec.env is not None and len(spec.env.params["examples"]) == 2

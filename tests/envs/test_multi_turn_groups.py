@@ -1,4 +1,4 @@
-"""The multi-turn group rule (services/trainer/multi_turn.py): failed trajectories stay in their group but are
+"""The multi-turn group rule (tgc_rl/trainer/multi_turn.py): failed trajectories stay in their group but are
 filtered before centring (advantages(keep=)), a group left with < 2 is dropped and counted, a trajectory without
 a model token drops its group (groups keep G rows), and the step's counters."""
 
@@ -7,10 +7,10 @@ from types import SimpleNamespace
 import pytest
 
 import rlcore
-from services.config import SamplingSpec
-from services.envs import Trajectory
-from services.envs.tokens import Span
-from services.run_layout import (
+from tgc_rl.config import SamplingSpec
+from tgc_rl.envs import Trajectory
+from tgc_rl.envs.tokens import Span
+from tgc_rl.run_layout import (
     MT_BOUND_HITS,
     MT_BRIDGE_FAILURES,
     MT_DROPPED_GROUPS,
@@ -21,11 +21,11 @@ from services.run_layout import (
     MT_TRAJECTORIES,
     MT_TURNS_PER_TRAJECTORY,
 )
-from services.tasks import TaskItem
-from services.trainer.credit import ObjectiveCredit
-from services.trainer.data import Prompt
-from services.trainer.loop import Group, Trainer
-from services.trainer.multi_turn import group_trajectories, with_means
+from tgc_rl.tasks import TaskItem
+from tgc_rl.trainer.credit import ObjectiveCredit
+from tgc_rl.trainer.data import Prompt
+from tgc_rl.trainer.loop import Group, Trainer
+from tgc_rl.trainer.multi_turn import group_trajectories, with_means
 
 PROMPT = (1, 2, 3)
 

@@ -3,12 +3,12 @@
 import pytest
 from pydantic import ValidationError
 
-from services.envs import EnvSpec, load_env
-from services.envs.calculator import CalculatorEnv
-from services.envs.feedback import FeedbackEnv
-from services.envs.python_tool import PythonToolEnv
-from services.tasks import GrantError
 from tests.envs.scripted import context
+from tgc_rl.envs import EnvSpec, load_env
+from tgc_rl.envs.calculator import CalculatorEnv
+from tgc_rl.envs.feedback import FeedbackEnv
+from tgc_rl.envs.python_tool import PythonToolEnv
+from tgc_rl.tasks import GrantError
 
 CUSTOM = "tests.envs.custom_env:EchoTwice"
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.envs import BridgeError, EnvBounds, Message, Sample, TrajectoryBuilder
 from tests.envs.scripted import ScriptedEnv, context, drive, run_of
+from tgc_rl.envs import BridgeError, EnvBounds, Message, Sample, TrajectoryBuilder
 
 IM_END = 2  # SmolLM2's <|im_end|>, its end-of-turn token
 WORDS = ["the", " answer", " is", " 42", "\n", " tool", "(", ")", " x", "=", "1", " ok", "  ", "é", "```"]
@@ -123,7 +123,7 @@ def test_model_tokens_are_never_re_encoded(template, tokenizer):
 
 
 def test_a_template_that_strips_earlier_reasoning_fails_closed(tokenizer):
-    from services.envs import ChatTemplate
+    from tgc_rl.envs import ChatTemplate
 
     template = ChatTemplate(tokenizer, STRIP_THINKING)
     text = "<think>2+3 is 5</think>5"
@@ -137,7 +137,7 @@ def test_a_template_that_strips_earlier_reasoning_fails_closed(tokenizer):
 
 
 def test_the_bridge_failure_ends_the_run_with_its_reason(tokenizer):
-    from services.envs import ChatTemplate
+    from tgc_rl.envs import ChatTemplate
 
     ctx = context()
     env = ScriptedEnv(ctx, [(Message("user", "Are you sure?"),)])

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from experiments import testbed4
-from services.config import JobSpec
+from tgc_rl.config import JobSpec
 
 
 def test_held_out_pairs_are_held_out_in_both_orders_and_the_split_is_fixed():
@@ -248,7 +248,7 @@ def test_probes_of_the_initial_model_read_zero_drift_and_a_changed_model_reads_s
 def test_a_failed_run_moves_the_study_on_and_a_cancelled_one_stops_it(tmp_path, monkeypatch):
     import ray
 
-    import services.trainer.main
+    import tgc_rl.trainer.main
 
     states = iter(["failed", "cancelled", "succeeded"])
     trained: list[str] = []
@@ -257,7 +257,7 @@ def test_a_failed_run_moves_the_study_on_and_a_cancelled_one_stops_it(tmp_path, 
         trained.append(spec.name)
         return next(states)
 
-    monkeypatch.setattr(services.trainer.main, "run", train)
+    monkeypatch.setattr(tgc_rl.trainer.main, "run", train)
     monkeypatch.setattr(ray, "is_initialized", lambda: True)  # no cluster: training is replaced above
     runs = testbed4.select(objectives=["grpo", "cp_grpo", "dr_grpo"], seeds=[0], steps=2)
     with pytest.raises(SystemExit):

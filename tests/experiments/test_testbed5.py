@@ -8,8 +8,8 @@ import pytest
 
 from experiments import stats, testbed5, testbed5_report
 from experiments.testbed5 import CapStats, CutSample, Decisions, LrTrial
-from services.config import JobSpec
-from services.tasks.dataset import score_row
+from tgc_rl.config import JobSpec
+from tgc_rl.tasks.dataset import score_row
 
 
 def test_held_out_pairs_are_held_out_in_both_orders_and_the_committed_files_are_the_draw():
@@ -338,8 +338,8 @@ def test_a_killed_run_resumes_then_gets_its_final_evaluation_probes_and_summary(
     before the checkpoints go."""
     import ray
 
-    import services.trainer.main
-    from services.run_layout import METRICS_FILE, TRAINER_STATE_FILE, checkpoint_name
+    import tgc_rl.trainer.main
+    from tgc_rl.run_layout import METRICS_FILE, TRAINER_STATE_FILE, checkpoint_name
 
     jobs: list[tuple[str, int, str | None]] = []
 
@@ -382,7 +382,7 @@ def test_a_killed_run_resumes_then_gets_its_final_evaluation_probes_and_summary(
             step = 0 if path.name == "base" else int(path.parent.name.split("_")[-1])
             return {"probe/kl_from_start": step / 1000}
 
-    monkeypatch.setattr(services.trainer.main, "run", train)
+    monkeypatch.setattr(tgc_rl.trainer.main, "run", train)
     monkeypatch.setattr(ray, "is_initialized", lambda: True)  # no cluster: the trainer is replaced above
     monkeypatch.setattr(testbed5, "make_prober", lambda: Prober())
     (tmp_path / "base").mkdir()
@@ -431,7 +431,7 @@ def test_opening_share_counts_the_most_common_first_four_tokens_of_sampled_answe
 def test_a_pilot_job_is_reused_only_on_the_inputs_it_ran_on(tmp_path, monkeypatch):
     """A finished pilot run is not run again, but an amended data file (same path, new content) or a killed
     attempt reruns it from a clean directory: no stale samples or steps reach a decision."""
-    from services.run_layout import METRICS_FILE
+    from tgc_rl.run_layout import METRICS_FILE
 
     files = testbed5.DataFiles(tmp_path / "train.jsonl", tmp_path / "heldout.jsonl", tmp_path / "pilot.jsonl")
     for path in (files.train, files.heldout, files.pilot):

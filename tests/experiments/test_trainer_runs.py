@@ -48,7 +48,7 @@ def plane(tmp_path_factory):
 
 def test_sweep_submits_one_job_per_run_and_collects_them_into_the_report(plane, tmp_path):
     from experiments.sweep import collect, submit
-    from services.sdk import Client
+    from tgc_rl.sdk import Client
 
     manifest = tmp_path / "manifest.json"
     with Client(plane.url, plane.create_token("experiments")) as client:

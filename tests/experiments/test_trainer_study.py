@@ -13,8 +13,8 @@ from experiments.trainer_study import (
     summarise_metrics,
     write_results,
 )
-from services.config import JobSpec
-from services.tasks import load_task
+from tgc_rl.config import JobSpec
+from tgc_rl.tasks import load_task
 
 
 @pytest.mark.parametrize("size", ["tiny", "small", "full"])

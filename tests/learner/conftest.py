@@ -40,8 +40,8 @@ def build_spec(**changes):
 
 @pytest.fixture(scope="session")
 def tiny_model_path():
-    from services.config import ModelSpec
-    from services.models import model_dir
+    from tgc_rl.config import ModelSpec
+    from tgc_rl.models import model_dir
 
     # Built before any process group exists: save_pretrained writes nothing on ranks != 0.
     return model_dir(ModelSpec(**TINY_MODEL), seed=0)
@@ -56,6 +56,6 @@ def tiny_spec():
 @pytest.fixture(scope="session")
 def learner_spec():
     """Factory: learner_spec(**{"optim.lr": 1e-3}) -> the LearnerSpec a rank of that tiny job gets."""
-    from services.learner import LearnerSpec
+    from tgc_rl.learner import LearnerSpec
 
     return lambda **changes: LearnerSpec.of(build_spec(**changes))

@@ -1,4 +1,4 @@
-"""Tree attention without an L x L mask (services/learner/tree_attention.py): the block kernel gives the dense
+"""Tree attention without an L x L mask (tgc_rl/learner/tree_attention.py): the block kernel gives the dense
 mask's attention, the shared-prompt forward on it gives the full forward's log-probs and gradients, and the
 learner picks it by length (optim.dense_tree_max_tokens)."""
 
@@ -8,11 +8,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from services.learner import Learner
-from services.learner.logprobs import DENSE_TREE_MAX_TOKENS, PolicyLogprobs
-from services.learner.prefix_tree import pack_trees
-from services.learner.tree_attention import tree_attention
 from tests.learner.test_prefix_tree import _logprobs_and_grads, _one_thread, _tiny_lm, multi_turn  # noqa: F401
+from tgc_rl.learner import Learner
+from tgc_rl.learner.logprobs import DENSE_TREE_MAX_TOKENS, PolicyLogprobs
+from tgc_rl.learner.prefix_tree import pack_trees
+from tgc_rl.learner.tree_attention import tree_attention
 
 
 def _trees(make_batch, seed=1):
@@ -119,7 +119,7 @@ def test_attention_is_chosen_by_tree_length_and_logged_once(tiny_model_path, mak
     policy = PolicyLogprobs(
         _tiny_lm(tiny_model_path), chunk_tokens=8, prefix_tree=True, dense_tree_max_tokens=L
     )
-    with caplog.at_level(logging.INFO, logger="services.learner.logprobs"), torch.no_grad():
+    with caplog.at_level(logging.INFO, logger="tgc_rl.learner.logprobs"), torch.no_grad():
         policy(*args)
         assert policy.last_tree_attention == "dense"  # at the threshold: dense
         policy.dense_tree_max_tokens = L - 1
@@ -147,7 +147,7 @@ def test_eager_models_keep_the_dense_mask(tiny_model_path, make_batch):
 def test_threshold_knob_default_and_bounds():
     from pydantic import ValidationError
 
-    from services.config import OptimSpec
+    from tgc_rl.config import OptimSpec
 
     assert OptimSpec().dense_tree_max_tokens == DENSE_TREE_MAX_TOKENS
     with pytest.raises(ValidationError, match="dense_tree_max_tokens"):

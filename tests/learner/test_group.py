@@ -6,9 +6,9 @@ import time
 import pytest
 import torch
 
-from services.learner import Learner, LearnerGroup, LearnerGroupError, LearnerSpec
-from services.resources import ResourceError
 from tests.learner.test_prefix_tree import multi_turn
+from tgc_rl.learner import Learner, LearnerGroup, LearnerGroupError, LearnerSpec
+from tgc_rl.resources import ResourceError
 
 pytestmark = pytest.mark.slow
 

@@ -4,11 +4,11 @@ import pytest
 import torch
 
 import rlcore
-from services.learner import Learner
-from services.learner.logprobs import PolicyLogprobs
-from services.learner.plan import group_spans, plan_minibatches
-from services.learner.sharding import bf16_supported
 from tests.learner.test_prefix_tree import multi_turn
+from tgc_rl.learner import Learner
+from tgc_rl.learner.logprobs import PolicyLogprobs
+from tgc_rl.learner.plan import group_spans, plan_minibatches
+from tgc_rl.learner.sharding import bf16_supported
 
 pytestmark = pytest.mark.slow
 

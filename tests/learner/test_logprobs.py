@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from services.learner.logprobs import PolicyLogprobs, chunked_head_logprobs, position_ids
+from tgc_rl.learner.logprobs import PolicyLogprobs, chunked_head_logprobs, position_ids
 
 
 def _full(hidden, weight, targets, temperature=1.0, bias=None):

@@ -4,10 +4,10 @@ weight sync's canary against a real engine that does or does not load what it is
 import pytest
 import torch
 
-from services.learner import Learner
-from services.weight_sync.flat import weights_nbytes
-from services.weight_sync.sync import SyncCanaryError, WeightSync
 from tests.learner.test_learner import _unsharded_logprobs
+from tgc_rl.learner import Learner
+from tgc_rl.weight_sync.flat import weights_nbytes
+from tgc_rl.weight_sync.sync import SyncCanaryError, WeightSync
 
 pytestmark = pytest.mark.slow
 
@@ -119,9 +119,9 @@ class _Replica:
 def test_the_canary_passes_a_sync_that_reached_the_engine_and_fails_one_that_did_not(
     tiny_spec, tiny_model_path, make_batch, drop
 ):
-    from services.learner import LearnerSpec
-    from services.rollout.hf_engine import HFEngine
-    from services.rollout.spec import RolloutSpec
+    from tgc_rl.learner import LearnerSpec
+    from tgc_rl.rollout.hf_engine import HFEngine
+    from tgc_rl.rollout.spec import RolloutSpec
 
     spec = tiny_spec(**{**LORA, "model.lora": {"rank": 4, "alpha": 8, "canary_tolerance": 1e-3}})
     learner = Learner(LearnerSpec.of(spec), tiny_model_path)

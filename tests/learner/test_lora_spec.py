@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from services.config import SpecError
-from services.learner import lora
-from services.weight_sync.adapter import AdapterWeights, peft_name, target_modules
 from tests.learner.conftest import build_spec
+from tgc_rl.config import SpecError
+from tgc_rl.learner import lora
+from tgc_rl.weight_sync.adapter import AdapterWeights, peft_name, target_modules
 
 
 @pytest.mark.parametrize(

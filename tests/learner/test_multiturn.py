@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.batch import Completion, Segment, collate
-from services.learner import Learner
-from services.learner.plan import group_spans
 from tests.learner.test_prefix_tree import _one_thread, multi_turn  # noqa: F401 (the autouse fixture)
+from tgc_rl.batch import Completion, Segment, collate
+from tgc_rl.learner import Learner
+from tgc_rl.learner.plan import group_spans
 
 
 def test_segments_collate_to_one_response_with_holes_and_engine_logprobs_on_model_tokens():

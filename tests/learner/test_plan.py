@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from services.learner.plan import MicroBatchLimit, group_spans, plan_minibatches, trim_padding
+from tgc_rl.learner.plan import MicroBatchLimit, group_spans, plan_minibatches, trim_padding
 
 
 def _groups_of(rows: torch.Tensor, batch) -> set[int]:

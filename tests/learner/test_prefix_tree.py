@@ -7,11 +7,11 @@ import pytest
 import torch
 
 import rlcore
-from services.batch import TrainBatch
-from services.learner import Learner
-from services.learner.logprobs import PolicyLogprobs
-from services.learner.prefix_tree import pack_trees, supports_prefix_tree
 from tests.rlcore.batches import multi_turn_batch
+from tgc_rl.batch import TrainBatch
+from tgc_rl.learner import Learner
+from tgc_rl.learner.logprobs import PolicyLogprobs
+from tgc_rl.learner.prefix_tree import pack_trees, supports_prefix_tree
 
 
 @pytest.fixture(autouse=True)
@@ -43,7 +43,7 @@ def _shared_prefix_len(batch, a: int, b: int) -> int:
 
 
 def test_tree_holds_each_prompt_and_each_shared_response_prefix_once():
-    from services.batch import Completion, collate
+    from tgc_rl.batch import Completion, collate
 
     prompts = [[5, 6, 7]] * 3 + [[8, 9]] * 2
     responses = [[10, 11, 12], [10, 11, 13, 14], [15], [10], [10, 16]]

@@ -2,8 +2,8 @@
 
 import pytest
 
-from services.config import OptimSpec
-from services.learner.schedule import lr_factor
+from tgc_rl.config import OptimSpec
+from tgc_rl.learner.schedule import lr_factor
 
 
 def test_warmup_rises_linearly_to_the_peak():

@@ -1,7 +1,7 @@
 """LearnerSpec: a learner rank's slice of the job spec, built once on the driver."""
 
-from services.config import JobSpec
-from services.learner import LearnerSpec
+from tgc_rl.config import JobSpec
+from tgc_rl.learner import LearnerSpec
 
 
 def test_a_rank_gets_its_fields_and_no_part_of_the_job_it_does_not_use(tiny_spec):

@@ -1,6 +1,6 @@
 """Which metric names a PromQL expression reads that the code exports nowhere (the dashboard's and the alert
 rules' queries are checked the same way): per-step metrics against the run contract's list
-(services/run_layout.py), the control plane's own tgc_ series against the source that defines them."""
+(tgc_rl/run_layout.py), the control plane's own tgc_ series against the source that defines them."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import re
 from functools import cache
 from pathlib import Path
 
-from services.run_layout import METRIC_GAUGE, STEP_GAUGE, WATCHED_METRICS
+from tgc_rl.run_layout import METRIC_GAUGE, STEP_GAUGE, WATCHED_METRICS
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @cache
 def _sources() -> str:
-    return "".join(p.read_text() for p in (ROOT / "services").rglob("*.py"))
+    return "".join(p.read_text() for p in (ROOT / "tgc_rl").rglob("*.py"))
 
 
 def unexported(expr: str) -> list[str]:

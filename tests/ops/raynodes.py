@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from services.control.ray_cluster import _free_ports
+from tgc_rl.control.ray_cluster import _free_ports
 
 RAY = str(Path(sys.executable).with_name("ray"))
 

@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 import rlcore
-from services.run_layout import D2_RESIDUAL
 from tests.deploy.test_chart import render
 from tests.ops.exported import unexported
+from tgc_rl.run_layout import D2_RESIDUAL
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from services import run_layout as rl
 from tests.deploy.test_chart import render
 from tests.ops.exported import unexported
+from tgc_rl import run_layout as rl
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "helm" / "tgc-rl" / "dashboards" / "tgc-rl.json"

@@ -26,12 +26,12 @@ import httpx
 import pytest
 import yaml
 
-from services.control.local import LocalControlPlane, free_port
-from services.control.ray_cluster import LocalRayCluster
-from services.sdk import Client
 from tests.browser import CHROMIUM, Browser, log_in_to_console
 from tests.ops.raynodes import state_api
 from tests.proc_helpers import wait_for
+from tgc_rl.control.local import LocalControlPlane, free_port
+from tgc_rl.control.ray_cluster import LocalRayCluster
+from tgc_rl.sdk import Client
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -104,7 +104,7 @@ class Stack:
             [
                 sys.executable,
                 "-m",
-                "services.sandbox.http",
+                "tgc_rl.sandbox.http",
                 "--host",
                 "127.0.0.1",
                 "--port",

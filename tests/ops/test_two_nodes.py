@@ -83,7 +83,7 @@ class Cluster:
         return names
 
     def trainer(self, spec: dict, run_dir: Path, *extra: str) -> subprocess.Popen:
-        """`python -m services.trainer` as a driver on this cluster (what `ray job submit` runs)."""
+        """`python -m tgc_rl.trainer` as a driver on this cluster (what `ray job submit` runs)."""
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir.parent / f"{run_dir.name}.yaml").write_text(yaml.safe_dump(spec))
         log = open(run_dir.parent / f"{run_dir.name}.log", "ab")
@@ -91,7 +91,7 @@ class Cluster:
             [
                 sys.executable,
                 "-m",
-                "services.trainer",
+                "tgc_rl.trainer",
                 "--spec",
                 str(run_dir.parent / f"{run_dir.name}.yaml"),
                 "--run-dir",

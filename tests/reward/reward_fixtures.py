@@ -8,7 +8,7 @@ import os
 import sys
 import time
 
-from services.tasks.base import Score
+from tgc_rl.tasks.base import Score
 
 # sympy never finishes comparing this power tower with a symbolic reference. The reference must not be a
 # plain number: a numeric reference needs a numeric answer, which refuses the tower before sympy sees it.

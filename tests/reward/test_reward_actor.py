@@ -4,10 +4,10 @@ import time
 
 import pytest
 
-from services.config import TaskSpec
-from services.tasks import TaskItem, load_task
 from tests.proc_helpers import alive, wait_until
 from tests.reward.reward_fixtures import HANGING_MATH
+from tgc_rl.config import TaskSpec
+from tgc_rl.tasks import TaskItem, load_task
 
 pytestmark = pytest.mark.slow
 
@@ -16,7 +16,7 @@ JUDGE = "tests.reward.reward_fixtures:judge"
 
 @pytest.fixture(scope="module")
 def actor(ray_cluster):
-    from services.reward import start_reward_pool_actor
+    from tgc_rl.reward import start_reward_pool_actor
 
     spec = TaskSpec(name="arithmetic", reward_workers=2, reward_timeout_s=3.0)
     handle = start_reward_pool_actor(spec, seed=0, name="tgc-reward-test", num_cpus=0.5)
@@ -66,7 +66,7 @@ def _call_once_admitted(handle, items, responses, timeout_s: float = 10.0):
 def test_calls_beyond_max_pending_are_refused(ray_cluster):
     from ray.exceptions import PendingCallsLimitExceeded
 
-    from services.reward import start_reward_pool_actor
+    from tgc_rl.reward import start_reward_pool_actor
 
     spec = TaskSpec(name="arithmetic", reward=JUDGE, reward_workers=1, reward_timeout_s=10.0)
     handle = start_reward_pool_actor(spec, num_cpus=0.5, max_concurrency=1, max_pending_calls=1)
@@ -82,7 +82,7 @@ def test_calls_beyond_max_pending_are_refused(ray_cluster):
 
 
 def test_killing_the_actor_leaves_no_worker_process(ray_cluster):
-    from services.reward import start_reward_pool_actor
+    from tgc_rl.reward import start_reward_pool_actor
 
     spec = TaskSpec(name="arithmetic", reward=JUDGE, reward_workers=2)
     handle = start_reward_pool_actor(spec, num_cpus=0.5)
@@ -93,7 +93,7 @@ def test_killing_the_actor_leaves_no_worker_process(ray_cluster):
 
 
 def test_a_group_splits_a_batch_over_its_actors_and_keeps_order(ray_cluster):
-    from services.reward import RewardPoolGroup
+    from tgc_rl.reward import RewardPoolGroup
 
     spec = TaskSpec(name="arithmetic", reward=JUDGE, reward_workers=1)
     group = RewardPoolGroup(spec, actors=2, num_cpus=0.25)

@@ -5,11 +5,11 @@ import threading
 import pytest
 from prometheus_client import REGISTRY
 
-from services.config import TaskSpec
-from services.reward import RewardPool, RewardPoolError
-from services.tasks import TaskItem, load_task
 from tests.proc_helpers import alive, wait_until
 from tests.reward.reward_fixtures import HANGING_MATH
+from tgc_rl.config import TaskSpec
+from tgc_rl.reward import RewardPool, RewardPoolError
+from tgc_rl.tasks import TaskItem, load_task
 
 FIXTURES = "tests.reward.reward_fixtures"
 JUDGE = f"{FIXTURES}:judge"

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from services.reward.verifier import Verifier, as_score, import_reward
-from services.tasks import Score, TaskItem
+from tgc_rl.reward.verifier import Verifier, as_score, import_reward
+from tgc_rl.tasks import Score, TaskItem
 
 FIXTURES = "tests.reward.reward_fixtures"
 

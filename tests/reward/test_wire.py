@@ -1,7 +1,7 @@
 import os
 
-from services.reward import wire
-from services.tasks import Score, TaskItem
+from tgc_rl.reward import wire
+from tgc_rl.tasks import Score, TaskItem
 
 
 def test_frames_round_trip_through_a_pipe():

@@ -68,10 +68,10 @@ def make_batch(
 
 @dataclass
 class MultiTurn:
-    """Multi-turn trajectories in the layout the trainer gives the learner (services.batch.collate of
+    """Multi-turn trajectories in the layout the trainer gives the learner (tgc_rl.batch.collate of
     `Completion.from_segments`): `batch.response_mask` has holes where observations sit."""
 
-    batch: Any  # services.batch.SampledBatch
+    batch: Any  # tgc_rl.batch.SampledBatch
     logprobs: torch.Tensor  # (B, T) current-policy log-probs, a function of the history (0 off the mask)
     turns: torch.Tensor  # (B, T) long: the model turn of each model token, -1 elsewhere
     first_turn_len: int  # model tokens of the group-common first tool call
@@ -93,7 +93,7 @@ class _Trajectory:
     """One trajectory being built: its history, segments, the turn of each token and current log-probs."""
 
     def __init__(self, prompt: list[int], off_policy: bool):
-        from services.batch import Segment
+        from tgc_rl.batch import Segment
 
         self.segment = Segment
         self.history, self.off_policy = prompt, off_policy
@@ -124,7 +124,7 @@ def multi_turn_batch(seed: int, n_groups: int = 3, group_size: int = 4, off_poli
     other (partial shared nodes past an observation, in turns of unequal length), 1-3 tool turns, a final
     answer (one trajectory per group ends on an observation instead: cut off by a deadline), ragged lengths,
     binary rewards."""
-    from services.batch import Completion, collate
+    from tgc_rl.batch import Completion, collate
 
     gen = torch.Generator().manual_seed(seed)
 

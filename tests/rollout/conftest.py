@@ -9,14 +9,14 @@ from tests.rollout.rollout_helpers import reference_model, rollout_spec
 
 @pytest.fixture(scope="session")
 def tiny_path():
-    from services.models import model_dir
+    from tgc_rl.models import model_dir
 
     return model_dir(rollout_spec().model, 0)
 
 
 @pytest.fixture(scope="session")
 def tiny_bf16_path():
-    from services.models import model_dir
+    from tgc_rl.models import model_dir
 
     return model_dir(rollout_spec(dtype="bfloat16").model, 0)
 

@@ -18,13 +18,13 @@ PROMPTS = [[1, 540, 314, 3203, 28, 216, 33], [1, 9690, 198, 2683, 359], [1, 4093
 
 def replica_spec(engine: str = "hf", dtype: str = "float32", **sampling):
     """The RolloutSpec one replica of `rollout_spec(...)`'s job gets (for driving an engine directly)."""
-    from services.rollout import RolloutSpec
+    from tgc_rl.rollout import RolloutSpec
 
     return RolloutSpec.of(rollout_spec(engine, dtype, **sampling))
 
 
 def rollout_spec(engine: str = "hf", dtype: str = "float32", replicas: int = 1, **sampling):
-    from services.config import JobSpec
+    from tgc_rl.config import JobSpec
 
     return JobSpec.parse(
         {

@@ -3,7 +3,6 @@
 import pytest
 import torch
 
-from services.rollout.hf_engine import HFEngine, top_p_mask
 from tests.rollout.rollout_helpers import (
     EOS,
     PROMPTS,
@@ -13,6 +12,7 @@ from tests.rollout.rollout_helpers import (
     reference_model,
     replica_spec,
 )
+from tgc_rl.rollout.hf_engine import HFEngine, top_p_mask
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,8 @@
 
 import pytest
 
-from services.rollout.engine import check_requests, engine_kind, prompt_lengths, sample_seed, vllm_available
 from tests.rollout.rollout_helpers import replica_spec
+from tgc_rl.rollout.engine import check_requests, engine_kind, prompt_lengths, sample_seed, vllm_available
 
 
 def test_sample_seeds_are_distinct_across_prompts_and_samples():

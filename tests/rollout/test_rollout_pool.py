@@ -23,7 +23,7 @@ JOB = "rt-pool"
 
 @pytest.fixture(scope="module")
 def pool(ray_cluster, tiny_bf16_path):
-    from services.rollout import RolloutPool
+    from tgc_rl.rollout import RolloutPool
 
     p = RolloutPool(
         rollout_spec("vllm", dtype="bfloat16", replicas=2, max_new_tokens=48), tiny_bf16_path, JOB
@@ -62,7 +62,7 @@ def test_generate_splits_whole_prompts_across_replicas(pool, ray_cluster):
 
 
 def test_update_weights_reaches_every_replica(pool, tiny_bf16_path, bf16_state):
-    from services.weight_sync.flat import publish_weights
+    from tgc_rl.weight_sync.flat import publish_weights
 
     seq = PROMPTS[1] + [300, 301, 302, 303, 304]
     before = pool.score([seq], len(PROMPTS[1]))[0]
@@ -109,7 +109,7 @@ def test_a_replica_killed_mid_generation_is_restarted_and_the_call_completes(poo
 
 def test_broadcast_protocol_loads_weights_into_every_replica(pool, tiny_bf16_path, bf16_state):
     """vLLM's native weight-transfer protocol with each replica at its own rank (gloo here, NCCL on GPU)."""
-    from services.weight_sync.gloo import GlooSender
+    from tgc_rl.weight_sync.gloo import GlooSender
 
     client = pool.sync_client()
     assert client.offsets == [1, 2] and client.world_size == 3

@@ -1,8 +1,8 @@
 """RolloutSpec: a rollout replica's slice of the job spec, built once on the driver."""
 
-from services.config import JobSpec
-from services.rollout import RolloutSpec
 from tests.rollout.rollout_helpers import rollout_spec
+from tgc_rl.config import JobSpec
+from tgc_rl.rollout import RolloutSpec
 
 
 def test_a_replica_gets_its_fields_with_host_dependent_choices_unresolved():

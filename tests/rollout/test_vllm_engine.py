@@ -3,7 +3,6 @@
 import pytest
 import torch
 
-from services.weight_sync.flat import FlatWeights
 from tests.rollout.rollout_helpers import (
     EOS,
     PROMPTS,
@@ -13,6 +12,7 @@ from tests.rollout.rollout_helpers import (
     reference_model,
     replica_spec,
 )
+from tgc_rl.weight_sync.flat import FlatWeights
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("vllm")
@@ -23,7 +23,7 @@ TEMPERATURE = 0.8
 @pytest.fixture(scope="module")
 def engine(tiny_path):
     import rlcore.diagnostics  # noqa: F401  loads numba/llvmlite first, as any learner-side import does
-    from services.rollout.vllm_engine import VLLMEngine
+    from tgc_rl.rollout.vllm_engine import VLLMEngine
 
     torch.set_num_threads(1)
     eng = VLLMEngine(replica_spec("vllm", temperature=TEMPERATURE, max_prompt_tokens=160), tiny_path)
@@ -130,7 +130,7 @@ def test_after_close_a_fresh_engine_starts_and_reproduces_the_samples(engine, ti
     """What exact resume needs: same weights and seeds in a new engine give the same tokens."""
     import torch.distributed as dist
 
-    from services.rollout.vllm_engine import VLLMEngine
+    from tgc_rl.rollout.vllm_engine import VLLMEngine
 
     expected = engine.generate(PROMPTS, 3, [21, 22, 23])  # weights: synced back to the initial ones
     engine.close()

@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-import services
-from services.config import TaskSpec
-from services.reward import RewardPool
-from services.sandbox import Sandbox, SandboxLimits
-from services.tasks import load_task
+import tgc_rl
 from tests.proc_helpers import alive, descendants, wait_until
+from tgc_rl.config import TaskSpec
+from tgc_rl.reward import RewardPool
+from tgc_rl.sandbox import Sandbox, SandboxLimits
+from tgc_rl.tasks import load_task
 
-PROJECT = Path(services.__file__).resolve().parents[1]
+PROJECT = Path(tgc_rl.__file__).resolve().parents[1]
 MARK = f"tgcmark{uuid.uuid4().hex[:12]}"  # in every name a hostile program creates, so leftovers are findable
 LIMITS = SandboxLimits(
     wall_s=8.0,
@@ -54,8 +54,8 @@ def c_call(ret):
         raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
     return ret
 '''
-PROJECT_FILES = ["pyproject.toml", "services/config.py", "services/reward/pool.py"]
-SCAN_DIRS = ["/tmp", "/var/tmp", "/dev/shm", str(PROJECT), str(PROJECT / "services")]
+PROJECT_FILES = ["pyproject.toml", "tgc_rl/config.py", "tgc_rl/reward/pool.py"]
+SCAN_DIRS = ["/tmp", "/var/tmp", "/dev/shm", str(PROJECT), str(PROJECT / "tgc_rl")]
 
 
 def sha(path: Path) -> str:
@@ -313,7 +313,7 @@ def test_project_files_are_invisible(box):
         box,
         f"""
 attempt("read pyproject", lambda: open("{PROJECT}/pyproject.toml").read())
-attempt("read config", lambda: open("{PROJECT}/services/config.py").read())
+attempt("read config", lambda: open("{PROJECT}/tgc_rl/config.py").read())
 attempt("list project", lambda: os.listdir("{PROJECT}"))
 # the parent may exist inside the sandbox (a checkout under /tmp: that is the sandbox's own work dir), but
 # the project must not be in it
@@ -619,13 +619,11 @@ def test_project_modules_cannot_be_imported(box):
         box,
         """
 import importlib
-for name in ["services", "services.reward", "rlcore", "torch", "ray"]:
+for name in ["tgc_rl", "tgc_rl.reward", "rlcore", "torch", "ray"]:
     attempt("import " + name, lambda name=name: importlib.import_module(name))
 """,
     )
-    assert_blocked(
-        r, "import services", "import services.reward", "import rlcore", "import torch", "import ray"
-    )
+    assert_blocked(r, "import tgc_rl", "import tgc_rl.reward", "import rlcore", "import torch", "import ray")
 
 
 def test_faking_a_sandbox_failure_is_just_a_failed_program(box):

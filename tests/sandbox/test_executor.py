@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY
 
-import services
-from services.sandbox import Sandbox, SandboxLimits, SandboxUnavailable
-from services.sandbox.bwrap import SANDBOX_ENV
+import tgc_rl
+from tgc_rl.sandbox import Sandbox, SandboxLimits, SandboxUnavailable
+from tgc_rl.sandbox.bwrap import SANDBOX_ENV
 
-PROJECT = Path(services.__file__).resolve().parents[1]
+PROJECT = Path(tgc_rl.__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +135,7 @@ def test_missing_bwrap_is_refused_with_how_to_install_it(tmp_path, monkeypatch):
 
 def test_missing_user_namespaces_are_refused_with_how_to_enable_them():
     """Inside a real bwrap with nested user namespaces disabled, the sandbox refuses to run unconfined."""
-    probe = "from services.sandbox import Sandbox\nSandbox()\n"
+    probe = "from tgc_rl.sandbox import Sandbox\nSandbox()\n"
     # The fresh /tmp hides a checkout (or an interpreter) that lives under /tmp: bind those back on top.
     under_tmp = {
         p

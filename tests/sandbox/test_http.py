@@ -10,8 +10,8 @@ import httpx
 import pytest
 import uvicorn
 
-from services.sandbox import Sandbox, SandboxLimits
-from services.sandbox.http import create_app
+from tgc_rl.sandbox import Sandbox, SandboxLimits
+from tgc_rl.sandbox.http import create_app
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CLIENT = tomllib.loads((ROOT / "clients" / "pyproject.toml").read_text())
 # What a client must not load: the engines, the server's stack, and our own server/trainer/spec modules.
 HEAVY = ("torch", "ray", "vllm", "transformers", "numba", "numpy", "fastapi", "starlette", "uvicorn",
-         "sqlalchemy", "rlcore", "services.config", "services.control", "services.trainer", "services.tasks")  # fmt: skip
+         "sqlalchemy", "rlcore", "tgc_rl.config", "tgc_rl.control", "tgc_rl.trainer", "tgc_rl.tasks")  # fmt: skip
 
 
 def _loaded_after(code: str, python: str = sys.executable, **kw) -> list[str]:
@@ -31,15 +31,15 @@ def _loaded_after(code: str, python: str = sys.executable, **kw) -> list[str]:
 
 
 def test_the_sdk_imports_nothing_of_the_server_the_trainer_or_the_spec():
-    assert _loaded_after("import services.sdk; from services.sdk import Client, Job, TraceRecord") == []
+    assert _loaded_after("import tgc_rl.sdk; from tgc_rl.sdk import Client, Job, TraceRecord") == []
 
 
 def test_the_cli_parses_a_remote_command_without_the_trainer_or_the_tasks():
     # `tgc train`'s arguments come from the trainer and `data export`'s task list from the tasks: built for those
     # commands only, so every other command starts without them (here, with the full install)
-    code = "from services.cli import main\ntry:\n    main(['submit', '--help'])\nexcept SystemExit:\n    pass"
+    code = "from tgc_rl.cli import main\ntry:\n    main(['submit', '--help'])\nexcept SystemExit:\n    pass"
     assert _loaded_after(code) == []
-    assert "services.trainer" in _loaded_after(code.replace("submit", "train"))  # the probe sees them
+    assert "tgc_rl.trainer" in _loaded_after(code.replace("submit", "train"))  # the probe sees them
 
 
 def _client_sources(dest: Path) -> Path:
@@ -59,8 +59,8 @@ _NETWORK = ("NewConnectionError", "Temporary failure in name resolution", "Netwo
 _SCRIPT = textwrap.dedent(
     """
     import importlib.util, json, sys
-    from services.sdk import Client
-    from services.cli import main
+    from tgc_rl.sdk import Client
+    from tgc_rl.cli import main
     url, token = sys.argv[1], sys.argv[2]
     with Client(url, token) as client:
         job = client.submit({"name": "client-only", "steps": 2, "group_size": 2, "prompts_per_step": 2})

@@ -5,8 +5,8 @@ import threading
 import pytest
 import yaml
 
-from services.config import JobSpec
-from services.sdk import Client, Conflict, Invalid, Job, NotFound, Unauthorized, WaitTimeout
+from tgc_rl.config import JobSpec
+from tgc_rl.sdk import Client, Conflict, Invalid, Job, NotFound, Unauthorized, WaitTimeout
 
 SPEC = {"name": "sdk", "steps": 2, "group_size": 2, "prompts_per_step": 2}
 

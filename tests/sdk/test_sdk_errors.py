@@ -1,6 +1,6 @@
 import pytest
 
-from services.sdk import errors
+from tgc_rl.sdk import errors
 
 
 @pytest.mark.parametrize("status, cls", [

@@ -10,8 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from services.control.local import LocalControlPlane, free_port
-from services.sdk import Client, ServerError, Unavailable
+from tgc_rl.control.local import LocalControlPlane, free_port
+from tgc_rl.sdk import Client, ServerError, Unavailable
 
 RECORD = {
     "id": "job-1", "name": "x", "tenant": "acme", "state": "queued", "spec": {"steps": 1}, "total_steps": 1,

@@ -1,4 +1,4 @@
-from services.sdk.job import _parse_sse
+from tgc_rl.sdk.job import _parse_sse
 
 
 def test_events_are_split_on_blank_lines_with_type_id_and_data():

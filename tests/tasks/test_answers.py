@@ -1,6 +1,6 @@
 import pytest
 
-from services.tasks.answers import last_number
+from tgc_rl.tasks.answers import last_number
 
 
 @pytest.mark.parametrize(

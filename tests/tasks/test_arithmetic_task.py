@@ -1,6 +1,6 @@
 import pytest
 
-from services.tasks.arithmetic import ArithmeticTask
+from tgc_rl.tasks.arithmetic import ArithmeticTask
 
 
 def test_items_are_deterministic_per_seed_and_index():

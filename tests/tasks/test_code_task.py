@@ -1,7 +1,7 @@
 import pytest
 
-from services.tasks import load_task
-from services.tasks.code import FAMILIES, CodeTask
+from tgc_rl.tasks import load_task
+from tgc_rl.tasks.code import FAMILIES, CodeTask
 
 
 @pytest.fixture(scope="module")

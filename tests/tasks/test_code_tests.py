@@ -1,7 +1,7 @@
 import pytest
 
-from services.sandbox import Sandbox, SandboxLimits
-from services.tasks.code_tests import CodeTests, extract_program, function_program, score_code
+from tgc_rl.sandbox import Sandbox, SandboxLimits
+from tgc_rl.tasks.code_tests import CodeTests, extract_program, function_program, score_code
 
 ADD_TESTS = CodeTests(
     style="function", entry_point="add", test="assert add(2, 3) == 5\nassert add(-1, 1) == 0"

@@ -1,4 +1,4 @@
-"""The bounded reader (services/bounded_read.py) as the `dataset` task uses it: the same caps and refusals as
+"""The bounded reader (tgc_rl/bounded_read.py) as the `dataset` task uses it: the same caps and refusals as
 an upload, the nesting pre-scan exact on valid JSON, and no input that raises anything but DataError."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.bounded_read import DataError, DataLimits, inspect_file, nesting_depth, read_rows
-from services.tasks.dataset import DatasetTask
+from tgc_rl.bounded_read import DataError, DataLimits, inspect_file, nesting_depth, read_rows
+from tgc_rl.tasks.dataset import DatasetTask
 
 
 def _depth(value) -> int:

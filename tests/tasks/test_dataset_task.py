@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from services.config import JobSpec, SpecError
-from services.tasks import load_task
-from services.tasks.dataset import DataError, DataExhausted, DatasetTask, read_table, score_row
-from services.tasks.export import export_rows, write_rows
-from services.tasks.grants import LOCAL_GRANTS
-from services.tasks.params import DatasetParams
+from tgc_rl.config import JobSpec, SpecError
+from tgc_rl.tasks import load_task
+from tgc_rl.tasks.dataset import DataError, DataExhausted, DatasetTask, read_table, score_row
+from tgc_rl.tasks.export import export_rows, write_rows
+from tgc_rl.tasks.grants import LOCAL_GRANTS
+from tgc_rl.tasks.params import DatasetParams
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,7 @@ def test_exported_math_rows_load_and_their_reference_answers_score_one(files, na
 
 @pytest.mark.parametrize("name", ["code.jsonl", "code.parquet"])
 def test_exported_code_rows_pass_their_tests_with_the_reference_solution_in_the_sandbox(files, name):
-    from services.tasks.code_tests import make_sandbox
+    from tgc_rl.tasks.code_tests import make_sandbox
 
     references = {r["prompt"]: r for r in export_rows("code", {}, 8)}
     task = DatasetTask(seed=0, path=str(files[name]))

@@ -1,7 +1,7 @@
 import pytest
 
-from services.tasks import load_task
-from services.tasks.gym import ReasoningGymTask, candidate_answers
+from tgc_rl.tasks import load_task
+from tgc_rl.tasks.gym import ReasoningGymTask, candidate_answers
 
 
 @pytest.fixture(scope="module")

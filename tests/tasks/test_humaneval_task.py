@@ -1,7 +1,7 @@
 import pytest
 
-from services.tasks import load_task
-from services.tasks.humaneval import HumanEvalTask
+from tgc_rl.tasks import load_task
+from tgc_rl.tasks.humaneval import HumanEvalTask
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +44,8 @@ def test_canonical_solutions_pass(task):
 
 @pytest.mark.slow
 def test_all_164_canonical_solutions_pass():
-    from services.config import TaskSpec
-    from services.reward import RewardPool
+    from tgc_rl.config import TaskSpec
+    from tgc_rl.reward import RewardPool
 
     task = HumanEvalTask(shuffle=False)
     items = [task.item(i) for i in range(164)]

@@ -1,10 +1,10 @@
 import pytest
 
-from services.tasks import load_task
-from services.tasks.arithmetic import ArithmeticTask
-from services.tasks.code import CodeTask
-from services.tasks.gym import ReasoningGymTask
-from services.tasks.humaneval import HumanEvalTask
+from tgc_rl.tasks import load_task
+from tgc_rl.tasks.arithmetic import ArithmeticTask
+from tgc_rl.tasks.code import CodeTask
+from tgc_rl.tasks.gym import ReasoningGymTask
+from tgc_rl.tasks.humaneval import HumanEvalTask
 
 
 @pytest.mark.parametrize(
@@ -22,7 +22,7 @@ def test_names_dispatch_to_their_task(name, params, cls):
 
 
 def test_a_custom_module_function_builds_the_task():
-    task = load_task("services.tasks.arithmetic:ArithmeticTask", {"max_operand": 3}, seed=1)
+    task = load_task("tgc_rl.tasks.arithmetic:ArithmeticTask", {"max_operand": 3}, seed=1)
     assert isinstance(task, ArithmeticTask) and task.max_operand == 3
 
 

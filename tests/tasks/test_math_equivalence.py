@@ -1,6 +1,6 @@
 import pytest
 
-from services.tasks.math_equivalence import verify_math
+from tgc_rl.tasks.math_equivalence import verify_math
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
 """One task registry: every list of task names comes from BUILTIN_TASKS, and a task's optional capabilities are
-declared on the contract (services.tasks.base.Task) with defaults, not discovered by probing the object."""
+declared on the contract (tgc_rl.tasks.base.Task) with defaults, not discovered by probing the object."""
 
 import subprocess
 import sys
@@ -8,13 +8,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from services.cli import main
-from services.tasks import load_task
-from services.tasks.base import Task, TaskItem
-from services.tasks.dataset import DatasetTask
-from services.tasks.humaneval import HumanEvalTask
-from services.tasks.params import ArithmeticParams
-from services.tasks.registry import BUILTIN_TASKS, BuiltinTask, CustomTask, builtin_names
+from tgc_rl.cli import main
+from tgc_rl.tasks import load_task
+from tgc_rl.tasks.base import Task, TaskItem
+from tgc_rl.tasks.dataset import DatasetTask
+from tgc_rl.tasks.humaneval import HumanEvalTask
+from tgc_rl.tasks.params import ArithmeticParams
+from tgc_rl.tasks.registry import BUILTIN_TASKS, BuiltinTask, CustomTask, builtin_names
 
 
 def _listed(text: str, after: str) -> list[str]:
@@ -31,25 +31,25 @@ def test_tgc_schema_names_every_task_when_it_does_not_know_one(capsys):
 def countdown(monkeypatch):
     """A new built-in task: one registry entry (its module here: the arithmetic task's)."""
     entry = BuiltinTask(
-        "countdown", ArithmeticParams, "services.tasks.arithmetic:ArithmeticTask", exportable=False
+        "countdown", ArithmeticParams, "tgc_rl.tasks.arithmetic:ArithmeticTask", exportable=False
     )
     monkeypatch.setitem(BUILTIN_TASKS, "countdown", entry)
     return entry
 
 
-# The task models of the spec are made from the registry when services.config is imported: a new entry is in
+# The task models of the spec are made from the registry when tgc_rl.config is imported: a new entry is in
 # the table before that, as an entry in registry.py is. So this runs in a fresh interpreter.
 _NEW_ENTRY = """
 import contextlib, io, json
-from services.tasks.params import ArithmeticParams
-from services.tasks.registry import BUILTIN_TASKS, BuiltinTask
+from tgc_rl.tasks.params import ArithmeticParams
+from tgc_rl.tasks.registry import BUILTIN_TASKS, BuiltinTask
 BUILTIN_TASKS["countdown"] = BuiltinTask(
-    "countdown", ArithmeticParams, "services.tasks.arithmetic:ArithmeticTask", exportable=False
+    "countdown", ArithmeticParams, "tgc_rl.tasks.arithmetic:ArithmeticTask", exportable=False
 )
-from services.cli import main
-from services.config import JobSpec, SpecError
-from services.tasks import load_task
-from services.tasks.arithmetic import ArithmeticTask
+from tgc_rl.cli import main
+from tgc_rl.config import JobSpec, SpecError
+from tgc_rl.tasks import load_task
+from tgc_rl.tasks.arithmetic import ArithmeticTask
 
 def refusal(f, *args):
     try:
@@ -100,7 +100,7 @@ def test_every_registered_task_builds_from_its_entry_and_is_a_task(tmp_path):
 
 
 def _data_metrics(task, position: int) -> dict[str, float]:
-    from services.trainer.loop import Trainer
+    from tgc_rl.trainer.loop import Trainer
 
     trainer = SimpleNamespace(data=SimpleNamespace(task=task, dropped_too_long=0), trained_position=position)
     return Trainer._data_metrics(trainer)  # type: ignore[arg-type]

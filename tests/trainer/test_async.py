@@ -11,13 +11,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from services import run_layout as rl
-from services.batch import Completion
-from services.config import MAX_ASYNC_DEPTH, JobSpec, SpecError
-from services.tasks import Score, TaskItem
-from services.trainer.checkpoints import read_state
-from services.trainer.data import Prompt
-from services.trainer.loop import Group, Rollout, Trainer, _drain, _lag
+from tgc_rl import run_layout as rl
+from tgc_rl.batch import Completion
+from tgc_rl.config import MAX_ASYNC_DEPTH, JobSpec, SpecError
+from tgc_rl.tasks import Score, TaskItem
+from tgc_rl.trainer.checkpoints import read_state
+from tgc_rl.trainer.data import Prompt
+from tgc_rl.trainer.loop import Group, Rollout, Trainer, _drain, _lag
 
 from .conftest import read_metrics, tiny_spec
 
@@ -77,7 +77,7 @@ def test_k_step_trains_on_samples_up_to_k_versions_old_with_token_tis_reporting_
 ):
     """One k_step job (k = 2, 3 steps, then resumed to 6) for the queue's bound, the resume's data position
     and the async default behaviour correction (token TIS, C = 2) with its metrics (issue 31)."""
-    from services.trainer.main import run
+    from tgc_rl.trainer.main import run
 
     k = 2
     mode = {"async.mode": "k_step", "async.max_staleness": k, "checkpoint.every_steps": 0}

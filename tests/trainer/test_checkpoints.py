@@ -2,7 +2,7 @@
 
 import pytest
 
-from services.trainer.checkpoints import Checkpoints, read_state
+from tgc_rl.trainer.checkpoints import Checkpoints, read_state
 
 
 def test_incomplete_checkpoint_is_invisible(tmp_path):

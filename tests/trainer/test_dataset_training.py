@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from services.tasks.dataset import DatasetTask
-from services.tasks.export import export_rows, write_rows
-from services.trainer.main import run
+from tgc_rl.tasks.dataset import DatasetTask
+from tgc_rl.tasks.export import export_rows, write_rows
+from tgc_rl.trainer.main import run
 
 from .conftest import read_events, read_metrics, tiny_spec
 

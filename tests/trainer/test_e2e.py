@@ -11,10 +11,10 @@ import time
 import pytest
 import torch
 
-from services.resources import ResourceError
-from services.trainer.checkpoints import read_state
-from services.trainer.main import run
-from services.trainer.traces import read_page
+from tgc_rl.resources import ResourceError
+from tgc_rl.trainer.checkpoints import read_state
+from tgc_rl.trainer.main import run
+from tgc_rl.trainer.traces import read_page
 
 from .conftest import read_events, read_metrics, tiny_spec
 
@@ -121,7 +121,7 @@ def test_a_trainer_killed_mid_step_resumes_with_no_lost_or_duplicated_step(ray_c
         [
             sys.executable,
             "-m",
-            "services.trainer",
+            "tgc_rl.trainer",
             "--spec",
             str(tmp_path / "job.yaml"),
             "--run-dir",
@@ -234,11 +234,11 @@ def test_weights_reach_the_engine_through_the_object_store_and_by_broadcast_and_
     learner's; then resources.weight_sync broadcast: weights go from 2 FSDP ranks straight into the vLLM replica
     (gloo here, NCCL on GPU); a replica that dies gets the current weights through the object store and the
     group reopens. One learner group and one replica for both (each costs a start-up)."""
-    from services.batch import collate
-    from services.learner import LearnerGroup
-    from services.models import model_dir
-    from services.rollout import RolloutPool
-    from services.weight_sync import WeightSync
+    from tgc_rl.batch import collate
+    from tgc_rl.learner import LearnerGroup
+    from tgc_rl.models import model_dir
+    from tgc_rl.rollout import RolloutPool
+    from tgc_rl.weight_sync import WeightSync
 
     spec = tiny_spec(
         name="bcast",

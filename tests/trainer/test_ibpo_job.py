@@ -7,8 +7,8 @@ import urllib.request
 
 import pytest
 
-from services.trainer.main import run
 from tests.proc_helpers import wait_until
+from tgc_rl.trainer.main import run
 
 from .conftest import read_events, read_metrics, tiny_spec
 

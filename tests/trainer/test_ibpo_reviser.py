@@ -4,12 +4,12 @@ become phi, advantages and masks (a scripted rollout pool and reward pool stand 
 import torch
 
 import rlcore
-from services.batch import Completion, collate
-from services.models import load_tokenizer
-from services.tasks import Score, TaskItem
-from services.trainer.data import Prompt
-from services.trainer.ibpo import Reviser
-from services.trainer.loop import Group
+from tgc_rl.batch import Completion, collate
+from tgc_rl.models import load_tokenizer
+from tgc_rl.tasks import Score, TaskItem
+from tgc_rl.trainer.data import Prompt
+from tgc_rl.trainer.ibpo import Reviser
+from tgc_rl.trainer.loop import Group
 
 from .conftest import tiny_spec
 

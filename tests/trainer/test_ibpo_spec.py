@@ -7,11 +7,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rlcore
-from services.config import DEFAULT_REVISION_TEMPLATE, REVISION_SLOTS, IbpoSpec, JobSpec, SpecError
-from services.models import load_tokenizer
-from services.tasks import TaskItem
-from services.tasks.params import check_template, fill_template
-from services.trainer.ibpo import Reviser
+from tgc_rl.config import DEFAULT_REVISION_TEMPLATE, REVISION_SLOTS, IbpoSpec, JobSpec, SpecError
+from tgc_rl.models import load_tokenizer
+from tgc_rl.tasks import TaskItem
+from tgc_rl.tasks.params import check_template, fill_template
+from tgc_rl.trainer.ibpo import Reviser
 
 from .conftest import tiny_spec
 

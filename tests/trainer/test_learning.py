@@ -3,8 +3,8 @@ stack (local Ray, vLLM CPU engine, FSDP2 learner, reward pool). Seeded; a shorte
 
 import pytest
 
-from services.config import JobSpec
-from services.trainer.main import run
+from tgc_rl.config import JobSpec
+from tgc_rl.trainer.main import run
 
 from .conftest import read_metrics
 

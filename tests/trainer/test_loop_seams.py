@@ -11,16 +11,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import services.tasks.base as task_base
-from services.batch import Completion
-from services.config import JobSpec
-from services.tasks import Score, TaskItem
-from services.trainer import evaluation
-from services.trainer import main as trainer_main
-from services.trainer.data import Prompt, derive_seed
-from services.trainer.evaluation import _EVAL_SEED_SALT, summarise
-from services.trainer.ibpo import _SEED_SALT as _REVISION_SEED_SALT
-from services.trainer.loop import Group, Rollout, Trainer, _rollout_metrics
+import tgc_rl.tasks.base as task_base
+from tgc_rl.batch import Completion
+from tgc_rl.config import JobSpec
+from tgc_rl.tasks import Score, TaskItem
+from tgc_rl.trainer import evaluation
+from tgc_rl.trainer import main as trainer_main
+from tgc_rl.trainer.data import Prompt, derive_seed
+from tgc_rl.trainer.evaluation import _EVAL_SEED_SALT, summarise
+from tgc_rl.trainer.ibpo import _SEED_SALT as _REVISION_SEED_SALT
+from tgc_rl.trainer.loop import Group, Rollout, Trainer, _rollout_metrics
 
 
 def _completion(n: int) -> Completion:

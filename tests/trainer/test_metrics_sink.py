@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from services.trainer.metrics import MetricsSink, read_metrics
+from tgc_rl.trainer.metrics import MetricsSink, read_metrics
 
 
 def test_each_step_reaches_jsonl_and_tensorboard(tmp_path):
@@ -62,8 +62,8 @@ def test_off_a_terminal_each_step_is_one_plain_line(tmp_path, capsys):
 
 
 def test_curves_are_drawn_from_the_run_and_tgc_plot_redraws_them(tmp_path, capsys):
-    from services.cli import main
-    from services.trainer.curves import plot_run
+    from tgc_rl.cli import main
+    from tgc_rl.trainer.curves import plot_run
 
     sink = MetricsSink(tmp_path, "job", total_steps=3, progress=False)
     for step in (1, 2, 3):

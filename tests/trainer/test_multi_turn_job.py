@@ -5,9 +5,9 @@ base, vLLM serving the adapter, the canary per sync (one job and one resume for 
 
 import pytest
 
-from services.trainer.loop import Trainer
-from services.trainer.multi_turn import MultiTurnSampler
 from tests.trainer.conftest import read_metrics, tiny_spec
+from tgc_rl.trainer.loop import Trainer
+from tgc_rl.trainer.multi_turn import MultiTurnSampler
 
 pytestmark = pytest.mark.slow
 
@@ -117,8 +117,8 @@ def test_a_multi_turn_lora_job_on_vllm_trains_token_exact_syncs_only_the_adapter
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from services.models import model_dir
-    from services.trainer.main import run
+    from tgc_rl.models import model_dir
+    from tgc_rl.trainer.main import run
 
     recorder = _Recorder(monkeypatch)
     spec = {

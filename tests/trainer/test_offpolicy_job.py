@@ -11,9 +11,9 @@ import torch
 
 import rlcore
 from rlcore.offpolicy import MISMATCH_KEYS
-from services import run_layout as rl
-from services.config import ASYNC_CORRECTION, JobSpec
-from services.learner.spec import LearnerSpec
+from tgc_rl import run_layout as rl
+from tgc_rl.config import ASYNC_CORRECTION, JobSpec
+from tgc_rl.learner.spec import LearnerSpec
 
 ASYNC = {
     "sync": {},

@@ -14,14 +14,14 @@ from pydantic import ValidationError
 import rlcore
 from rlcore.diagnostics import ascent_weights
 from rlcore.shared_nodes import shared_node_residual
-from services.batch import Completion, TrainBatch
-from services.cli import main
-from services.config import JobSpec, SamplingSpec
-from services.run_layout import OVERLONG_DROPPED_GROUPS, OVERLONG_FRAC
-from services.tasks import Score, TaskItem
-from services.trainer.credit import ObjectiveCredit
-from services.trainer.data import Prompt
-from services.trainer.loop import Group, Trainer
+from tgc_rl.batch import Completion, TrainBatch
+from tgc_rl.cli import main
+from tgc_rl.config import JobSpec, SamplingSpec
+from tgc_rl.run_layout import OVERLONG_DROPPED_GROUPS, OVERLONG_FRAC
+from tgc_rl.tasks import Score, TaskItem
+from tgc_rl.trainer.credit import ObjectiveCredit
+from tgc_rl.trainer.data import Prompt
+from tgc_rl.trainer.loop import Group, Trainer
 
 MAX = 7  # sampling.max_new_tokens of these batches: a response of 7 tokens hit it ("length")
 G = 6

@@ -7,8 +7,8 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from services.run_layout import JobState
-from services.trainer.reporting import Reporter
+from tgc_rl.run_layout import JobState
+from tgc_rl.trainer.reporting import Reporter
 
 
 class _ControlPlane(BaseHTTPRequestHandler):
@@ -84,7 +84,7 @@ def test_non_finite_metrics_are_reported_as_null(tmp_path, control_plane):
 
 
 def test_a_residual_on_a_cancelling_objective_is_logged_first_and_then_every_50th_step(tmp_path):
-    from services.trainer.loop import ResidualWatch
+    from tgc_rl.trainer.loop import ResidualWatch
 
     watch = ResidualWatch(True, "cp_grpo", Reporter(tmp_path))
     assert watch.check(1, {"diag/d2_residual": 5e-9}) is None  # float rounding: cancellation holds

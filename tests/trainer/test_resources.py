@@ -2,9 +2,9 @@
 
 import pytest
 
-from services.config import JobSpec
-from services.resources import ResourceError, check_resources
-from services.trainer.main import local_capacity
+from tgc_rl.config import JobSpec
+from tgc_rl.resources import ResourceError, check_resources
+from tgc_rl.trainer.main import local_capacity
 
 
 def test_gpus_on_a_cpu_cluster_are_refused():
@@ -25,7 +25,7 @@ def test_default_spec_fits_this_machine():
 
 
 def test_actors_keep_large_allocations_on_the_heap_unless_the_operator_says_otherwise(monkeypatch):
-    from services.trainer.main import actor_env
+    from tgc_rl.trainer.main import actor_env
 
     monkeypatch.delenv("MALLOC_MMAP_MAX_", raising=False)
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")  # an operator's own choice is kept

@@ -7,12 +7,12 @@ import json
 import pytest
 import yaml
 
-from services.cli import main
-from services.config import JobSpec
-from services.run_layout import CHECKPOINTS_DIR, EVENTS_FILE, SPEC_FILE
-from services.trainer.checkpoints import Checkpoints
-from services.trainer.main import RESUME_MAY_CHANGE, ResumeMismatch, check_resume, run
 from tests.trainer.conftest import BASE
+from tgc_rl.cli import main
+from tgc_rl.config import JobSpec
+from tgc_rl.run_layout import CHECKPOINTS_DIR, EVENTS_FILE, SPEC_FILE
+from tgc_rl.trainer.checkpoints import Checkpoints
+from tgc_rl.trainer.main import RESUME_MAY_CHANGE, ResumeMismatch, check_resume, run
 
 ORIGINAL = JobSpec.parse(BASE)
 

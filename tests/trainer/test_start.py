@@ -3,7 +3,7 @@ naming the cause and the parts that did start are stopped (the start-up path has
 
 import pytest
 
-from services.trainer.main import run
+from tgc_rl.trainer.main import run
 
 from .conftest import read_events, tiny_spec
 
@@ -11,12 +11,12 @@ pytestmark = pytest.mark.slow
 
 
 def test_a_rollout_that_fails_to_start_leaves_no_learner_or_reward_actor(ray_cluster, tmp_path, monkeypatch):
-    import services.rollout
+    import tgc_rl.rollout
 
     def broken_pool(*args, **kwargs):
         raise RuntimeError("replica could not load its weights")
 
-    monkeypatch.setattr(services.rollout, "RolloutPool", broken_pool)
+    monkeypatch.setattr(tgc_rl.rollout, "RolloutPool", broken_pool)
     assert run(tiny_spec(name="halfstart"), tmp_path) == "failed"
     final = [e for e in read_events(tmp_path) if e["type"] == "state"][-1]
     assert "replica could not load its weights" in final["reason"]

@@ -5,12 +5,12 @@ import os
 
 import pytest
 
-from services.batch import Completion
-from services.config import JobSpec, SpecError, TracesSpec
-from services.tasks import Score, TaskItem
-from services.trainer.data import Prompt
-from services.trainer.loop import Group
-from services.trainer.traces import TRACES_DIR, TraceWriter, read_page, trace_files
+from tgc_rl.batch import Completion
+from tgc_rl.config import JobSpec, SpecError, TracesSpec
+from tgc_rl.tasks import Score, TaskItem
+from tgc_rl.trainer.data import Prompt
+from tgc_rl.trainer.loop import Group
+from tgc_rl.trainer.traces import TRACES_DIR, TraceWriter, read_page, trace_files
 
 
 def _groups(rewards: list[list[float]], step: int = 1) -> list[Group]:

@@ -16,10 +16,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.config import JobSpec, MlflowTrackerSpec, WandbTrackerSpec
-from services.control.local import free_port
-from services.trainer.traces import TraceRecord
-from services.trainer.trackers import QUEUE_SIZE, RunEnd, RunInfo, Trackers, flatten
+from tgc_rl.config import JobSpec, MlflowTrackerSpec, WandbTrackerSpec
+from tgc_rl.control.local import free_port
+from tgc_rl.trainer.traces import TraceRecord
+from tgc_rl.trainer.trackers import QUEUE_SIZE, RunEnd, RunInfo, Trackers, flatten
 
 STEPS = {1: {"reward/mean": 0.25, "diag/d2_residual": 1e-9}, 2: {"reward/mean": 0.5, "diag/d2_residual": 2e-9},
          3: {"reward/mean": 0.75, "diag/d2_residual": 3e-9, "eval/accuracy": 0.5}}  # fmt: skip
@@ -272,7 +272,7 @@ def test_a_job_sends_its_metrics_jsonl_rows_to_mlflow_and_wandb(
 
     from mlflow.tracking import MlflowClient
 
-    from services.trainer.main import run
+    from tgc_rl.trainer.main import run
 
     from .conftest import read_metrics, tiny_spec
 

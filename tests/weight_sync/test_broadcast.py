@@ -2,7 +2,7 @@
 
 import pytest
 
-from services.weight_sync.broadcast import rank_offsets
+from tgc_rl.weight_sync.broadcast import rank_offsets
 
 
 def test_each_replica_gets_its_own_block_of_broadcast_ranks():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from services.weight_sync.flat import FlatWeights, named_tensors, weights_nbytes
+from tgc_rl.weight_sync.flat import FlatWeights, named_tensors, weights_nbytes
 
 
 def _state():

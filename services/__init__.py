@@ -1,1 +1,0 @@
-"""tgc-rl services: trainer runtime (Ray actors), reward verification, control plane, SDK and CLI."""

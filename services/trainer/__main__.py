@@ -1,3 +1,0 @@
-from services.trainer.main import cli
-
-raise SystemExit(cli())

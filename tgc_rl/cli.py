@@ -1,0 +1,784 @@
+"""`tgc`: the command line of tgc-rl.
+
+    tgc serve                          run the control plane (starts a local Ray head unless told otherwise)
+    tgc token create --tenant acme     mint a token (printed once; stored hashed)
+    tgc submit job.yaml --follow       submit, then show progress until the job ends
+    tgc jobs | status ID | logs ID -f | metrics ID | checkpoints ID | cancel ID | resume ID
+    tgc train job.yaml                 run a job locally, without the control plane
+    tgc schema                         print the job spec's JSON schema
+
+Client commands read the server URL and token from --url/--token or TGC_URL/TGC_TOKEN.
+Exit codes: 0 ok, 1 the job failed / an API error, 2 invalid input, 3 server unreachable.
+"""
+
+# The client distribution (clients/) ships this module with the SDK and the wire layer only: at module level
+# it imports the stdlib alone, and each command that runs here (the server, the trainer, the tasks) imports
+# what it needs inside its function and is marked `local=True` (main() names the full install when absent).
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_UNREACHABLE = 0, 1, 2, 3
+
+
+_FULL_INSTALL_NEEDED = (
+    "`tgc {command}` runs on this machine, with the trainer and the server: it needs the full install "
+    "(pip install tgc-rl); this is the client only (tgc-rl-client)"
+)
+
+
+def full_install() -> bool:
+    """Whether the trainer and the server are installed here (`tgc-rl`), not only the client (`tgc-rl-client`)."""
+    return importlib.util.find_spec("tgc_rl.trainer") is not None
+
+
+# -- server-side commands -------------------------------------------------------------------------
+def _settings(args: argparse.Namespace, **extra: Any):
+    from tgc_rl.control.settings import ControlSettings
+
+    return ControlSettings.from_env(data_dir=args.data_dir, db_url=args.db_url, **extra)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from tgc_rl.control.server import serve
+
+    settings = _settings(
+        args, host=args.host, port=args.port, ray_address=args.ray_address, ray_num_cpus=args.ray_num_cpus,
+        scheduler=False if args.no_scheduler else None, public_url=args.public_url,
+        default_max_concurrent_jobs=args.max_concurrent_jobs, cancel_grace_s=args.cancel_grace,
+        poll_interval_s=args.poll_interval, allow_custom_code=True if args.allow_custom_code else None,
+        allow_unsafe_sandbox=True if args.allow_unsafe_sandbox else None,
+    )  # fmt: skip
+    serve(settings, log_level=args.log_level)
+    return EXIT_OK
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    """The managed local Ray head `tgc serve` starts: its state, or stop it (running jobs end with it)."""
+    from tgc_rl.control.ray_cluster import LocalRayCluster
+
+    cluster = LocalRayCluster(_settings(args).data_dir)
+    procs = cluster.processes()
+    if args.cluster_command == "status":
+        where = cluster.dashboard_url if cluster.running() else "not answering"
+        print(f"managed Ray head of {cluster.root.parent}: {len(procs)} processes; dashboard {where}")
+        return EXIT_OK
+    if not procs:
+        print(f"no managed Ray head of {cluster.root.parent} is running")
+        return EXIT_OK
+    cluster.stop()
+    print(f"stopped the managed Ray head of {cluster.root.parent} ({len(procs)} processes)")
+    return EXIT_OK
+
+
+def _token_store(args: argparse.Namespace):
+    from tgc_rl.control.db import make_engine
+    from tgc_rl.control.migrations import migrate
+    from tgc_rl.control.tokens import TokenStore
+
+    settings = _settings(args)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    engine = make_engine(settings.database_url)
+    migrate(engine)
+    return TokenStore(engine)
+
+
+def cmd_token_create(args: argparse.Namespace) -> int:
+    store = _token_store(args)
+    try:
+        info, secret = store.create(args.tenant, name=args.name, is_admin=args.admin)
+        if args.max_concurrent is not None:
+            store.set_quota(args.tenant, args.max_concurrent)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    kind = "admin token" if info.is_admin else "token"
+    print(f"created {kind} {info.id} for tenant {info.tenant!r}; it is shown only now:", file=sys.stderr)
+    print(secret)  # stdout carries the secret alone: TGC_TOKEN=$(tgc token create ...)
+    return EXIT_OK
+
+
+def cmd_token_list(args: argparse.Namespace) -> int:
+    for t in _token_store(args).list(args.tenant):
+        status = "revoked" if t.revoked_at else "active"
+        created = time.strftime("%Y-%m-%d %H:%M", time.localtime(t.created_at))
+        print(
+            f"{t.id}  {t.tenant:<20} {'admin' if t.is_admin else 'user ':<5}  {status:<7}  {created}  {t.name}"
+        )
+    return EXIT_OK
+
+
+def cmd_token_revoke(args: argparse.Namespace) -> int:
+    if _token_store(args).revoke(args.token_id):
+        print(f"revoked {args.token_id}")
+        return EXIT_OK
+    print(f"error: no active token {args.token_id}", file=sys.stderr)
+    return EXIT_INVALID
+
+
+def cmd_quota(args: argparse.Namespace) -> int:
+    try:
+        _token_store(args).set_quota(args.tenant, args.max_concurrent)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    print(f"tenant {args.tenant!r}: at most {args.max_concurrent} concurrent jobs")
+    return EXIT_OK
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from tgc_rl.trainer.main import train_command
+
+    return train_command(args)
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from tgc_rl.trainer.curves import plot_run
+
+    try:
+        print(plot_run(args.run_dir, args.out))
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    return EXIT_OK
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    if args.remote:  # the schema of the spec the server accepts (the client install has no JobSpec)
+        if args.task is not None:
+            print(
+                "error: --task reads this machine's task registry; drop --remote (full install)",
+                file=sys.stderr,
+            )
+            return EXIT_INVALID
+        with _client(args) as client:
+            print(json.dumps(client.schema(), indent=args.indent))
+        return EXIT_OK
+    if not full_install():
+        print(f"error: {_FULL_INSTALL_NEEDED.format(command='schema')} (or ask the server: --remote)",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_INVALID
+    from tgc_rl.config import JobSpec
+
+    if args.task is None:
+        print(json.dumps(JobSpec.model_json_schema(by_alias=True), indent=args.indent))
+        return EXIT_OK
+    from tgc_rl.tasks.registry import builtin_names, params_model
+
+    model = params_model(args.task)
+    if model is None:
+        print(
+            f"error: {args.task!r} has no declared params (a custom `module:function` task takes free-form "
+            f"params); built-in: {', '.join(builtin_names())}",
+            file=sys.stderr,
+        )
+        return EXIT_INVALID
+    print(json.dumps(model.model_json_schema(), indent=args.indent))
+    return EXIT_OK
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    """Evaluate the spec's model (or a checkpoint) on its `eval` rows, locally or (`--remote`) as a job."""
+    from tgc_rl.run_layout import EVENTS_FILE, METRICS_FILE, JobState
+
+    if args.remote:
+        local = [
+            flag for flag, value in (("--checkpoint", args.checkpoint), ("--run-dir", args.run_dir)) if value
+        ]
+        if local:  # the server runs the job in a run dir of its own, on the model its workers can read
+            print(
+                f"error: {' and '.join(local)} apply to a local evaluation only; with --remote the server "
+                "chooses the run dir and evaluates the spec's model.source (set it to a checkpoint's `model` "
+                "directory on the workers' hosts to evaluate a checkpoint)",
+                file=sys.stderr,
+            )
+            return EXIT_INVALID
+        with _client(args) as client:  # the server validates the spec (Invalid names each bad field)
+            job = client.evaluate(args.spec).wait()
+            if job.state != JobState.SUCCEEDED:
+                print(f"error: evaluation job {job.id} {job.state.value}: {job.reason}", file=sys.stderr)
+                return EXIT_FAILED
+            metrics = job.metrics()[0].metrics
+    elif not full_install():
+        print(f"error: {_FULL_INSTALL_NEEDED.format(command='eval')} (or evaluate on the server: --remote)",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_INVALID
+    else:
+        from tgc_rl.config import JobSpec, SpecError
+        from tgc_rl.resources import ResourceError
+        from tgc_rl.tasks import GrantError
+        from tgc_rl.trainer.main import run
+
+        try:
+            spec = JobSpec.from_yaml(args.spec, steps=0)  # the trainer entry's one parse, evaluating only
+        except (SpecError, OSError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return EXIT_INVALID
+        run_dir = Path(args.run_dir or f"runs/{spec.name}-eval-{time.strftime('%Y%m%d-%H%M%S')}")
+        try:
+            state = run(spec, run_dir, args.checkpoint)
+        except (ResourceError, GrantError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return EXIT_INVALID
+        if state != JobState.SUCCEEDED:
+            print(f"error: evaluation {state} (see {run_dir / EVENTS_FILE})", file=sys.stderr)
+            return EXIT_FAILED
+        metrics = json.loads((run_dir / METRICS_FILE).read_text().splitlines()[-1])
+        print(f"run dir {run_dir} (each sample's verdict: {run_dir}/eval/step_0.jsonl)")
+    print(_eval_table(metrics))
+    return EXIT_OK
+
+
+def _eval_table(metrics: dict[str, Any]) -> str:
+    """The eval/ metrics as an aligned two-column table."""
+    rows = [(k, v) for k, v in metrics.items() if k.startswith("eval/") or k == "timing/eval_s"]
+    width = max((len(k) for k, _ in rows), default=0)
+    return "\n".join(
+        f"{k:<{width}}  {v:.4g}" if isinstance(v, float) else f"{k:<{width}}  {v}" for k, v in rows
+    )
+
+
+def cmd_data_export(args: argparse.Namespace) -> int:
+    from tgc_rl.tasks.export import export_rows, write_rows
+
+    try:
+        params = json.loads(args.params) if args.params else {}
+        rows = export_rows(args.task, params, args.rows, args.seed)
+        path = write_rows(rows, args.out)
+    except (ValueError, OSError) as e:  # json.JSONDecodeError is a ValueError
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    print(f"{path}: {len(rows)} rows of {args.task}")
+    return EXIT_OK
+
+
+def cmd_data_upload(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        d = client.upload_dataset(args.file, args.name)
+    print(f"{d.id}  {d.name}  {d.rows} rows  {d.size_bytes:,} bytes  sha256 {d.sha256[:12]}")
+    print(f"use it as  task: {{name: dataset, params: {{dataset_id: {d.id}}}}}")
+    return EXIT_OK
+
+
+def cmd_data_list(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        found = client.datasets()
+    if args.json:
+        print(json.dumps([d.model_dump(mode="json") for d in found], indent=2))
+        return EXIT_OK
+    for d in found:
+        print(
+            f"{d.id}  {d.name:<32} {d.rows:>8} rows  {d.size_bytes:>12,} bytes  {_ts(d.created_at)}  "
+            f"columns: {', '.join(d.columns)}"
+        )
+    return EXIT_OK
+
+
+def cmd_data_rm(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        for dataset_id in args.dataset_ids:
+            client.delete_dataset(dataset_id)
+            print(f"{dataset_id}: deleted")
+    return EXIT_OK
+
+
+# -- client commands ------------------------------------------------------------------------------
+def _client(args: argparse.Namespace):
+    from tgc_rl.sdk import Client
+
+    return Client(args.url, args.token)
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=True)
+
+
+def _ts(dt) -> str:
+    return dt.astimezone().strftime("%Y-%m-%d %H:%M:%S") if dt else "-"
+
+
+def _print_record(job, console) -> None:
+    r = job.record
+    console.print(f"[bold]{r.id}[/bold]  {r.name}  (tenant {r.tenant}, attempt {r.attempt})")
+    console.print(f"  state     {_state_markup(r.state.value)}  {r.reason}")
+    step = f"{r.step if r.step is not None else '-'} / {r.total_steps}"
+    console.print(f"  step      {step}")
+    console.print(
+        f"  created   {_ts(r.created_at)}   started {_ts(r.started_at)}   finished {_ts(r.finished_at)}"
+    )
+    if r.cancel_requested:
+        console.print(
+            f"  cancel    requested: {r.cancel_reason}" + ("  (stopped hard)" if r.hard_stopped else "")
+        )
+    if r.run_dir:
+        console.print(f"  run dir   {r.run_dir}")
+    if r.latest_metrics:
+        console.print("  metrics   " + _metrics_text(r.latest_metrics, 8))
+    console.print("  history")
+    for t in r.transitions:
+        console.print(f"    {_ts(t.time)}  {t.state.value:<9}  {t.reason}")
+
+
+_STATE_COLORS = {"queued": "yellow", "starting": "cyan", "running": "blue", "succeeded": "green",
+                 "failed": "red", "cancelled": "magenta"}  # fmt: skip
+
+
+def _state_markup(state: str) -> str:
+    color = _STATE_COLORS.get(state, "white")
+    return f"[{color}]{state}[/{color}]"
+
+
+def _metrics_text(metrics: dict[str, float | None], n: int = 4) -> str:
+    """The first `n` metrics, the headline ones first (tgc_rl/run_layout.py), then by name."""
+    from tgc_rl.run_layout import HEADLINE_METRICS
+
+    rank = {h.name: i for i, h in enumerate(HEADLINE_METRICS)}
+    keys = sorted(metrics, key=lambda k: (rank.get(k, len(rank)), k))[:n]
+    return "  ".join(f"{k}={metrics[k]:.4g}" if metrics[k] is not None else f"{k}=nan" for k in keys)
+
+
+def follow_job(job, console) -> int:
+    """Show a job's progress until it ends: a progress bar over steps, state changes and log lines."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from tgc_rl.run_layout import ENDED_OK
+
+    bar = Progress(
+        TextColumn("[bold]{task.description}"), TextColumn("{task.fields[state]}"), BarColumn(),
+        MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[metrics]}"), console=console,
+    )  # fmt: skip
+    with bar:
+        task = bar.add_task(job.id, total=job.record.total_steps, completed=job.record.step or 0,
+                            state=_state_markup(job.state.value), metrics="")  # fmt: skip
+        for ev in job.stream():
+            d = ev.data
+            if ev.type == "step":
+                text = _metrics_text(d.get("metrics") or {})
+                bar.update(task, completed=d.get("step", 0), metrics=text)
+                if not console.is_terminal:  # no live bar in a log file: one line per step instead
+                    bar.console.print(
+                        f"{_ts(ev.time)}  step {d.get('step')}/{job.record.total_steps}  {text}"
+                    )
+            elif ev.type == "state" and d.get("source") == "control":  # the record's transitions
+                bar.update(task, state=_state_markup(str(d.get("state"))))
+                bar.console.print(
+                    f"{_ts(ev.time)}  state {_state_markup(str(d.get('state')))}: {d.get('reason', '')}"
+                )
+            elif ev.type == "checkpoint":
+                bar.console.print(f"{_ts(ev.time)}  checkpoint at step {d.get('step')}: {d.get('path')}")
+            elif ev.type == "log":
+                bar.console.print(f"{_ts(ev.time)}  {d.get('message', '')}", markup=False)
+    r = job.record
+    console.print(f"{r.id}: {_state_markup(r.state.value)} — {r.reason}")
+    return EXIT_OK if r.state in ENDED_OK else EXIT_FAILED
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    console = _console()
+    with _client(args) as client:
+        if args.dry_run:
+            client.validate(args.spec)
+            console.print(f"{args.spec}: valid")
+            return EXIT_OK
+        job = client.submit(args.spec, idempotency_key=args.idempotency_key)
+        if args.quiet:
+            print(job.id)
+        else:
+            console.print(f"submitted {job.id} ({job.record.name}): {_state_markup(job.state.value)}")
+        return follow_job(job, console) if args.follow else EXIT_OK
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    console = _console()
+    with _client(args) as client:
+        jobs = client.jobs(args.state, limit=args.limit, tenant=args.tenant)
+    if args.json:
+        print(json.dumps([j.record.model_dump(mode="json") for j in jobs], indent=2))
+        return EXIT_OK
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold")
+    for col in ("ID", "NAME", "TENANT", "STATE", "STEP", "CREATED", "REASON"):
+        table.add_column(col)
+    for j in jobs:
+        r = j.record
+        table.add_row(r.id, r.name, r.tenant, _state_markup(r.state.value),
+                      f"{r.step if r.step is not None else '-'}/{r.total_steps}", _ts(r.created_at), r.reason[:60])  # fmt: skip
+    console.print(table)
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        job = client.job(args.job_id)
+    if args.json:
+        print(job.record.model_dump_json(indent=2))
+    else:
+        _print_record(job, _console())
+    return EXIT_OK
+
+
+def _print_log_page(job, since: int) -> tuple[int, bool]:
+    """Print the log lines after cursor `since`; returns the next cursor and whether there were any."""
+    page = job.logs(since)
+    for line in page.lines:
+        print(f"{_ts(line.time)} [{line.level}] {line.message}", flush=True)
+    return page.next, bool(page.lines)
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        job = client.job(args.job_id)
+        if args.driver:
+            print(job.driver_log(), end="")
+            return EXIT_OK
+        since, ended = 0, False
+        while True:
+            since, more = _print_log_page(job, since)
+            if more:
+                continue  # read on at once: a page holds at most 1000 lines
+            if ended or not args.follow:
+                return EXIT_OK
+            ended = job.refresh().done  # once ended, one more read: lines stored just before the end
+            if not ended:
+                time.sleep(1.0)
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        points = client.job(args.job_id).metrics(since_step=args.since_step)
+    if args.json:
+        print(json.dumps([p.model_dump(mode="json") for p in points], indent=2))
+        return EXIT_OK
+    for p in points:
+        print(f"attempt {p.attempt} step {p.step:>6}  " + _metrics_text(p.metrics, 8))
+    return EXIT_OK
+
+
+def cmd_checkpoints(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        for c in client.job(args.job_id).checkpoints():
+            seen = {True: "", False: "  (missing)", None: ""}[c.exists]
+            print(f"attempt {c.attempt} step {c.step:>6}  {c.path}{seen}")
+    return EXIT_OK
+
+
+def _printable(text: str) -> str:
+    """Model output shown on a terminal: control characters (escape sequences) as visible escapes."""
+    return "".join(c if c.isprintable() or c in "\n\t" else repr(c)[1:-1] for c in text)
+
+
+def cmd_samples(args: argparse.Namespace) -> int:
+    console = _console()
+    with _client(args) as client:
+        job = client.job(args.job_id)
+        step = args.step if args.step is not None else job.samples(limit=1).last_step
+        selected = "worst" if args.worst else None
+        page = job.samples(step=step, selected=selected, limit=args.limit) if step is not None else None
+    if args.json:
+        print(page.model_dump_json(indent=2) if page else "null")
+        return EXIT_OK
+    if page is None or not page.samples:
+        console.print(f"{job.id}: no samples" + (f" at step {step}" if step is not None else " yet"))
+        return EXIT_OK
+    for r in page.samples:
+        adv = f"{r.advantage:+.3f}" if r.advantage is not None else "-"
+        reward = f"{r.reward:.3f}" if r.reward is not None else "nan"
+        console.print(
+            f"[bold]step {r.step} group {r.group} #{r.index}[/bold]  reward {reward}  advantage {adv}  "
+            f"{r.length} tokens ({r.finish_reason})  policy v{r.policy_version}  [dim]{', '.join(r.selected)}"
+            + ("  (cut)" if r.truncated else "")
+            + "[/dim]"
+        )
+        if r.status != "ok" or r.detail:
+            console.print(f"  verdict  {r.status}: {_printable(r.detail)}", markup=False)
+        console.print(
+            "  prompt   " + _printable(r.prompt).replace("\n", "\n           "), markup=False, style="dim"
+        )
+        console.print("  response " + _printable(r.response).replace("\n", "\n           "), markup=False)
+    if page.next_cursor:
+        console.print(f"[dim]... more at step {step}: --limit {args.limit * 2}[/dim]")
+    return EXIT_OK
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    console = _console()
+    with _client(args) as client:
+        job = client.job(args.job_id).cancel(args.reason)
+        console.print(f"{job.id}: {_state_markup(job.state.value)}"
+                      + ("" if job.done else " (cancel requested; it stops at the next step boundary)"))  # fmt: skip
+        if args.wait and not job.done:
+            job.wait()
+            console.print(f"{job.id}: {_state_markup(job.state.value)} — {job.reason}")
+    return EXIT_OK
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    console = _console()
+    with _client(args) as client:
+        job = client.job(args.job_id).resume(args.checkpoint)
+        console.print(f"{job.id}: attempt {job.record.attempt} {_state_markup(job.state.value)} "
+                      f"from {job.record.resume_from}")  # fmt: skip
+        return follow_job(job, console) if args.follow else EXIT_OK
+
+
+# -- parser ---------------------------------------------------------------------------------------
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser; the arguments that import the trainer or the tasks (`train`'s, `data export`'s task
+    list) are built only when `command` is theirs, so that the other commands start without those imports."""
+    p = argparse.ArgumentParser(prog="tgc", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)  # fmt: skip
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    api = argparse.ArgumentParser(add_help=False)
+    api.add_argument(
+        "--url", default=None, help="control plane URL (env TGC_URL; default http://127.0.0.1:8080)"
+    )
+    api.add_argument("--token", default=None, help="bearer token (env TGC_TOKEN)")
+
+    db = argparse.ArgumentParser(add_help=False)
+    db.add_argument("--data-dir", type=Path, default=None, help="control plane data dir (env TGC_DATA_DIR)")
+    db.add_argument(
+        "--db-url", default=None, help="database URL (env TGC_DB_URL; default SQLite in the data dir)"
+    )
+
+    _operator_commands(sub, db)
+    _job_commands(sub, api)
+    _local_commands(sub, api, command == "train" and full_install())
+    _data_commands(sub, api, command == "data" and full_install())
+    return p
+
+
+def _operator_commands(sub, db: argparse.ArgumentParser) -> None:
+    """The operator's: the server, its Ray head, tokens and quotas (they talk to the database directly)."""
+    s = sub.add_parser(
+        "serve",
+        parents=[db],
+        help="run the control plane",
+        description="Run the control plane. With --ray-address local it starts (or reuses) a Ray head under the "
+        "data dir, which KEEPS RUNNING after `tgc serve` exits so that running jobs survive a restart of the "
+        "control plane; `tgc cluster stop` stops it (and the jobs on it).",
+    )
+    s.add_argument("--host", default=None)
+    s.add_argument("--port", type=int, default=None)
+    s.add_argument(
+        "--ray-address",
+        default=None,
+        help="`local` (default: a managed local Ray head), a Ray dashboard URL, or `none`",
+    )
+    s.add_argument("--ray-num-cpus", type=int, default=None, help="logical CPUs of the managed local head")
+    s.add_argument("--no-scheduler", action="store_true", help="API only: do not start jobs")
+    s.add_argument("--public-url", default=None, help="URL trainers report to (default http://host:port)")
+    s.add_argument("--max-concurrent-jobs", type=int, default=None, help="default per-tenant limit")
+    s.add_argument(
+        "--cancel-grace", type=float, default=None, help="seconds before a cancel becomes a hard stop"
+    )
+    s.add_argument("--poll-interval", type=float, default=None, help="scheduler period in seconds")
+    s.add_argument("--allow-custom-code", action="store_true", help="let tenants run module:function tasks")
+    s.add_argument(
+        "--allow-unsafe-sandbox",
+        action="store_true",
+        help="let tenants' jobs run model-written code WITHOUT the sandbox when they ask (see docs/security.md)",
+    )
+    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    s.set_defaults(func=cmd_serve, local=True)
+
+    cl = sub.add_parser("cluster", help="the managed local Ray head that `tgc serve` starts: status, stop")
+    cl.add_argument("cluster_command", choices=["status", "stop"], metavar="{status,stop}")
+    cl.add_argument("--data-dir", type=Path, default=None, help="control plane data dir (env TGC_DATA_DIR)")
+    cl.set_defaults(func=cmd_cluster, db_url=None, local=True)
+
+    t = sub.add_parser("token", help="manage bearer tokens (talks to the database directly)")
+    tsub = t.add_subparsers(dest="token_command", required=True, metavar="ACTION")
+    tc = tsub.add_parser("create", parents=[db], help="create a token; prints it once")
+    tc.add_argument("--tenant", required=True)
+    tc.add_argument("--name", default="", help="a label, e.g. who holds it")
+    tc.add_argument("--admin", action="store_true", help="may see and control every tenant's jobs")
+    tc.add_argument(
+        "--max-concurrent", type=int, default=None, help="also set the tenant's concurrent-job quota"
+    )
+    tc.set_defaults(func=cmd_token_create, local=True)
+    tl = tsub.add_parser("list", parents=[db], help="list tokens (never their secrets)")
+    tl.add_argument("--tenant", default=None)
+    tl.set_defaults(func=cmd_token_list, local=True)
+    tr = tsub.add_parser("revoke", parents=[db], help="revoke a token by id")
+    tr.add_argument("token_id")
+    tr.set_defaults(func=cmd_token_revoke, local=True)
+
+    q = sub.add_parser("quota", parents=[db], help="set a tenant's limit on concurrent jobs")
+    q.add_argument("tenant")
+    q.add_argument("max_concurrent", type=int)
+    q.set_defaults(func=cmd_quota, local=True)
+
+
+def _job_commands(sub, api: argparse.ArgumentParser) -> None:
+    """A tenant's, over REST: submit and follow jobs."""
+    sm = sub.add_parser("submit", parents=[api], help="submit a job spec (YAML)")
+    sm.add_argument("spec", type=Path)
+    sm.add_argument("--follow", "-f", action="store_true", help="show progress until the job ends")
+    sm.add_argument("--dry-run", action="store_true", help="only validate on the server")
+    sm.add_argument("--idempotency-key", default=None, help="retries with the same key return the same job")
+    sm.add_argument("--quiet", "-q", action="store_true", help="print only the job id")
+    sm.set_defaults(func=cmd_submit)
+
+    j = sub.add_parser("jobs", parents=[api], help="list jobs")
+    j.add_argument("--state", action="append", default=None, help="filter by state (repeatable)")
+    j.add_argument("--limit", type=int, default=50)
+    j.add_argument("--tenant", default=None, help="admin: one tenant's jobs")
+    j.add_argument("--json", action="store_true")
+    j.set_defaults(func=cmd_jobs)
+
+    st = sub.add_parser("status", parents=[api], help="show a job's record and history")
+    st.add_argument("job_id")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=cmd_status)
+
+    lg = sub.add_parser("logs", parents=[api], help="print a job's log lines")
+    lg.add_argument("job_id")
+    lg.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
+    lg.add_argument("--driver", action="store_true", help="the Ray driver's stdout/stderr instead")
+    lg.set_defaults(func=cmd_logs)
+
+    m = sub.add_parser("metrics", parents=[api], help="print a job's per-step metrics")
+    m.add_argument("job_id")
+    m.add_argument("--since-step", type=int, default=None)
+    m.add_argument("--json", action="store_true")
+    m.set_defaults(func=cmd_metrics)
+
+    ck = sub.add_parser("checkpoints", parents=[api], help="list a job's checkpoints")
+    ck.add_argument("job_id")
+    ck.set_defaults(func=cmd_checkpoints)
+
+    sp = sub.add_parser(
+        "samples", parents=[api], help="show what the policy wrote at a step (rollout traces)"
+    )
+    sp.add_argument("job_id")
+    sp.add_argument("--step", type=int, default=None, help="the step (default: the newest with samples)")
+    sp.add_argument("--worst", action="store_true", help="only each group's worst response")
+    sp.add_argument("--limit", type=int, default=20, metavar="K", help="at most K records (1-200)")
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(func=cmd_samples)
+
+    c = sub.add_parser("cancel", parents=[api], help="cancel a job (graceful: checkpoint, then stop)")
+    c.add_argument("job_id")
+    c.add_argument("--reason", default="cancelled from the CLI")
+    c.add_argument("--wait", action="store_true", help="wait until it has stopped")
+    c.set_defaults(func=cmd_cancel)
+
+    r = sub.add_parser("resume", parents=[api], help="resume a failed/cancelled job from a checkpoint")
+    r.add_argument("job_id")
+    r.add_argument("--checkpoint", default=None, help="a checkpoint path or step_<N> (default: newest)")
+    r.add_argument("--follow", "-f", action="store_true")
+    r.set_defaults(func=cmd_resume)
+
+
+def _local_commands(sub, api: argparse.ArgumentParser, train: bool) -> None:
+    """Run, evaluate and plot here, and print the schemas."""
+    tr2 = sub.add_parser("train", help="run a job locally, in this process (no control plane)")
+    if train:
+        from tgc_rl.trainer.main import add_train_arguments
+
+        add_train_arguments(tr2)
+    else:  # another command runs, or the client alone (main() says what to install)
+        tr2.add_argument("arguments", nargs=argparse.REMAINDER)
+    tr2.set_defaults(func=cmd_train, local=True)
+
+    ev = sub.add_parser(
+        "eval",
+        parents=[api],
+        help="evaluate a model or checkpoint on the spec's `eval` rows without training; prints a table",
+    )
+    ev.add_argument("spec", type=Path)
+    ev.add_argument(
+        "--checkpoint", type=Path, default=None, help="a checkpoint dir (default: the spec's model)"
+    )
+    ev.add_argument("--run-dir", type=Path, default=None, help="default runs/<name>-eval-<time>")
+    ev.add_argument(
+        "--remote", action="store_true", help="run it as a job on the control plane (--url/--token)"
+    )
+    ev.set_defaults(func=cmd_eval)
+
+    pl = sub.add_parser(
+        "plot", help="draw a run's curves (reward, accuracy, residuals, entropy) into RUN_DIR/curves.png"
+    )
+    pl.add_argument("run_dir", type=Path)
+    pl.add_argument("--out", type=Path, default=None, help="another file name (default RUN_DIR/curves.png)")
+    pl.set_defaults(func=cmd_plot, local=True)
+
+    sc = sub.add_parser("schema", parents=[api], help="print the job spec's JSON schema")
+    sc.add_argument("--indent", type=int, default=2)
+    sc.add_argument("--remote", action="store_true", help="the server's (--url/--token), not this install's")
+    sc.add_argument(
+        "--task",
+        default=None,
+        help="print this task's `task.params` schema instead (fields marked `privilege` need the operator)",
+    )
+    sc.set_defaults(func=cmd_schema)
+
+
+def _data_commands(sub, api: argparse.ArgumentParser, task_names: bool) -> None:
+    """Datasets: export built-in tasks to files; upload, list and remove a tenant's own."""
+    dt = sub.add_parser("data", help="datasets: export a built-in task to a file; upload, list, remove yours")
+    dsub = dt.add_subparsers(dest="data_command", required=True, metavar="ACTION")
+    de = dsub.add_parser("export", help="write a built-in task's items as a JSONL or Parquet dataset")
+    if task_names:
+        from tgc_rl.tasks.registry import builtin_names
+
+        de.add_argument("--task", required=True, help=", ".join(builtin_names(exportable_only=True)))
+    else:
+        de.add_argument("--task", required=True, help="a built-in task")
+    de.add_argument("--params", default=None, help="the task's params as JSON, e.g. '{\"max_operand\": 20}'")
+    de.add_argument("--rows", type=int, default=100)
+    de.add_argument("--seed", type=int, default=0)
+    de.add_argument("--out", type=Path, required=True, help="a .jsonl or .parquet file")
+    de.set_defaults(func=cmd_data_export, local=True)
+    du = dsub.add_parser("upload", parents=[api], help="upload a JSONL / Parquet / CSV file; prints its id")
+    du.add_argument("file", type=Path)
+    du.add_argument(
+        "--name", default=None, help="name on the server (default: the file's; the suffix is the format)"
+    )
+    du.set_defaults(func=cmd_data_upload)
+    dl = dsub.add_parser("list", parents=[api], help="list your datasets")
+    dl.add_argument("--json", action="store_true")
+    dl.set_defaults(func=cmd_data_list)
+    dr = dsub.add_parser("rm", parents=[api], help="delete datasets")
+    dr.add_argument("dataset_ids", nargs="+")
+    dr.set_defaults(func=cmd_data_rm)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv[0] if argv else None).parse_args(argv)
+    if getattr(args, "local", False) and not full_install():
+        print(f"error: {_FULL_INSTALL_NEEDED.format(command=args.command)}", file=sys.stderr)
+        return EXIT_INVALID
+    from tgc_rl.sdk.errors import Invalid, TgcError, Unavailable
+
+    try:
+        return args.func(args)
+    except Invalid as e:
+        print(f"error: {e.message}", file=sys.stderr)
+        return EXIT_INVALID
+    except Unavailable as e:
+        print(f"error: {e.message}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except TgcError as e:
+        print(f"error: {e.message}", file=sys.stderr)
+        return EXIT_INVALID if e.status is None else EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

@@ -1,0 +1,3 @@
+from tgc_rl.trainer.main import cli
+
+raise SystemExit(cli())
