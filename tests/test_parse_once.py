@@ -31,7 +31,13 @@ def _no_resolving(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*_args, **_kwargs):
         raise AssertionError("the objective's overrides were resolved again after the spec was parsed")
 
-    for module in ("rlcore", "rlcore.presets", "rlcore.objective", "tgc_rl.config"):
+    for module in (
+        "rlcore",
+        "rlcore.presets",
+        "rlcore.objective",
+        "tgc_rl.config.sections",
+        "tgc_rl.config.job",
+    ):
         monkeypatch.setattr(f"{module}.resolve", refuse)
 
 
@@ -94,7 +100,7 @@ def _no_task_parsing(monkeypatch: pytest.MonkeyPatch) -> None:
         "tgc_rl.tasks.registry.parse_params",
         "tgc_rl.tasks.registry.validate_params",
         "tgc_rl.tasks.params.validate_params",
-        "tgc_rl.config.validate_params",
+        "tgc_rl.config.task.validate_params",
     ):
         monkeypatch.setattr(target, refuse)
 

@@ -54,7 +54,7 @@ def c_call(ret):
         raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
     return ret
 '''
-PROJECT_FILES = ["pyproject.toml", "tgc_rl/config.py", "tgc_rl/reward/pool.py"]
+PROJECT_FILES = ["pyproject.toml", "tgc_rl/config/job.py", "tgc_rl/reward/pool.py"]
 SCAN_DIRS = ["/tmp", "/var/tmp", "/dev/shm", str(PROJECT), str(PROJECT / "tgc_rl")]
 
 
@@ -313,7 +313,7 @@ def test_project_files_are_invisible(box):
         box,
         f"""
 attempt("read pyproject", lambda: open("{PROJECT}/pyproject.toml").read())
-attempt("read config", lambda: open("{PROJECT}/tgc_rl/config.py").read())
+attempt("read config", lambda: open("{PROJECT}/tgc_rl/config/job.py").read())
 attempt("list project", lambda: os.listdir("{PROJECT}"))
 # the parent may exist inside the sandbox (a checkout under /tmp: that is the sandbox's own work dir), but
 # the project must not be in it

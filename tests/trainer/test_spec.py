@@ -127,7 +127,7 @@ def test_actor_threads_follow_the_mode_and_the_reservation(resources, mode, lear
 
 
 def test_auto_dtype_is_stored_as_auto_and_resolved_by_each_actor_on_its_host(monkeypatch):
-    import tgc_rl.config as config
+    import tgc_rl.config.model as config
 
     gpu_job = JobSpec.parse({"model": {"dtype": "auto"}, "resources": {"gpus_per_learner": 1}})
     assert gpu_job.model.dtype == "auto" and gpu_job.to_dict()["model"]["dtype"] == "auto"
