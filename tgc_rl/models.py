@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from tgc_rl.config import ModelSpec, resolve_dtype
+from tgc_rl.startup import transformers_without_sklearn
 
 SMOLLM2 = "smollm2-135m-instruct"
 _GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -52,6 +53,7 @@ def cache_root() -> Path:
 
 def model_dir(spec: ModelSpec, seed: int = 0) -> Path:
     """The HF directory holding the job's initial weights and tokenizer (created once, then reused)."""
+    transformers_without_sklearn()  # a conversion imports transformers' models
     # The files' dtype; each actor casts to the dtype it resolves on its own host when it loads them.
     dtype = resolve_dtype(spec.dtype, on_gpu=False)
     if spec.source == SMOLLM2:
@@ -78,6 +80,7 @@ def tokenizer_dir(spec: ModelSpec) -> Path:
 
 
 def load_tokenizer(spec: ModelSpec):
+    transformers_without_sklearn()
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir(spec))

@@ -36,6 +36,7 @@ from tgc_rl.learner.plan import MicroBatchLimit, MiniBatch, group_spans, plan_mi
 from tgc_rl.learner.schedule import lr_factor
 from tgc_rl.learner.spec import LearnerSpec
 from tgc_rl.learner.step_metrics import StepMetrics
+from tgc_rl.startup import transformers_without_sklearn
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -53,6 +54,7 @@ class Learner:
         master_addr: str = "127.0.0.1",
         master_port: int | None = None,
     ):
+        transformers_without_sklearn()  # before the policy's transformers import
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(
                 f"rank {rank} / world_size {world_size}: need world_size >= 1 and 0 <= rank < world_size"

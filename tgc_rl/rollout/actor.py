@@ -12,6 +12,7 @@ from pathlib import Path
 from tgc_rl.batch import Completion
 from tgc_rl.rollout.engine import RolloutEngine, Sampling, engine_kind
 from tgc_rl.rollout.spec import RolloutSpec
+from tgc_rl.startup import transformers_without_sklearn
 
 
 def make_engine(spec: RolloutSpec, model_path: Path | str) -> RolloutEngine:
@@ -30,6 +31,8 @@ class RolloutActor:
 
     def __init__(self, spec: RolloutSpec, model_path: str, job_name: str, replica: int, threads: int):
         import torch
+
+        transformers_without_sklearn()  # before the engine (transformers or vLLM) imports transformers
 
         torch.set_num_threads(min(threads, os.cpu_count() or threads))
         self.name = f"{job_name}-rollout-{replica}"
