@@ -14,6 +14,8 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from tgc_rl.resources import check_custom_resources
+
 STRATEGIES = {
     "pack": "PACK",
     "strict_pack": "STRICT_PACK",
@@ -37,14 +39,7 @@ class Placement:
     ):
         self.custom = {k: float(v) for k, v in custom.items() if v > 0}
         self.pg: PlacementGroup | None = None
-        field = f"resources.{role}_custom_resources"
-        have = ray.cluster_resources()
-        missing = [k for k in self.custom if have.get(k, 0.0) <= 0]
-        if missing:
-            raise ValueError(
-                f"{field}: no node of the Ray cluster has {', '.join(missing)}; start the nodes meant for "
-                f"the {role} with `ray start --resources` naming them, or remove them from the spec"
-            )
+        check_custom_resources(role, self.custom, ray.cluster_resources())
         if strategy == "none":
             return
         bundle = {k: v for k, v in {"CPU": float(cpus), "GPU": float(gpus), **self.custom}.items() if v > 0}

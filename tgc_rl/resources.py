@@ -24,7 +24,11 @@ def required_resources(spec: JobSpec) -> dict[str, float]:
 
 
 def check_resources(spec: JobSpec, available: Mapping[str, float]) -> None:
-    """Refuse a job the cluster cannot hold at once (CPUs and GPUs of every role), naming the fields."""
+    """Refuse a job the cluster cannot hold at once (CPUs and GPUs of every role, the roles' custom resources),
+    naming the fields."""
+    r = spec.resources
+    check_custom_resources("learner", r.learner_custom_resources, available)
+    check_custom_resources("rollout", r.rollout_custom_resources, available)
     need = required_resources(spec)
     for kind, field_names in (
         ("CPU", "cpus_per_learner / cpus_per_rollout"),
@@ -52,3 +56,13 @@ def check_learner_fits(spec: JobSpec, available: Mapping[str, float]) -> None:
                 f"but the Ray cluster has {available.get(kind, 0.0):g}; lower resources.learner_ranks "
                 f"or resources.{name}"
             )
+
+
+def check_custom_resources(role: str, custom: Mapping[str, float], available: Mapping[str, float]) -> None:
+    """Refuse custom resources (`resources.<role>_custom_resources`) that no node of the cluster has."""
+    missing = [k for k, v in custom.items() if v > 0 and available.get(k, 0.0) <= 0]
+    if missing:
+        raise ResourceError(
+            f"resources.{role}_custom_resources: no node of the Ray cluster has {', '.join(missing)}; start the "
+            f"nodes meant for the {role} with `ray start --resources` naming them, or remove them from the spec"
+        )

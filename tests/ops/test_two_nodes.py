@@ -137,7 +137,7 @@ def test_a_resource_no_node_has_fails_the_job_naming_the_field(cluster, tmp_path
     spec = job_spec("no-such-node", steps=1)
     spec["resources"]["learner_custom_resources"] = {"tgc_tpu": 1}
     proc = cluster.trainer(spec, tmp_path / "run")
-    assert _finish(proc, 300) == 1
+    assert _finish(proc, 300) == 2  # refused before any actor starts, like every resource the cluster lacks
     last = [e for e in _lines(tmp_path / "run" / "events.jsonl") if e["type"] == "state"][-1]
     assert last["state"] == "failed", last
     assert "resources.learner_custom_resources" in last["reason"] and "tgc_tpu" in last["reason"], last

@@ -20,6 +20,17 @@ def test_too_many_ranks_for_the_cluster_are_refused():
         check_resources(spec, local_capacity() | {"CPU": 8})
 
 
+def test_a_custom_resource_no_node_has_is_refused_naming_its_role_before_any_actor_starts():
+    spec = JobSpec.parse(
+        {"resources": {"learner_custom_resources": {"tgc_accel": 1}, "rollout_custom_resources": {"spot": 1}}}
+    )
+    with pytest.raises(ResourceError, match=r"resources.learner_custom_resources: .* has tgc_accel;"):
+        check_resources(spec, {"CPU": 8, "GPU": 0, "spot": 2})
+    with pytest.raises(ResourceError, match=r"resources.rollout_custom_resources: .* has spot;"):
+        check_resources(spec, {"CPU": 8, "GPU": 0, "tgc_accel": 2})
+    check_resources(spec, {"CPU": 8, "GPU": 0, "tgc_accel": 2, "spot": 2})
+
+
 def test_default_spec_fits_this_machine():
     check_resources(JobSpec(), local_capacity())
 
