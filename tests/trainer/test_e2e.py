@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tgc_rl.resources import ResourceError
-from tgc_rl.trainer.checkpoints import read_state
+from tgc_rl.trainer.checkpoints import Checkpoints, read_state
 from tgc_rl.trainer.main import run
 from tgc_rl.trainer.traces import read_page
 
@@ -110,12 +110,18 @@ def test_one_step_off_async_with_broadcast_weights(ray_cluster, tmp_path):
     assert [r["policy/staleness_max"] for r in rows] == [0, 1, 1, 1]
 
 
-def test_a_trainer_killed_mid_step_resumes_with_no_lost_or_duplicated_step(ray_cluster, tmp_path):
+def test_a_trainer_killed_mid_step_resumes_exactly_and_drops_what_it_logged_after_its_last_checkpoint(
+    ray_cluster, tmp_path
+):
+    """A trainer hard-killed during step 3 (its own local Ray, as `tgc train`) leaves no process behind; the
+    resume redoes the lost step once, drops metrics and traces logged after the last checkpoint, and ends
+    where an uninterrupted run of the same spec ends: same samples, same losses."""
     import psutil
 
     spec = tiny_spec(steps=4, **{"checkpoint.every_steps": 1})
+    full, run_dir = tmp_path / "full", tmp_path / "run"
+    assert run(spec, full) == "succeeded"
     (tmp_path / "job.yaml").write_text(spec.to_yaml())
-    run_dir = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own local Ray, as `tgc train`
     proc = subprocess.Popen(
         [
@@ -148,35 +154,28 @@ def test_a_trainer_killed_mid_step_resumes_with_no_lost_or_duplicated_step(ray_c
         assert time.monotonic() < gone, "processes of the killed trainer outlived it"
         time.sleep(0.2)
     assert max(r["step"] for r in read_metrics(run_dir)) in (2, 3)
+    # what a trainer killed after logging the next step but before checkpointing it leaves behind
+    latest = Checkpoints(run_dir / "checkpoints", spec.checkpoint.keep_last).latest()  # what the resume takes
+    assert latest is not None
+    lost = read_state(latest)["step"] + 1
+    with open(run_dir / "metrics.jsonl", "a") as fh:
+        fh.write(f'{{"step": {lost}, "loss": 123.0}}\n')
+    traces = read_page(run_dir, limit=200).records
+    with open(run_dir / "traces" / "steps-00000001.jsonl", "a") as fh:
+        fh.write(traces[0].model_copy(update={"step": lost, "response": "lost"}).model_dump_json() + "\n")
+
     assert run(spec, run_dir, resume="latest") == "succeeded"
-    rows = read_metrics(run_dir)
-    assert [r["step"] for r in rows] == [1, 2, 3, 4]  # step 3 redone once, none lost or duplicated
-    assert [r["policy/version"] for r in rows] == [1, 2, 3, 4]
+    a, b = read_metrics(full), read_metrics(run_dir)
+    assert [r["step"] for r in b] == [1, 2, 3, 4]  # step 3 redone once, none lost or duplicated
+    assert [r["policy/version"] for r in b] == [1, 2, 3, 4]
+    assert b[lost - 1]["loss"] != 123.0
     assert read_state(run_dir / "checkpoints" / "step_4")["data_position"] == 4 * spec.prompts_per_step
-
-
-def test_resume_continues_exactly_and_drops_metrics_and_traces_logged_after_the_last_checkpoint(
-    ray_cluster, tmp_path
-):
-    full, part = tmp_path / "full", tmp_path / "part"
-    assert run(tiny_spec(steps=4), full) == "succeeded"
-    assert run(tiny_spec(steps=2, **{"checkpoint.every_steps": 1}), part) == "succeeded"
-    # a run killed after logging step 3 but before checkpointing it
-    with open(part / "metrics.jsonl", "a") as fh:
-        fh.write('{"step": 3, "loss": 123.0}\n')
-    traces = read_page(part, limit=200).records
-    with open(part / "traces" / "steps-00000001.jsonl", "a") as fh:
-        fh.write(traces[0].model_copy(update={"step": 3, "response": "lost"}).model_dump_json() + "\n")
-    assert run(tiny_spec(steps=4), part, resume="latest") == "succeeded"
-    a, b = read_metrics(full), read_metrics(part)
-    assert [r["step"] for r in b] == [1, 2, 3, 4]  # no lost or duplicated step
-    assert b[2]["loss"] != 123.0
     for ra, rb in zip(a, b, strict=True):
         assert ra["reward/mean"] == rb["reward/mean"]  # same data order and samples
         assert rb["policy/staleness_max"] == 0  # resumed replicas carry the checkpoint's policy version
         assert ra["loss"] == pytest.approx(rb["loss"], rel=1e-4, abs=1e-6)
     # the traces too: every step sampled once (group 0 whole, group 1's best/worst/random), with its fields
-    traces = read_page(part, limit=200).records
+    traces = read_page(run_dir, limit=200).records
     assert sorted({r.step for r in traces}) == [1, 2, 3, 4] and "lost" not in {r.response for r in traces}
     for step in (1, 2, 3, 4):
         rows = [r for r in traces if r.step == step]
