@@ -78,7 +78,8 @@ def overlong_handling(
     if spec.mode == "none":
         return None, keep, {}
     if spec.mode == "shape":
-        assert spec.buffer is not None  # the spec requires it with mode 'shape'
+        if spec.buffer is None:  # the spec refuses mode 'shape' without one
+            raise ValueError("sampling.overlong.buffer: required with mode 'shape'")
         lengths = torch.tensor([len(c.token_ids) for c in comps])
         penalty = overlong_penalty(lengths, sampling.max_new_tokens, spec.buffer, spec.factor)
         shaping = overlong_shaping(lengths, sampling.max_new_tokens, spec.buffer, spec.factor)

@@ -119,7 +119,8 @@ class Trainer:
     # -- actors --------------------------------------------------------------------------------------
     def _start_actors(self, model_path: Path, resume: Path | None) -> None:
         actors = JobActors.start(self.spec, model_path, resume=resume)
-        assert actors.learner is not None  # started with its learner
+        if actors.learner is None:  # JobActors.start starts one unless told not to
+            raise RuntimeError("the job's actors started without a learner group")
         self.rewards, self.learner, self.rollout = actors.rewards, actors.learner, actors.rollout
         self.weight_sync = WeightSync(self.spec, self.learner, self.rollout)
         if resume is not None:  # the replicas hold the checkpoint's weights; stamp them with its version
