@@ -217,7 +217,11 @@ def run(
         except ResumeMismatch as e:
             reporter.state(JobState.FAILED, str(e), 0)
             raise
-    (run_dir / SPEC_FILE).write_text(spec.to_yaml())
+    spec_file, text = run_dir / SPEC_FILE, spec.to_yaml()
+    if (
+        not spec_file.is_file() or spec_file.read_text() != text
+    ):  # the scheduler wrote it already when it ran it
+        spec_file.write_text(text)
 
     trainer = None
     started_ray = False
