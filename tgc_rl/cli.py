@@ -51,12 +51,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from tgc_rl.control.server import serve
 
     settings = _settings(
-        args, host=args.host, port=args.port, ray_address=args.ray_address, ray_num_cpus=args.ray_num_cpus,
-        scheduler=False if args.no_scheduler else None, public_url=args.public_url,
-        default_max_concurrent_jobs=args.max_concurrent_jobs, cancel_grace_s=args.cancel_grace,
-        poll_interval_s=args.poll_interval, allow_custom_code=True if args.allow_custom_code else None,
+        args,
+        host=args.host,
+        port=args.port,
+        ray_address=args.ray_address,
+        ray_num_cpus=args.ray_num_cpus,
+        scheduler=False if args.no_scheduler else None,
+        public_url=args.public_url,
+        default_max_concurrent_jobs=args.max_concurrent_jobs,
+        cancel_grace_s=args.cancel_grace,
+        poll_interval_s=args.poll_interval,
+        allow_custom_code=True if args.allow_custom_code else None,
         allow_unsafe_sandbox=True if args.allow_unsafe_sandbox else None,
-    )  # fmt: skip
+    )
     serve(settings, log_level=args.log_level)
     return EXIT_OK
 
@@ -163,8 +170,10 @@ def cmd_schema(args: argparse.Namespace) -> int:
             print(json.dumps(client.schema(), indent=args.indent))
         return EXIT_OK
     if not full_install():
-        print(f"error: {_FULL_INSTALL_NEEDED.format(command='schema')} (or ask the server: --remote)",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"error: {_FULL_INSTALL_NEEDED.format(command='schema')} (or ask the server: --remote)",
+            file=sys.stderr,
+        )
         return EXIT_INVALID
     from tgc_rl.config import JobSpec
 
@@ -208,8 +217,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 return EXIT_FAILED
             metrics = job.metrics()[0].metrics
     elif not full_install():
-        print(f"error: {_FULL_INSTALL_NEEDED.format(command='eval')} (or evaluate on the server: --remote)",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"error: {_FULL_INSTALL_NEEDED.format(command='eval')} (or evaluate on the server: --remote)",
+            file=sys.stderr,
+        )
         return EXIT_INVALID
     else:
         from tgc_rl.config import JobSpec, SpecError
@@ -329,8 +340,14 @@ def _print_record(job, console) -> None:
         console.print(f"    {_ts(t.time)}  {t.state.value:<9}  {t.reason}")
 
 
-_STATE_COLORS = {"queued": "yellow", "starting": "cyan", "running": "blue", "succeeded": "green",
-                 "failed": "red", "cancelled": "magenta"}  # fmt: skip
+_STATE_COLORS = {
+    "queued": "yellow",
+    "starting": "cyan",
+    "running": "blue",
+    "succeeded": "green",
+    "failed": "red",
+    "cancelled": "magenta",
+}
 
 
 def _state_markup(state: str) -> str:
@@ -354,12 +371,22 @@ def follow_job(job, console) -> int:
     from tgc_rl.run_layout import ENDED_OK
 
     bar = Progress(
-        TextColumn("[bold]{task.description}"), TextColumn("{task.fields[state]}"), BarColumn(),
-        MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[metrics]}"), console=console,
-    )  # fmt: skip
+        TextColumn("[bold]{task.description}"),
+        TextColumn("{task.fields[state]}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[metrics]}"),
+        console=console,
+    )
     with bar:
-        task = bar.add_task(job.id, total=job.record.total_steps, completed=job.record.step or 0,
-                            state=_state_markup(job.state.value), metrics="")  # fmt: skip
+        task = bar.add_task(
+            job.id,
+            total=job.record.total_steps,
+            completed=job.record.step or 0,
+            state=_state_markup(job.state.value),
+            metrics="",
+        )
         for ev in job.stream():
             d = ev.data
             if ev.type == "step":
@@ -412,8 +439,15 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         table.add_column(col)
     for j in jobs:
         r = j.record
-        table.add_row(r.id, r.name, r.tenant, _state_markup(r.state.value),
-                      f"{r.step if r.step is not None else '-'}/{r.total_steps}", _ts(r.created_at), r.reason[:60])  # fmt: skip
+        table.add_row(
+            r.id,
+            r.name,
+            r.tenant,
+            _state_markup(r.state.value),
+            f"{r.step if r.step is not None else '-'}/{r.total_steps}",
+            _ts(r.created_at),
+            r.reason[:60],
+        )
     console.print(table)
     return EXIT_OK
 
@@ -515,8 +549,10 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     console = _console()
     with _client(args) as client:
         job = client.job(args.job_id).cancel(args.reason)
-        console.print(f"{job.id}: {_state_markup(job.state.value)}"
-                      + ("" if job.done else " (cancel requested; it stops at the next step boundary)"))  # fmt: skip
+        console.print(
+            f"{job.id}: {_state_markup(job.state.value)}"
+            + ("" if job.done else " (cancel requested; it stops at the next step boundary)")
+        )
         if args.wait and not job.done:
             job.wait()
             console.print(f"{job.id}: {_state_markup(job.state.value)} — {job.reason}")
@@ -527,8 +563,10 @@ def cmd_resume(args: argparse.Namespace) -> int:
     console = _console()
     with _client(args) as client:
         job = client.job(args.job_id).resume(args.checkpoint)
-        console.print(f"{job.id}: attempt {job.record.attempt} {_state_markup(job.state.value)} "
-                      f"from {job.record.resume_from}")  # fmt: skip
+        console.print(
+            f"{job.id}: attempt {job.record.attempt} {_state_markup(job.state.value)} "
+            f"from {job.record.resume_from}"
+        )
         return follow_job(job, console) if args.follow else EXIT_OK
 
 
@@ -536,8 +574,12 @@ def cmd_resume(args: argparse.Namespace) -> int:
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The whole parser; the arguments that import the trainer or the tasks (`train`'s, `data export`'s task
     list) are built only when `command` is theirs, so that the other commands start without those imports."""
-    p = argparse.ArgumentParser(prog="tgc", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="tgc",
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     api = argparse.ArgumentParser(add_help=False)

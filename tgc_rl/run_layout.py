@@ -163,13 +163,38 @@ def _curve_panels() -> tuple[tuple[str, tuple[tuple[str, str], ...]], ...]:
 CURVE_PANELS = _curve_panels()
 
 # Every per-step metric name a dashboard query or an alert rule may read (tests/ops check them against this).
-WATCHED_METRICS = frozenset({
-    REWARD_MEAN, REWARD_ACCURACY, REWARD_TIMEOUTS, REWARD_ERRORS, EVAL_ACCURACY, D1_GCPR, D2_RESIDUAL,
-    D4_GROUPS_COMPLETE, ENTROPY, D7_ENTROPY_MEAN, D7_ENTROPY_SHARED, D7_ENTROPY_FORK, RESPONSE_LENGTH_MEAN,
-    THROUGHPUT_TOKENS_PER_S, TIMING_GENERATE, TIMING_REWARD, TIMING_PREPARE, TIMING_TRAIN, TIMING_SYNC,
-    TIMING_STEP, ROLLOUT_SYNC, ROLLOUT_INFORMATIVE_GROUPS, PRESERVES_CANCELLATION, MISMATCH_K3,
-    MISMATCH_SPREAD_MEAN, MISMATCH_SPREAD_MAX, BEHAVIOUR_CORRECTED_FRAC, POLICY_STALENESS_MAX,
-})  # fmt: skip
+WATCHED_METRICS = frozenset(
+    {
+        REWARD_MEAN,
+        REWARD_ACCURACY,
+        REWARD_TIMEOUTS,
+        REWARD_ERRORS,
+        EVAL_ACCURACY,
+        D1_GCPR,
+        D2_RESIDUAL,
+        D4_GROUPS_COMPLETE,
+        ENTROPY,
+        D7_ENTROPY_MEAN,
+        D7_ENTROPY_SHARED,
+        D7_ENTROPY_FORK,
+        RESPONSE_LENGTH_MEAN,
+        THROUGHPUT_TOKENS_PER_S,
+        TIMING_GENERATE,
+        TIMING_REWARD,
+        TIMING_PREPARE,
+        TIMING_TRAIN,
+        TIMING_SYNC,
+        TIMING_STEP,
+        ROLLOUT_SYNC,
+        ROLLOUT_INFORMATIVE_GROUPS,
+        PRESERVES_CANCELLATION,
+        MISMATCH_K3,
+        MISMATCH_SPREAD_MEAN,
+        MISMATCH_SPREAD_MAX,
+        BEHAVIOUR_CORRECTED_FRAC,
+        POLICY_STALENESS_MAX,
+    }
+)
 
 
 # -- trainer events -------------------------------------------------------------------------------

@@ -90,14 +90,14 @@ def _store(request: Request) -> DatasetStore:
             "retry after `Retry-After` seconds.",
             "headers": {"Retry-After": {"schema": {"type": "integer"}}},
         },
-    },  # fmt: skip
+    },
     summary="Upload a dataset file (the raw body: JSONL, Parquet or CSV)",
     openapi_extra={
         "requestBody": {
             "required": True,
             "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
         }
-    },  # fmt: skip
+    },
 )
 async def upload_dataset(
     request: Request,

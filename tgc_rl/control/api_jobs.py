@@ -97,7 +97,7 @@ def _own_job(request: Request, job_id: str, caller: Principal) -> JobRow:
         409: {"model": ErrorBody, "description": "Idempotency-Key reused with a different spec."},
         413: {"model": ErrorBody, "description": "Request body too large."},
         422: {"model": ErrorBody, "description": _SPEC_REFUSED},
-    },  # fmt: skip
+    },
     summary="Submit a job",
 )
 def submit_job(
@@ -115,7 +115,7 @@ def submit_job(
             alias="Idempotency-Key",
             max_length=255,
             description="Retries with the same key return the job the first request created.",
-        ),  # fmt: skip
+        ),
     ] = None,
 ) -> JobRecord | DryRunResult:
     cp = _cp(request)
@@ -126,8 +126,11 @@ def submit_job(
         )
     except PolicyError as e:
         cp.telemetry.rejections.labels("policy").inc()
-        raise ApiError(422, f"job spec refused by this server: {e}",
-                       [ErrorDetail(field=v.field, msg=v.msg, type="policy") for v in e.violations]) from None  # fmt: skip
+        raise ApiError(
+            422,
+            f"job spec refused by this server: {e}",
+            [ErrorDetail(field=v.field, msg=v.msg, type="policy") for v in e.violations],
+        ) from None
     data = spec.to_dict()
     if dry_run:
         response.status_code = 200
@@ -232,8 +235,11 @@ def resume_job(
         step = checkpoint_step(body.checkpoint)
         matches = [c for c in ckpts if (step is not None and c.step == step) or c.path == body.checkpoint]
         if not matches:
-            raise ApiError(422, f"checkpoint: {body.checkpoint!r} is not one of this job's checkpoints",
-                           [ErrorDetail(field="checkpoint", msg="use a path or step_<N> from GET .../checkpoints")])  # fmt: skip
+            raise ApiError(
+                422,
+                f"checkpoint: {body.checkpoint!r} is not one of this job's checkpoints",
+                [ErrorDetail(field="checkpoint", msg="use a path or step_<N> from GET .../checkpoints")],
+            )
         chosen = max(matches, key=lambda c: c.attempt)
     try:
         job = cp.store.resume(job.id, chosen.path, body.reason)
@@ -326,7 +332,7 @@ def job_samples(
             "content": {"application/json": {}, "text/plain": {}},
             "description": "trainer: JSON page of log lines; driver: the Ray driver's output.",
         },
-    },  # fmt: skip
+    },
     summary="Log lines (reported by the trainer), or the Ray driver's stdout/stderr",
 )
 def job_logs(
@@ -361,7 +367,7 @@ def job_logs(
             "The stream ends with an `end` event once the job has ended, or earlier with a `retry:` hint "
             "at the server's stream lifetime (reconnect with Last-Event-ID).",
         },
-    },  # fmt: skip
+    },
     summary="Stream a job's events (state changes, step metrics, checkpoints, log lines)",
 )
 async def job_events(
@@ -380,9 +386,12 @@ async def job_events(
         since = max(since, last_event_id)
     cp = _cp(request)
     if not cp.streams.acquire(caller.tenant):
-        raise ApiError(429, f"tenant {caller.tenant!r} already has {cp.streams.limit} event streams open, the most "
-                            "this server allows (max_streams_per_tenant); close one, or poll GET /v1/jobs/{id}",
-                       headers={"Retry-After": "5"})  # fmt: skip
+        raise ApiError(
+            429,
+            f"tenant {caller.tenant!r} already has {cp.streams.limit} event streams open, the most "
+            "this server allows (max_streams_per_tenant); close one, or poll GET /v1/jobs/{id}",
+            headers={"Retry-After": "5"},
+        )
     return HeldStreamingResponse(
         _event_stream(cp, job.id, since, follow, caller.token_id),
         release=lambda: cp.streams.release(caller.tenant),

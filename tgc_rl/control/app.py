@@ -64,8 +64,13 @@ class ControlPlane:
 
     def driver_log(self, job: JobRow, attempt: int) -> str | None:
         """The Ray driver's output: live from Ray while it knows the job, else the tail kept at its end."""
-        if self.scheduler is not None and self.scheduler.ray is not None and attempt == job.attempt \
-                and job.ray_submission_id and not job.ray_done:  # fmt: skip
+        if (
+            self.scheduler is not None
+            and self.scheduler.ray is not None
+            and attempt == job.attempt
+            and job.ray_submission_id
+            and not job.ray_done
+        ):
             try:
                 text = self.scheduler.ray.logs(job.ray_submission_id)
                 if text is not None:
@@ -90,9 +95,15 @@ def create_app(settings: ControlSettings | None = None) -> FastAPI:
         scheduler = Scheduler(store, token_store, settings, telemetry)
     datasets = DatasetStore(engine, settings.datasets_path, upload_policy(settings))
     cp = ControlPlane(
-        settings, store, token_store, telemetry, scheduler, datasets,
-        RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst), StreamSlots(settings.max_streams_per_tenant),
-    )  # fmt: skip
+        settings,
+        store,
+        token_store,
+        telemetry,
+        scheduler,
+        datasets,
+        RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst),
+        StreamSlots(settings.max_streams_per_tenant),
+    )
     retention = RetentionSweeper(store, settings)
 
     @asynccontextmanager
@@ -142,8 +153,12 @@ def create_app(settings: ControlSettings | None = None) -> FastAPI:
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/readyz", tags=["ops"], summary="Readiness: the database and Ray are reachable",
-             responses={503: {"description": "Not ready; `checks` says what is down."}})  # fmt: skip
+    @app.get(
+        "/readyz",
+        tags=["ops"],
+        summary="Readiness: the database and Ray are reachable",
+        responses={503: {"description": "Not ready; `checks` says what is down."}},
+    )
     def readyz() -> JSONResponse:
         checks: dict[str, str] = {}
         try:
@@ -160,9 +175,13 @@ def create_app(settings: ControlSettings | None = None) -> FastAPI:
         ready = checks["db"] == "ok" and not checks["ray"].startswith("down")
         return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
 
-    @app.get("/metrics", tags=["ops"], summary="Prometheus metrics (the metrics token or an admin token)",
-             responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}, 401: {"description": "No metrics token."}},
-             dependencies=[Depends(metrics_reader)])  # fmt: skip
+    @app.get(
+        "/metrics",
+        tags=["ops"],
+        summary="Prometheus metrics (the metrics token or an admin token)",
+        responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}, 401: {"description": "No metrics token."}},
+        dependencies=[Depends(metrics_reader)],
+    )
     def metrics() -> Response:
         return Response(generate_latest(telemetry.registry), media_type=CONTENT_TYPE_LATEST)
 

@@ -21,8 +21,12 @@ def current_principal(
     request: Request, creds: HTTPAuthorizationCredentials | None = Depends(bearer)
 ) -> Principal:
     if creds is None:
-        raise ApiError(401, "missing bearer token: send `Authorization: Bearer <token>` "
-                            "(an operator creates one with `tgc token create --tenant NAME`)", headers=_CHALLENGE)  # fmt: skip
+        raise ApiError(
+            401,
+            "missing bearer token: send `Authorization: Bearer <token>` "
+            "(an operator creates one with `tgc token create --tenant NAME`)",
+            headers=_CHALLENGE,
+        )
     cp = request.app.state.cp
     principal = cp.token_store.authenticate(creds.credentials)
     if principal is None:
@@ -30,10 +34,13 @@ def current_principal(
     wait = cp.rate_limiter.acquire(principal.token_id)
     if wait:
         retry_after = max(1, math.ceil(wait))
-        raise ApiError(429, f"too many requests with this token: this server allows {cp.settings.rate_limit_per_s:g} "
-                            f"a second on average and bursts of {cp.settings.rate_limit_burst} (server settings "
-                            f"rate_limit_per_s, rate_limit_burst); retry after {retry_after} s",
-                       headers={"Retry-After": str(retry_after)})  # fmt: skip
+        raise ApiError(
+            429,
+            f"too many requests with this token: this server allows {cp.settings.rate_limit_per_s:g} "
+            f"a second on average and bursts of {cp.settings.rate_limit_burst} (server settings "
+            f"rate_limit_per_s, rate_limit_burst); retry after {retry_after} s",
+            headers={"Retry-After": str(retry_after)},
+        )
     return principal
 
 
@@ -46,8 +53,12 @@ def metrics_reader(request: Request, creds: HTTPAuthorizationCredentials | None 
         request.app.state.cp.token_store.authenticate(creds.credentials) if creds is not None else None
     )
     if principal is None or not principal.is_admin:
-        raise ApiError(401, "/metrics needs the metrics token (server setting metrics_token, TGC_METRICS_TOKEN) or "
-                            "an admin token", headers=_CHALLENGE)  # fmt: skip
+        raise ApiError(
+            401,
+            "/metrics needs the metrics token (server setting metrics_token, TGC_METRICS_TOKEN) or "
+            "an admin token",
+            headers=_CHALLENGE,
+        )
 
 
 def reporting_job(

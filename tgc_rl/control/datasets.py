@@ -199,8 +199,17 @@ class DatasetStore:
                     shape = inspector.inspect(upload.path, upload.format, upload.name)
                 except DataError as e:
                     raise DatasetRefused(str(e)) from None
-            row = DatasetRow(upload.id, tenant, upload.name, upload.format, upload.size, digest, shape.rows,
-                             shape.columns, time.time())  # fmt: skip
+            row = DatasetRow(
+                upload.id,
+                tenant,
+                upload.name,
+                upload.format,
+                upload.size,
+                digest,
+                shape.rows,
+                shape.columns,
+                time.time(),
+            )
             upload.folder.rename(final)
             with self._lock:
                 existing = self._by_hash(tenant, digest)  # an identical upload committed meanwhile
@@ -208,10 +217,19 @@ class DatasetStore:
                     self._check_quota(tenant, upload.size)
                     try:
                         with self.engine.begin() as conn:
-                            conn.execute(db.datasets.insert().values(
-                                id=row.id, tenant=tenant, name=row.name, format=row.format,
-                                size_bytes=row.size_bytes, sha256=digest, rows=row.rows,
-                                columns=json.dumps(row.columns), created_at=row.created_at))  # fmt: skip
+                            conn.execute(
+                                db.datasets.insert().values(
+                                    id=row.id,
+                                    tenant=tenant,
+                                    name=row.name,
+                                    format=row.format,
+                                    size_bytes=row.size_bytes,
+                                    sha256=digest,
+                                    rows=row.rows,
+                                    columns=json.dumps(row.columns),
+                                    created_at=row.created_at,
+                                )
+                            )
                     except sa.exc.IntegrityError:  # another replica's identical upload won the race
                         existing = self._by_hash(tenant, digest)
                         if existing is None:
@@ -230,9 +248,10 @@ class DatasetStore:
         """(datasets, bytes) the tenant keeps."""
         with self.engine.connect() as conn:
             count, used = conn.execute(
-                sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(db.datasets.c.size_bytes), 0))
-                .where(db.datasets.c.tenant == tenant)
-            ).one()  # fmt: skip
+                sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(db.datasets.c.size_bytes), 0)).where(
+                    db.datasets.c.tenant == tenant
+                )
+            ).one()
         return int(count), int(used)
 
     def _check_quota(self, tenant: str, size: int) -> None:
@@ -263,8 +282,11 @@ class DatasetStore:
         if not stale:
             return 0
         with self.engine.connect() as conn:
-            recorded = set(conn.execute(sa.select(db.datasets.c.id).where(
-                db.datasets.c.id.in_([f.name for f in stale]))).scalars())  # fmt: skip
+            recorded = set(
+                conn.execute(
+                    sa.select(db.datasets.c.id).where(db.datasets.c.id.in_([f.name for f in stale]))
+                ).scalars()
+            )
         removed = 0
         for f in stale:
             if f.name not in recorded:
@@ -276,8 +298,9 @@ class DatasetStore:
 
     def _by_hash(self, tenant: str, digest: str) -> DatasetRow | None:
         with self.engine.connect() as conn:
-            r = conn.execute(sa.select(db.datasets).where(
-                db.datasets.c.tenant == tenant, db.datasets.c.sha256 == digest)).first()  # fmt: skip
+            r = conn.execute(
+                sa.select(db.datasets).where(db.datasets.c.tenant == tenant, db.datasets.c.sha256 == digest)
+            ).first()
         return DatasetRow.from_row(r) if r is not None else None
 
     def get(self, dataset_id: str, tenant: str | None) -> DatasetRow | None:
@@ -317,8 +340,12 @@ def _last_touched(folder: Path) -> float:
 def data_limits(settings: ControlSettings) -> DataLimits:
     """The caps on one data file: checked at upload, and passed to jobs (their loader checks the same)."""
     s = settings
-    return DataLimits(max_rows=s.dataset_max_rows, max_columns=s.dataset_max_columns,
-                      max_decoded_bytes=s.dataset_max_decoded_bytes, max_expansion=s.dataset_max_expansion)  # fmt: skip
+    return DataLimits(
+        max_rows=s.dataset_max_rows,
+        max_columns=s.dataset_max_columns,
+        max_decoded_bytes=s.dataset_max_decoded_bytes,
+        max_expansion=s.dataset_max_expansion,
+    )
 
 
 def upload_policy(settings: ControlSettings) -> UploadPolicy:
@@ -336,5 +363,5 @@ def upload_policy(settings: ControlSettings) -> UploadPolicy:
             s.dataset_inspect_memory_mb,
             s.dataset_inspect_concurrency,
             s.dataset_inspect_queue_s,
-        ),  # fmt: skip
+        ),
     )

@@ -14,9 +14,19 @@ from starlette.routing import Match
 from tgc_rl.config import error_message, field_path
 from tgc_rl.wire import ErrorBody, ErrorDetail
 
-_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
-          409: "conflict", 413: "too_large", 415: "unsupported_media_type", 422: "invalid", 429: "too_many_requests",
-          503: "unavailable"}  # fmt: skip
+_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "too_large",
+    415: "unsupported_media_type",
+    422: "invalid",
+    429: "too_many_requests",
+    503: "unavailable",
+}
 
 
 # FastAPI's message when json.loads fails, including a RecursionError on a body nested ~1,000 levels deep
@@ -27,8 +37,14 @@ _BODY_UNREADABLE = (
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, detail: list[ErrorDetail] | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        detail: list[ErrorDetail] | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.code = code or _CODES.get(status, "error")
@@ -37,8 +53,13 @@ class ApiError(Exception):
         self.headers = headers
 
 
-def error_response(status: int, code: str, message: str, detail: list[ErrorDetail] | None = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:  # fmt: skip
+def error_response(
+    status: int,
+    code: str,
+    message: str,
+    detail: list[ErrorDetail] | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
     body = ErrorBody(error=code, message=message, detail=detail or [])
     return JSONResponse(body.model_dump(), status_code=status, headers=headers)
 
@@ -53,8 +74,11 @@ def _query_names(route: Any) -> frozenset[str]:
     if cached is not None and cached[0] is route:
         return cached[1]
     dependant = getattr(route, "dependant", None)
-    names = frozenset() if dependant is None else frozenset(
-        p.alias for p in get_flat_dependant(dependant).query_params)  # fmt: skip
+    names = (
+        frozenset()
+        if dependant is None
+        else frozenset(p.alias for p in get_flat_dependant(dependant).query_params)
+    )
     _QUERY_NAMES[id(route)] = (route, names)
     return names
 
@@ -71,9 +95,14 @@ def refuse_unknown_query(request: Request) -> None:
     if unknown:
         named = [name[:64] for name in unknown[:8]]  # the client's own strings: echo a bounded few
         hint = f"known: {', '.join(sorted(known))}" if known else "this operation takes none"
-        raise ApiError(422, f"unknown query parameter(s) {', '.join(named)}; remove them ({hint})",
-                       [ErrorDetail(field=name, msg=f"unknown query parameter; {hint}", type="extra_forbidden")
-                        for name in named])  # fmt: skip
+        raise ApiError(
+            422,
+            f"unknown query parameter(s) {', '.join(named)}; remove them ({hint})",
+            [
+                ErrorDetail(field=name, msg=f"unknown query parameter; {hint}", type="extra_forbidden")
+                for name in named
+            ],
+        )
 
 
 def _field(loc: tuple) -> str:
@@ -98,8 +127,12 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, e: RequestValidationError) -> JSONResponse:
-        detail = [ErrorDetail(field=_field(tuple(err.get("loc", ()))), msg=_message(err), type=str(err.get("type", "")))
-                  for err in e.errors()]  # fmt: skip
+        detail = [
+            ErrorDetail(
+                field=_field(tuple(err.get("loc", ()))), msg=_message(err), type=str(err.get("type", ""))
+            )
+            for err in e.errors()
+        ]
         lines = "\n".join(f"  {d.field}: {d.msg}" for d in detail)
         return error_response(422, "invalid", f"invalid request\n{lines}", detail)
 

@@ -75,8 +75,16 @@ class Inspector:
 
     def _run(self, path: Path, fmt: str, label: str) -> TableShape:
         lim = self.limits
-        request = json.dumps({"path": str(path), "format": fmt, "label": label, "limits": lim.data.to_json(),
-                              "cpu_s": lim.cpu_s, "memory_mb": lim.memory_mb})  # fmt: skip
+        request = json.dumps(
+            {
+                "path": str(path),
+                "format": fmt,
+                "label": label,
+                "limits": lim.data.to_json(),
+                "cpu_s": lim.cpu_s,
+                "memory_mb": lim.memory_mb,
+            }
+        )
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "LANG": "C.UTF-8",
@@ -87,9 +95,13 @@ class Inspector:
         try:
             proc = subprocess.run(
                 [sys.executable, "-m", "tgc_rl.control.inspection", request],
-                cwd=_ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=lim.wall_s,
+                cwd=_ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=lim.wall_s,
                 start_new_session=True,
-            )  # fmt: skip
+            )
         except subprocess.TimeoutExpired:
             raise DataError(
                 f"{label}: reading it took more than {lim.wall_s:.0f} s, this server's limit; split the file"

@@ -52,8 +52,21 @@ class LocalControlPlane:
 
     def start(self, timeout_s: float = 120.0) -> LocalControlPlane:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "tgc_rl.cli", "serve", "--data-dir", str(self.data_dir), "--host", "127.0.0.1",
-               "--port", str(self.port), "--ray-address", self.ray_address, *self.args]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "tgc_rl.cli",
+            "serve",
+            "--data-dir",
+            str(self.data_dir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--ray-address",
+            self.ray_address,
+            *self.args,
+        ]
         # Only the settings given here: a TGC_DB_URL (or other TGC_*) of the caller's shell must not leak in.
         env = {k: v for k, v in os.environ.items() if not k.startswith("TGC_")}
         env.update(self.env, PYTHONUNBUFFERED="1")
@@ -62,8 +75,10 @@ class LocalControlPlane:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"control plane exited with {self.proc.returncode}; see {self.log_path}:\n"
-                                   + self.log_tail())  # fmt: skip
+                raise RuntimeError(
+                    f"control plane exited with {self.proc.returncode}; see {self.log_path}:\n"
+                    + self.log_tail()
+                )
             try:
                 if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
                     return self
@@ -102,8 +117,9 @@ class LocalControlPlane:
         except OSError:
             return ""
 
-    def create_token(self, tenant: str, admin: bool = False, max_concurrent: int | None = None,
-                     db_url: str | None = None) -> str:  # fmt: skip
+    def create_token(
+        self, tenant: str, admin: bool = False, max_concurrent: int | None = None, db_url: str | None = None
+    ) -> str:
         """Mint a token directly in this server's database (what `tgc token create` does)."""
         engine = make_engine(db_url or f"sqlite:///{(self.data_dir / 'tgc.db').resolve()}")
         try:

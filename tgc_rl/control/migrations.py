@@ -25,13 +25,15 @@ class Migration:
 def _v1_initial(conn: Connection) -> None:
     m = sa.MetaData()
     sa.Table(
-        "tenants", m,
+        "tenants",
+        m,
         sa.Column("name", sa.String(64), primary_key=True),
         sa.Column("max_concurrent_jobs", sa.Integer, nullable=True),
         sa.Column("created_at", sa.Float, nullable=False),
-    )  # fmt: skip
+    )
     sa.Table(
-        "tokens", m,
+        "tokens",
+        m,
         sa.Column("id", sa.String(32), primary_key=True),
         sa.Column("tenant", sa.String(64), nullable=False, index=True),
         sa.Column("name", sa.String(128), nullable=False),
@@ -39,9 +41,10 @@ def _v1_initial(conn: Connection) -> None:
         sa.Column("token_hash", sa.String(64), nullable=False, unique=True),
         sa.Column("created_at", sa.Float, nullable=False),
         sa.Column("revoked_at", sa.Float, nullable=True),
-    )  # fmt: skip
+    )
     sa.Table(
-        "jobs", m,
+        "jobs",
+        m,
         sa.Column("seq", sa.Integer, primary_key=True, autoincrement=True),
         sa.Column("id", sa.String(40), nullable=False, unique=True),
         sa.Column("tenant", sa.String(64), nullable=False, index=True),
@@ -67,9 +70,10 @@ def _v1_initial(conn: Connection) -> None:
         sa.Column("idempotency_key", sa.String(255), nullable=True),
         sa.Column("request_digest", sa.String(64), nullable=True),
         sa.UniqueConstraint("tenant", "idempotency_key", name="uq_jobs_tenant_idempotency_key"),
-    )  # fmt: skip
+    )
     sa.Table(
-        "transitions", m,
+        "transitions",
+        m,
         sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
         sa.Column("job_id", sa.String(40), nullable=False, index=True),
         sa.Column("attempt", sa.Integer, nullable=False),
@@ -77,9 +81,10 @@ def _v1_initial(conn: Connection) -> None:
         sa.Column("to_state", sa.String(16), nullable=False),
         sa.Column("reason", sa.Text, nullable=False),
         sa.Column("time", sa.Float, nullable=False),
-    )  # fmt: skip
+    )
     sa.Table(
-        "events", m,
+        "events",
+        m,
         sa.Column("seq", sa.Integer, primary_key=True, autoincrement=True),
         sa.Column("job_id", sa.String(40), nullable=False),
         sa.Column("attempt", sa.Integer, nullable=False),
@@ -89,9 +94,10 @@ def _v1_initial(conn: Connection) -> None:
         sa.Column("digest", sa.String(64), nullable=False),
         sa.UniqueConstraint("job_id", "attempt", "digest", name="uq_events_job_attempt_digest"),
         sa.Index("ix_events_job_seq", "job_id", "seq"),
-    )  # fmt: skip
+    )
     sa.Table(
-        "metrics", m,
+        "metrics",
+        m,
         sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
         sa.Column("job_id", sa.String(40), nullable=False),
         sa.Column("attempt", sa.Integer, nullable=False),
@@ -99,9 +105,10 @@ def _v1_initial(conn: Connection) -> None:
         sa.Column("time", sa.Float, nullable=False),
         sa.Column("data", sa.Text, nullable=False),
         sa.UniqueConstraint("job_id", "attempt", "step", name="uq_metrics_job_attempt_step"),
-    )  # fmt: skip
+    )
     sa.Table(
-        "checkpoints", m,
+        "checkpoints",
+        m,
         sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
         sa.Column("job_id", sa.String(40), nullable=False),
         sa.Column("attempt", sa.Integer, nullable=False),
@@ -109,19 +116,20 @@ def _v1_initial(conn: Connection) -> None:
         sa.Column("path", sa.Text, nullable=False),
         sa.Column("time", sa.Float, nullable=False),
         sa.UniqueConstraint("job_id", "attempt", "step", name="uq_checkpoints_job_attempt_step"),
-    )  # fmt: skip
+    )
     m.create_all(conn)
 
 
 def _v2_driver_logs_and_report_time(conn: Connection) -> None:
     m = sa.MetaData()
     sa.Table(
-        "driver_logs", m,
+        "driver_logs",
+        m,
         sa.Column("job_id", sa.String(40), primary_key=True),
         sa.Column("attempt", sa.Integer, primary_key=True, autoincrement=False),
         sa.Column("text", sa.Text, nullable=False),
         sa.Column("time", sa.Float, nullable=False),
-    )  # fmt: skip
+    )
     m.create_all(conn)
     conn.exec_driver_sql("ALTER TABLE jobs ADD COLUMN reported_at FLOAT")
 
@@ -133,7 +141,8 @@ def _v3_job_grants(conn: Connection) -> None:
 def _v4_datasets(conn: Connection) -> None:
     m = sa.MetaData()
     sa.Table(
-        "datasets", m,
+        "datasets",
+        m,
         sa.Column("id", sa.String(40), primary_key=True),
         sa.Column("tenant", sa.String(64), nullable=False, index=True),
         sa.Column("name", sa.String(128), nullable=False),
@@ -144,7 +153,7 @@ def _v4_datasets(conn: Connection) -> None:
         sa.Column("columns", sa.Text, nullable=False),
         sa.Column("created_at", sa.Float, nullable=False),
         sa.UniqueConstraint("tenant", "sha256", name="uq_datasets_tenant_sha256"),
-    )  # fmt: skip
+    )
     m.create_all(conn)
 
 
@@ -205,7 +214,10 @@ def migrate(engine: Engine, migrations: Sequence[Migration] = MIGRATIONS) -> lis
             if done:
                 continue
             mig.apply(conn)
-            conn.execute(table.insert().values(version=mig.version, description=mig.description,
-                                               applied_at=time.time()))  # fmt: skip
+            conn.execute(
+                table.insert().values(
+                    version=mig.version, description=mig.description, applied_at=time.time()
+                )
+            )
             applied.append(mig.version)
     return applied

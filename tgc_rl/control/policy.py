@@ -50,8 +50,11 @@ def caller_grants(settings: ControlSettings, is_admin: bool) -> frozenset[str]:
     """The privileges a caller may give its jobs: all for an admin token, what the operator allows otherwise."""
     if is_admin:
         return frozenset(PRIVILEGES)
-    allowed = {CUSTOM_CODE: settings.allow_custom_code, HOST_PATHS: settings.allow_custom_code,
-               UNSAFE_SANDBOX: settings.allow_unsafe_sandbox}  # fmt: skip
+    allowed = {
+        CUSTOM_CODE: settings.allow_custom_code,
+        HOST_PATHS: settings.allow_custom_code,
+        UNSAFE_SANDBOX: settings.allow_unsafe_sandbox,
+    }
     return frozenset(p for p, ok in allowed.items() if ok)
 
 
@@ -106,23 +109,32 @@ def check_spec(
         )
     replicas = spec.resources.learner_ranks + spec.resources.rollout_replicas
     if replicas > settings.max_replicas:
-        bad.append(Violation(
-            "resources", f"learner_ranks + rollout_replicas = {replicas} exceeds this server's limit of "
-            f"{settings.max_replicas}; use fewer actors",
-        ))  # fmt: skip
+        bad.append(
+            Violation(
+                "resources",
+                f"learner_ranks + rollout_replicas = {replicas} exceeds this server's limit of "
+                f"{settings.max_replicas}; use fewer actors",
+            )
+        )
     if spec.sampling.max_new_tokens > settings.max_new_tokens:
         bad.append(Violation("sampling.max_new_tokens", f"at most {settings.max_new_tokens} on this server"))
     samples = spec.group_size * spec.prompts_per_step
     if samples > settings.max_samples_per_step:
-        bad.append(Violation(
-            "prompts_per_step", f"group_size * prompts_per_step = {samples} exceeds this server's limit of "
-            f"{settings.max_samples_per_step} samples per step",
-        ))  # fmt: skip
+        bad.append(
+            Violation(
+                "prompts_per_step",
+                f"group_size * prompts_per_step = {samples} exceeds this server's limit of "
+                f"{settings.max_samples_per_step} samples per step",
+            )
+        )
     if spec.traces.max_total_bytes > settings.max_trace_bytes:
-        bad.append(Violation(
-            "traces.max_total_bytes", f"{spec.traces.max_total_bytes} bytes; at most {settings.max_trace_bytes} "
-            "on this server (setting max_trace_bytes): lower it (and steps_per_file x max_step_bytes to fit)",
-        ))  # fmt: skip
+        bad.append(
+            Violation(
+                "traces.max_total_bytes",
+                f"{spec.traces.max_total_bytes} bytes; at most {settings.max_trace_bytes} "
+                "on this server (setting max_trace_bytes): lower it (and steps_per_file x max_step_bytes to fit)",
+            )
+        )
     for path, value in (
         ("model.config_overrides", spec.model.config_overrides),
         ("task.params", spec.task.model_dump(mode="json")["params"]),  # the fields the tenant set

@@ -81,9 +81,17 @@ def ingest(store: JobStore, job_id: str, attempt: int, events: Iterable[Event]) 
 def _apply(conn: Connection, job: JobRow, ev: Event) -> JobRow:
     if isinstance(ev, StepEvent):
         metrics = json.dumps(ev.metrics, allow_nan=False)
-        insert_ignoring_conflicts(conn, db.metrics, {
-            "job_id": job.id, "attempt": job.attempt, "step": ev.step, "time": ev.time, "data": metrics,
-        })  # fmt: skip
+        insert_ignoring_conflicts(
+            conn,
+            db.metrics,
+            {
+                "job_id": job.id,
+                "attempt": job.attempt,
+                "step": ev.step,
+                "time": ev.time,
+                "data": metrics,
+            },
+        )
         if job.step is None or ev.step >= job.step:
             conn.execute(
                 db.jobs.update()
@@ -92,9 +100,17 @@ def _apply(conn: Connection, job: JobRow, ev: Event) -> JobRow:
             )
             job.step, job.latest_metrics = ev.step, dict(ev.metrics)
     elif isinstance(ev, CheckpointEvent):
-        insert_ignoring_conflicts(conn, db.checkpoints, {
-            "job_id": job.id, "attempt": job.attempt, "step": ev.step, "path": ev.path, "time": ev.time,
-        })  # fmt: skip
+        insert_ignoring_conflicts(
+            conn,
+            db.checkpoints,
+            {
+                "job_id": job.id,
+                "attempt": job.attempt,
+                "step": ev.step,
+                "path": ev.path,
+                "time": ev.time,
+            },
+        )
     elif isinstance(ev, StateEvent):
         if ev.step is not None and (job.step is None or ev.step > job.step):
             conn.execute(db.jobs.update().where(db.jobs.c.id == job.id).values(step=ev.step))

@@ -27,10 +27,16 @@ import httpx
 log = logging.getLogger(__name__)
 
 _PORT_FLAGS = (
-    "--port", "--dashboard-port", "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
-    "--runtime-env-agent-port", "--metrics-export-port", "--node-manager-port", "--object-manager-port",
+    "--port",
+    "--dashboard-port",
+    "--dashboard-agent-listen-port",
+    "--dashboard-agent-grpc-port",
+    "--runtime-env-agent-port",
+    "--metrics-export-port",
+    "--node-manager-port",
+    "--object-manager-port",
     "--ray-client-server-port",
-)  # fmt: skip
+)
 
 
 def _free_ports(n: int) -> list[int]:
@@ -123,11 +129,19 @@ class LocalRayCluster:
         self.root.mkdir(parents=True, exist_ok=True)
         ports = dict(zip(_PORT_FLAGS, _free_ports(len(_PORT_FLAGS)), strict=True))
         cmd = [
-            *_ray_executable(), "start", "--head", "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",
-            "--include-dashboard=true", f"--num-cpus={self.num_cpus}", "--num-gpus=0",
-            f"--object-store-memory={self.object_store_bytes}", f"--temp-dir={self.temp_dir}",
-            "--disable-usage-stats", *(f"{flag}={port}" for flag, port in ports.items()),
-        ]  # fmt: skip
+            *_ray_executable(),
+            "start",
+            "--head",
+            "--node-ip-address=127.0.0.1",
+            "--dashboard-host=127.0.0.1",
+            "--include-dashboard=true",
+            f"--num-cpus={self.num_cpus}",
+            "--num-gpus=0",
+            f"--object-store-memory={self.object_store_bytes}",
+            f"--temp-dir={self.temp_dir}",
+            "--disable-usage-stats",
+            *(f"{flag}={port}" for flag, port in ports.items()),
+        ]
         # Jobs inherit this environment: none of the control plane's own settings (database URL and
         # password, tokens) may reach the code that runs on the cluster.
         env = {k: v for k, v in os.environ.items() if not k.startswith("TGC_")}

@@ -100,10 +100,17 @@ class RayJobs:
         details = self.details(sub_id)
         if details is None or not details.job_id:
             return []
-        r = httpx.get(f"{self.address}/api/v0/actors", headers=self.headers, timeout=30, params={
-            "filter_keys": ["job_id", "state"], "filter_predicates": ["=", "="],
-            "filter_values": [details.job_id, "ALIVE"], "limit": 1000,
-        })  # fmt: skip
+        r = httpx.get(
+            f"{self.address}/api/v0/actors",
+            headers=self.headers,
+            timeout=30,
+            params={
+                "filter_keys": ["job_id", "state"],
+                "filter_predicates": ["=", "="],
+                "filter_values": [details.job_id, "ALIVE"],
+                "limit": 1000,
+            },
+        )
         r.raise_for_status()
         return list(r.json()["data"]["result"]["result"])
 

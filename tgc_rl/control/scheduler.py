@@ -174,20 +174,30 @@ class Scheduler:
                 return
             job = self._ingest_run_dir(job)
             if job.state not in TERMINAL:
-                self._finish(job, JobState.FAILED,
-                             f"Ray has no job {job.ray_submission_id}: the cluster was restarted or lost; "
-                             "resume the job from its last checkpoint")  # fmt: skip
+                self._finish(
+                    job,
+                    JobState.FAILED,
+                    f"Ray has no job {job.ray_submission_id}: the cluster was restarted or lost; "
+                    "resume the job from its last checkpoint",
+                )
             self.store.update(job.id, ray_done=True)
             return
         if not info.finished:
             # The trainer said it ended but its driver lingers (stuck teardown): stop it after the grace.
-            if job.state in TERMINAL and job.finished_at \
-                    and time.time() - job.finished_at > self.settings.cancel_grace_s \
-                    and sub_id not in self._lingering_stopped:  # fmt: skip
+            if (
+                job.state in TERMINAL
+                and job.finished_at
+                and time.time() - job.finished_at > self.settings.cancel_grace_s
+                and sub_id not in self._lingering_stopped
+            ):
                 self._lingering_stopped.add(sub_id)
                 ray.stop(sub_id)
-                self.store.log_event(job, f"the trainer ended {job.state} but its Ray job was still alive after "
-                                          f"{self.settings.cancel_grace_s:.0f}s; stopped it", level="warning")  # fmt: skip
+                self.store.log_event(
+                    job,
+                    f"the trainer ended {job.state} but its Ray job was still alive after "
+                    f"{self.settings.cancel_grace_s:.0f}s; stopped it",
+                    level="warning",
+                )
             return
         job = self._ingest_run_dir(job)
         self._keep_driver_log(job)
@@ -197,8 +207,12 @@ class Scheduler:
                     job, JobState.SUCCEEDED, "the trainer exited successfully without reporting its end"
                 )
             elif info.status == "STOPPED" and job.cancel_requested_at is not None:
-                self._finish(job, JobState.CANCELLED, f"{job.cancel_reason}; the Ray job was stopped",
-                             hard_stopped=True)  # fmt: skip
+                self._finish(
+                    job,
+                    JobState.CANCELLED,
+                    f"{job.cancel_reason}; the Ray job was stopped",
+                    hard_stopped=True,
+                )
             elif info.status == "STOPPED":
                 self._finish(job, JobState.FAILED, "the Ray job was stopped outside the control plane")
             else:
@@ -234,9 +248,11 @@ class Scheduler:
         if never_reported:
             reason = f"{job.cancel_reason} (before the trainer started; its Ray job was stopped)"
         else:
-            reason = (f"{job.cancel_reason}; the trainer did not stop within {self.settings.cancel_grace_s:.0f}s "
-                      f"of the cancel, so its Ray job was stopped hard"
-                      + (f" after step {job.step}" if job.step is not None else ""))  # fmt: skip
+            reason = (
+                f"{job.cancel_reason}; the trainer did not stop within {self.settings.cancel_grace_s:.0f}s "
+                f"of the cancel, so its Ray job was stopped hard"
+                + (f" after step {job.step}" if job.step is not None else "")
+            )
         self._finish(job, JobState.CANCELLED, reason, hard_stopped=not never_reported)
 
     # -- admission --------------------------------------------------------------------------------
@@ -283,14 +299,26 @@ class Scheduler:
             self._fail_submission(job, f"could not prepare the run directory {job.run_dir}: {e}")
             return
         self.store.update(job.id, job_token_hash=tokens.digest(secret))
-        cmd = [self.settings.trainer_python, "-m", "tgc_rl.trainer", "--spec", str(spec_path),
-               "--run-dir", str(run_dir)]  # fmt: skip
+        cmd = [
+            self.settings.trainer_python,
+            "-m",
+            "tgc_rl.trainer",
+            "--spec",
+            str(spec_path),
+            "--run-dir",
+            str(run_dir),
+        ]
         if job.resume_from:
             cmd += ["--resume", job.resume_from]
-        env = {**self.settings.trainer_env, "TGC_CONTROL_URL": self.settings.control_url,
-               "TGC_JOB_ID": job.id, "TGC_JOB_TOKEN": secret, GRANTS_ENV: job.grants,
-               DATASETS_DIR_ENV: str(self.settings.datasets_path.resolve()),
-               LIMITS_ENV: data_limits(self.settings).to_json()}  # fmt: skip
+        env = {
+            **self.settings.trainer_env,
+            "TGC_CONTROL_URL": self.settings.control_url,
+            "TGC_JOB_ID": job.id,
+            "TGC_JOB_TOKEN": secret,
+            GRANTS_ENV: job.grants,
+            DATASETS_DIR_ENV: str(self.settings.datasets_path.resolve()),
+            LIMITS_ENV: data_limits(self.settings).to_json(),
+        }
         if self.settings.data_root is not None:
             env[DATA_ROOT_ENV] = str(self.settings.data_root)
         meta = {"tgc_job_id": job.id, "tgc_tenant": job.tenant, "tgc_attempt": str(job.attempt)}

@@ -21,6 +21,13 @@ def serve(settings: ControlSettings, log_level: str = "info") -> None:
         )
     # Access logs name method, path and status only: tokens travel in headers and are never logged.
     # Slow clients: idle keep-alive connections and trickled headers are cut off (bodies: BodyReadTimeout).
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=log_level, proxy_headers=False,
-                timeout_graceful_shutdown=10, timeout_keep_alive=settings.keep_alive_s,
-                http=header_deadline_protocol(settings.client_header_timeout_s))  # fmt: skip
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=log_level,
+        proxy_headers=False,
+        timeout_graceful_shutdown=10,
+        timeout_keep_alive=settings.keep_alive_s,
+        http=header_deadline_protocol(settings.client_header_timeout_s),
+    )

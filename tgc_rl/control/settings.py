@@ -82,10 +82,12 @@ class ControlSettings(BaseModel):
         description="Max JSON size of each free-form mapping (config_overrides, params, ...).",
     )
     max_trace_bytes: int = Field(
-        _TRACE_BYTES_LE, ge=_TRACE_BYTES_GE, le=_TRACE_BYTES_LE,
+        _TRACE_BYTES_LE,
+        ge=_TRACE_BYTES_GE,
+        le=_TRACE_BYTES_LE,
         description="Most rollout-trace bytes one job may keep (its spec's traces.max_total_bytes); a spec "
         "asking for more is refused with 422. Below the spec's default (64 MiB), tenants must set it.",
-    )  # fmt: skip
+    )
     allow_custom_code: bool = Field(
         False,
         description="Let non-admin tenants name their own code (`module:function` tasks/rewards, local model "
@@ -147,13 +149,17 @@ class ControlSettings(BaseModel):
     )
     # Per-tenant limits and slow clients (docs/security.md#per-tenant-limits); 0 turns a limit off.
     max_queued_jobs: int = Field(
-        100, ge=0, description="Per-tenant limit on queued jobs (not started yet); beyond it a submission "
+        100,
+        ge=0,
+        description="Per-tenant limit on queued jobs (not started yet); beyond it a submission "
         "or resume is refused with 429. 0: no limit.",
-    )  # fmt: skip
+    )
     rate_limit_per_s: float = Field(
-        20.0, ge=0, description="Requests a second per API token, on average (token bucket); beyond it 429 "
+        20.0,
+        ge=0,
+        description="Requests a second per API token, on average (token bucket); beyond it 429 "
         "with Retry-After. Health probes, /metrics and trainer reports are not counted. 0: no limit.",
-    )  # fmt: skip
+    )
     rate_limit_burst: int = Field(100, ge=1, description="Requests an idle API token may send at once.")
     max_streams_per_tenant: int = Field(
         8, ge=1, description="Event streams (GET /v1/jobs/{id}/events) one tenant may hold open at once."
@@ -165,23 +171,31 @@ class ControlSettings(BaseModel):
         30.0, gt=0, description="How often an open event stream checks that its token is still valid."
     )
     job_retention_s: float = Field(
-        0.0, ge=0, description="Ended jobs older than this (since they ended) are deleted with their run "
+        0.0,
+        ge=0,
+        description="Ended jobs older than this (since they ended) are deleted with their run "
         "directory under runs_dir. 0: kept until the count limit.",
-    )  # fmt: skip
+    )
     max_ended_jobs_per_tenant: int = Field(
-        10_000, ge=0, description="Per tenant, only this many of the most recently ended jobs are kept (with "
+        10_000,
+        ge=0,
+        description="Per tenant, only this many of the most recently ended jobs are kept (with "
         "their run directories); older ones are deleted. 0: no count limit.",
-    )  # fmt: skip
+    )
     retention_sweep_s: float = Field(300.0, gt=0, description="How often retention is applied.")
     keep_alive_s: int = Field(5, ge=1, description="An idle keep-alive connection is closed after this.")
     client_header_timeout_s: float = Field(
-        10.0, gt=0, description="A connection whose request headers have not all arrived this long after "
+        10.0,
+        gt=0,
+        description="A connection whose request headers have not all arrived this long after "
         "its first byte (or after it opened) is closed.",
-    )  # fmt: skip
+    )
     client_body_timeout_s: float = Field(
-        300.0, gt=0, description="A request whose body has not fully arrived this long after its headers "
+        300.0,
+        gt=0,
+        description="A request whose body has not fully arrived this long after its headers "
         "is answered 408 (a 256 MiB upload needs ~0.9 MB/s).",
-    )  # fmt: skip
+    )
     metrics_token: str | None = Field(
         None,
         min_length=16,

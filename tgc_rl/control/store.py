@@ -129,10 +129,18 @@ def insert_ignoring_conflicts(conn: Connection, table: sa.Table, values: dict[st
 def append_event(conn: Connection, job_id: str, attempt: int, data: dict[str, Any]) -> bool:
     """Add an event to the job's stream, once: a repeated event (same content) is ignored."""
     text = canonical_json(data)
-    return insert_ignoring_conflicts(conn, db.events, {
-        "job_id": job_id, "attempt": attempt, "type": str(data["type"]), "time": float(data["time"]),
-        "data": text, "digest": hashlib.sha256(text.encode()).hexdigest(),
-    })  # fmt: skip
+    return insert_ignoring_conflicts(
+        conn,
+        db.events,
+        {
+            "job_id": job_id,
+            "attempt": attempt,
+            "type": str(data["type"]),
+            "time": float(data["time"]),
+            "data": text,
+            "digest": hashlib.sha256(text.encode()).hexdigest(),
+        },
+    )
 
 
 def apply_transition(
@@ -153,13 +161,30 @@ def apply_transition(
     if res.rowcount != 1:
         raise InvalidTransition(f"job {job.id} changed state concurrently (expected {job.state})")
     attempt = fields.get("attempt", job.attempt)
-    conn.execute(db.transitions.insert().values(
-        job_id=job.id, attempt=attempt, from_state=job.state.value, to_state=dst.value, reason=reason, time=now,
-    ))  # fmt: skip
-    append_event(conn, job.id, attempt, {
-        "type": "state", "time": now, "state": dst.value, "previous": job.state.value, "reason": reason,
-        "step": fields.get("step", job.step), "source": "control",
-    })  # fmt: skip
+    conn.execute(
+        db.transitions.insert().values(
+            job_id=job.id,
+            attempt=attempt,
+            from_state=job.state.value,
+            to_state=dst.value,
+            reason=reason,
+            time=now,
+        )
+    )
+    append_event(
+        conn,
+        job.id,
+        attempt,
+        {
+            "type": "state",
+            "time": now,
+            "state": dst.value,
+            "previous": job.state.value,
+            "reason": reason,
+            "step": fields.get("step", job.step),
+            "source": "control",
+        },
+    )
     row = conn.execute(sa.select(db.jobs).where(db.jobs.c.id == job.id)).one()
     return JobRow.from_row(row)
 
@@ -179,9 +204,10 @@ class JobStore:
                 sa.text("SELECT pg_advisory_xact_lock(hashtext(:key))"), {"key": f"tgc-queue:{tenant}"}
             )
         queued = conn.execute(
-            sa.select(sa.func.count()).select_from(db.jobs)
+            sa.select(sa.func.count())
+            .select_from(db.jobs)
             .where(db.jobs.c.tenant == tenant, db.jobs.c.state == JobState.QUEUED.value)
-        ).scalar_one()  # fmt: skip
+        ).scalar_one()
         if queued >= self.max_queued:
             raise QueueFull(
                 f"tenant {tenant!r} already has {queued} queued jobs, the most this server allows "
@@ -222,20 +248,48 @@ class JobStore:
         try:
             with self.write() as conn:
                 self._check_queue(conn, tenant)
-                conn.execute(db.jobs.insert().values(
-                    id=job_id, tenant=tenant, name=spec.get("name", "tgc-job"), state=JobState.QUEUED.value,
-                    reason="accepted", spec=canonical_json(spec), created_at=now, updated_at=now, attempt=1,
-                    hard_stopped=False, ray_done=True, idempotency_key=idempotency_key, request_digest=digest,
-                    grants=grants,
-                ))  # fmt: skip
-                conn.execute(db.transitions.insert().values(
-                    job_id=job_id, attempt=1, from_state=None, to_state=JobState.QUEUED.value,
-                    reason="accepted", time=now,
-                ))  # fmt: skip
-                append_event(conn, job_id, 1, {
-                    "type": "state", "time": now, "state": JobState.QUEUED.value, "previous": None, "reason": "accepted",
-                    "step": None, "source": "control",
-                })  # fmt: skip
+                conn.execute(
+                    db.jobs.insert().values(
+                        id=job_id,
+                        tenant=tenant,
+                        name=spec.get("name", "tgc-job"),
+                        state=JobState.QUEUED.value,
+                        reason="accepted",
+                        spec=canonical_json(spec),
+                        created_at=now,
+                        updated_at=now,
+                        attempt=1,
+                        hard_stopped=False,
+                        ray_done=True,
+                        idempotency_key=idempotency_key,
+                        request_digest=digest,
+                        grants=grants,
+                    )
+                )
+                conn.execute(
+                    db.transitions.insert().values(
+                        job_id=job_id,
+                        attempt=1,
+                        from_state=None,
+                        to_state=JobState.QUEUED.value,
+                        reason="accepted",
+                        time=now,
+                    )
+                )
+                append_event(
+                    conn,
+                    job_id,
+                    1,
+                    {
+                        "type": "state",
+                        "time": now,
+                        "state": JobState.QUEUED.value,
+                        "previous": None,
+                        "reason": "accepted",
+                        "step": None,
+                        "source": "control",
+                    },
+                )
                 job = JobRow.from_row(conn.execute(sa.select(db.jobs).where(db.jobs.c.id == job_id)).one())
         except IntegrityError:
             # Two requests with the same key raced; the other one won: answer with its job.
@@ -311,10 +365,16 @@ class JobStore:
         )
         out: dict[str, list[TransitionRow]] = {}
         for r in rows:
-            out.setdefault(r.job_id, []).append(TransitionRow(
-                r.job_id, r.attempt, JobState(r.from_state) if r.from_state else None, JobState(r.to_state),
-                r.reason, r.time,
-            ))  # fmt: skip
+            out.setdefault(r.job_id, []).append(
+                TransitionRow(
+                    r.job_id,
+                    r.attempt,
+                    JobState(r.from_state) if r.from_state else None,
+                    JobState(r.to_state),
+                    r.reason,
+                    r.time,
+                )
+            )
         return out
 
     def queued(self) -> builtins.list[JobRow]:
@@ -388,9 +448,18 @@ class JobStore:
     def log_event(self, job: JobRow, message: str, level: str = "info") -> None:
         """A log line from the control plane itself into the job's stream."""
         with self.write() as conn:
-            append_event(conn, job.id, job.attempt, {
-                "type": "log", "time": time.time(), "level": level, "message": message, "source": "control",
-            })  # fmt: skip
+            append_event(
+                conn,
+                job.id,
+                job.attempt,
+                {
+                    "type": "log",
+                    "time": time.time(),
+                    "level": level,
+                    "message": message,
+                    "source": "control",
+                },
+            )
 
     def request_cancel(self, job_id: str, reason: str) -> JobRow:
         """Queued jobs end at once; active ones get a cancel flag the trainer sees on its next report."""
@@ -403,17 +472,33 @@ class JobStore:
                 raise InvalidTransition(f"job {job_id} already ended ({job.state}); nothing to cancel")
             now = time.time()
             if job.state == JobState.QUEUED:
-                apply_transition(conn, job, JobState.CANCELLED, f"{reason} (before it started)",
-                                 now=now, cancel_requested_at=now, cancel_reason=reason)  # fmt: skip
+                apply_transition(
+                    conn,
+                    job,
+                    JobState.CANCELLED,
+                    f"{reason} (before it started)",
+                    now=now,
+                    cancel_requested_at=now,
+                    cancel_reason=reason,
+                )
             elif job.cancel_requested_at is None:
                 conn.execute(
-                    db.jobs.update().where(db.jobs.c.id == job_id)
+                    db.jobs.update()
+                    .where(db.jobs.c.id == job_id)
                     .values(cancel_requested_at=now, cancel_reason=reason, updated_at=now)
-                )  # fmt: skip
-                append_event(conn, job.id, job.attempt, {
-                    "type": "log", "time": now, "level": "info", "source": "control",
-                    "message": f"cancel requested: {reason}; the trainer stops at the next step boundary",
-                })  # fmt: skip
+                )
+                append_event(
+                    conn,
+                    job.id,
+                    job.attempt,
+                    {
+                        "type": "log",
+                        "time": now,
+                        "level": "info",
+                        "source": "control",
+                        "message": f"cancel requested: {reason}; the trainer stops at the next step boundary",
+                    },
+                )
             job = JobRow.from_row(conn.execute(sa.select(db.jobs).where(db.jobs.c.id == job_id)).one())
         return self._with_transitions(job)
 
@@ -422,10 +507,18 @@ class JobStore:
         with self.write() as conn:
             now = time.time()
             job = apply_transition(
-                conn, job, JobState.STARTING, f"submitted to Ray as {submission_id}", now=now,
-                ray_submission_id=submission_id, run_dir=run_dir, job_token_hash=None, ray_done=False,
-                started_at=now, reported_at=None,
-            )  # fmt: skip
+                conn,
+                job,
+                JobState.STARTING,
+                f"submitted to Ray as {submission_id}",
+                now=now,
+                ray_submission_id=submission_id,
+                run_dir=run_dir,
+                job_token_hash=None,
+                ray_done=False,
+                started_at=now,
+                reported_at=None,
+            )
         return self._with_transitions(job)
 
     def resume(self, job_id: str, checkpoint: str, reason: str) -> JobRow:
@@ -441,11 +534,23 @@ class JobStore:
                 )
             self._check_queue(conn, job.tenant)
             job = apply_transition(
-                conn, job, JobState.QUEUED, f"{reason} (attempt {job.attempt + 1} from {checkpoint})",
-                attempt=job.attempt + 1, resume_from=checkpoint, cancel_requested_at=None, cancel_reason=None,
-                hard_stopped=False, finished_at=None, started_at=None, ray_submission_id=None, run_dir=None,
-                job_token_hash=None, ray_done=True, reported_at=None,
-            )  # fmt: skip
+                conn,
+                job,
+                JobState.QUEUED,
+                f"{reason} (attempt {job.attempt + 1} from {checkpoint})",
+                attempt=job.attempt + 1,
+                resume_from=checkpoint,
+                cancel_requested_at=None,
+                cancel_reason=None,
+                hard_stopped=False,
+                finished_at=None,
+                started_at=None,
+                ray_submission_id=None,
+                run_dir=None,
+                job_token_hash=None,
+                ray_done=True,
+                reported_at=None,
+            )
         return self._with_transitions(job)
 
     # -- retention --------------------------------------------------------------------------------
@@ -466,9 +571,12 @@ class JobStore:
         # Rank each tenant's ended jobs, the most recently ended first.
         rank = (
             sa.func.row_number()
-            .over(partition_by=db.jobs.c.tenant, order_by=(db.jobs.c.finished_at.desc().nulls_last(), db.jobs.c.seq.desc()))
+            .over(
+                partition_by=db.jobs.c.tenant,
+                order_by=(db.jobs.c.finished_at.desc().nulls_last(), db.jobs.c.seq.desc()),
+            )
             .label("rank")
-        )  # fmt: skip
+        )
         ranked = (
             sa.select(db.jobs.c.id, db.jobs.c.finished_at, db.jobs.c.ray_done, rank)
             .where(db.jobs.c.state.in_(ended))
@@ -485,7 +593,7 @@ class JobStore:
                 sa.select(db.jobs.c.id, db.jobs.c.tenant)
                 .where(db.jobs.c.id.in_(candidates), db.jobs.c.state.in_(ended), db.jobs.c.ray_done.is_(True))
                 .with_for_update()
-            ).all()  # fmt: skip
+            ).all()
             ids = [r.id for r in rows]
             if ids:
                 for table in (db.events, db.metrics, db.checkpoints, db.transitions, db.driver_logs):
@@ -496,8 +604,11 @@ class JobStore:
     # -- driver logs (tail of the Ray driver's stdout/stderr, kept after the Ray job is gone) ----------
     def save_driver_log(self, job_id: str, attempt: int, text: str) -> None:
         with self.write() as conn:
-            conn.execute(db.driver_logs.delete().where(
-                db.driver_logs.c.job_id == job_id, db.driver_logs.c.attempt == attempt))  # fmt: skip
+            conn.execute(
+                db.driver_logs.delete().where(
+                    db.driver_logs.c.job_id == job_id, db.driver_logs.c.attempt == attempt
+                )
+            )
             conn.execute(
                 db.driver_logs.insert().values(job_id=job_id, attempt=attempt, text=text, time=time.time())
             )
@@ -506,5 +617,6 @@ class JobStore:
         with self.read() as conn:
             return conn.execute(
                 sa.select(db.driver_logs.c.text).where(
-                    db.driver_logs.c.job_id == job_id, db.driver_logs.c.attempt == attempt)
-            ).scalar_one_or_none()  # fmt: skip
+                    db.driver_logs.c.job_id == job_id, db.driver_logs.c.attempt == attempt
+                )
+            ).scalar_one_or_none()

@@ -46,17 +46,26 @@ class _JobGauges(Collector):
         for state, n in counts.items():
             jobs.add_metric([state.value], n)
         yield jobs
-        step = GaugeMetricFamily("tgc_job_step", "Last step reported by each active job (steps).",
-                                 labels=["job_id", "tenant", "name"])  # fmt: skip
-        progress = GaugeMetricFamily("tgc_job_progress_ratio", "Reported step / spec.steps of each active job.",
-                                     labels=["job_id", "tenant", "name"])  # fmt: skip
+        step = GaugeMetricFamily(
+            "tgc_job_step",
+            "Last step reported by each active job (steps).",
+            labels=["job_id", "tenant", "name"],
+        )
+        progress = GaugeMetricFamily(
+            "tgc_job_progress_ratio",
+            "Reported step / spec.steps of each active job.",
+            labels=["job_id", "tenant", "name"],
+        )
         train = GaugeMetricFamily(
             "tgc_job_train_metric",
             "Latest per-step training metric reported by each active job (unit: the metric's own).",
             labels=["job_id", "tenant", "metric"],
         )
-        age = GaugeMetricFamily("tgc_job_report_age_seconds", "Seconds since each active job last reported.",
-                                labels=["job_id", "tenant"])  # fmt: skip
+        age = GaugeMetricFamily(
+            "tgc_job_report_age_seconds",
+            "Seconds since each active job last reported.",
+            labels=["job_id", "tenant"],
+        )
         now = time.time()
         for job in active:
             if job.step is not None:
@@ -76,10 +85,12 @@ class Telemetry:
         self.registry = CollectorRegistry()
         r = self.registry
         self.request_seconds = Histogram(
-            "tgc_http_request_duration_seconds", "Latency of REST requests (seconds), by route template.",
-            ["method", "route", "status"], registry=r,
+            "tgc_http_request_duration_seconds",
+            "Latency of REST requests (seconds), by route template.",
+            ["method", "route", "status"],
+            registry=r,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
-        )  # fmt: skip
+        )
         self.submissions = Counter(
             "tgc_job_submissions", "Jobs accepted by POST /v1/jobs.", ["tenant"], registry=r
         )
@@ -91,9 +102,10 @@ class Telemetry:
         )
         self.failures = Counter("tgc_job_failures", "Jobs that ended failed.", registry=r)
         self.hard_stops = Counter(
-            "tgc_job_hard_stops", "Cancelled jobs whose trainer missed the grace period and was stopped hard.",
+            "tgc_job_hard_stops",
+            "Cancelled jobs whose trainer missed the grace period and was stopped hard.",
             registry=r,
-        )  # fmt: skip
+        )
         self.trainer_events = Counter(
             "tgc_trainer_events",
             "Events reported by trainers and stored (duplicates excluded).",

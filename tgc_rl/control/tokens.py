@@ -62,15 +62,26 @@ class TokenStore:
             )
         secret = mint()
         info = TokenInfo(
-            id="tok_" + secrets.token_hex(8), tenant=tenant, name=name[:128], is_admin=is_admin,
-            created_at=time.time(), revoked_at=None,
-        )  # fmt: skip
+            id="tok_" + secrets.token_hex(8),
+            tenant=tenant,
+            name=name[:128],
+            is_admin=is_admin,
+            created_at=time.time(),
+            revoked_at=None,
+        )
         with self.engine.connect().execution_options(sqlite_begin="IMMEDIATE") as conn, conn.begin():
             self._ensure_tenant(conn, tenant)
-            conn.execute(db.tokens.insert().values(
-                id=info.id, tenant=tenant, name=info.name, is_admin=is_admin, token_hash=digest(secret),
-                created_at=info.created_at, revoked_at=None,
-            ))  # fmt: skip
+            conn.execute(
+                db.tokens.insert().values(
+                    id=info.id,
+                    tenant=tenant,
+                    name=info.name,
+                    is_admin=is_admin,
+                    token_hash=digest(secret),
+                    created_at=info.created_at,
+                    revoked_at=None,
+                )
+            )
         return info, secret
 
     def authenticate(self, secret: str) -> Principal | None:

@@ -82,8 +82,10 @@ def create_app(sandbox: Sandbox | None = None, max_concurrency: int | None = Non
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, e: RequestValidationError) -> JSONResponse:
         # FastAPI's default echoes each bad input back, and a NaN or Infinity there is not JSON: a 500
-        detail = [{"loc": list(err.get("loc", ())), "msg": str(err.get("msg")), "type": str(err.get("type"))}
-                  for err in e.errors()]  # fmt: skip
+        detail = [
+            {"loc": list(err.get("loc", ())), "msg": str(err.get("msg")), "type": str(err.get("type"))}
+            for err in e.errors()
+        ]
         return JSONResponse({"detail": detail}, status_code=422)
 
     @app.get("/v1/ping")

@@ -142,8 +142,9 @@ class Client:
 
     def stream_lines(self, path: str, params: Mapping[str, Any], headers: Mapping[str, str]) -> Iterator[str]:
         """The lines of a streaming response (server-sent events); raises typed errors like `request`."""
-        with self._http.stream("GET", path, params=params, headers=headers,
-                               timeout=httpx.Timeout(30.0, read=90.0)) as r:  # fmt: skip
+        with self._http.stream(
+            "GET", path, params=params, headers=headers, timeout=httpx.Timeout(30.0, read=90.0)
+        ) as r:
             if r.status_code >= 400:
                 r.read()
                 try:
@@ -162,8 +163,9 @@ class Client:
     ) -> Job:
         """Submit a job; the server validates the spec fully (`Invalid` names each bad field)."""
         key = idempotency_key or str(uuid.uuid4())
-        r = self.request("POST", "/v1/jobs", json=spec_to_dict(spec), headers={"Idempotency-Key": key},
-                         idempotent=True)  # fmt: skip
+        r = self.request(
+            "POST", "/v1/jobs", json=spec_to_dict(spec), headers={"Idempotency-Key": key}, idempotent=True
+        )
         return Job(self, r.json())
 
     def validate(self, spec: SpecSource) -> dict[str, Any]:
@@ -219,8 +221,14 @@ class Client:
         except OSError as e:
             raise TgcError(f"cannot read {path}: {e.strerror}") from None
         # retried safely: an identical upload returns the dataset the first one created
-        r = self.request("POST", "/v1/datasets", content=data, params={"name": name or path.name},
-                         headers={"Content-Type": "application/octet-stream"}, idempotent=True)  # fmt: skip
+        r = self.request(
+            "POST",
+            "/v1/datasets",
+            content=data,
+            params={"name": name or path.name},
+            headers={"Content-Type": "application/octet-stream"},
+            idempotent=True,
+        )
         return DatasetRecord.model_validate(r.json())
 
     def datasets(self) -> list[DatasetRecord]:

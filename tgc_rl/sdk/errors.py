@@ -68,9 +68,15 @@ class WaitTimeout(TgcError, TimeoutError):
 
 
 _BY_STATUS: dict[int, type[TgcError]] = {
-    400: Invalid, 401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict, 413: TooLarge, 422: Invalid,
+    400: Invalid,
+    401: Unauthorized,
+    403: Forbidden,
+    404: NotFound,
+    409: Conflict,
+    413: TooLarge,
+    422: Invalid,
     429: RateLimited,
-}  # fmt: skip
+}
 
 
 def error_for(status: int, body: Any, fallback_text: str = "") -> TgcError:

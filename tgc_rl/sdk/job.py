@@ -77,8 +77,12 @@ class Job:
 
     def resume(self, checkpoint: str | None = None, reason: str = "resumed by user") -> Job:
         """Start a new attempt of a failed/cancelled job from a checkpoint (default: the newest)."""
-        r = self._client.request("POST", f"/v1/jobs/{self.id}/resume",
-                                 json={"checkpoint": checkpoint, "reason": reason}, idempotent=False)  # fmt: skip
+        r = self._client.request(
+            "POST",
+            f"/v1/jobs/{self.id}/resume",
+            json={"checkpoint": checkpoint, "reason": reason},
+            idempotent=False,
+        )
         self.record = JobRecord.model_validate(r.json())
         return self
 
@@ -135,9 +139,13 @@ class Job:
         while True:
             reconnect_ms: str | None = None
             try:
-                for event_type, data, seq in _parse_sse(self._client.stream_lines(
-                        f"/v1/jobs/{self.id}/events", {"since": last, "follow": str(follow).lower()},
-                        {"Last-Event-ID": str(last), "Accept": "text/event-stream"})):  # fmt: skip
+                for event_type, data, seq in _parse_sse(
+                    self._client.stream_lines(
+                        f"/v1/jobs/{self.id}/events",
+                        {"since": last, "follow": str(follow).lower()},
+                        {"Last-Event-ID": str(last), "Accept": "text/event-stream"},
+                    )
+                ):
                     failures = 0
                     if event_type == "end":
                         self.refresh()

@@ -66,11 +66,12 @@ def check_template(template: str, allowed: tuple[str, ...], required: tuple[str,
         at = f"{template[m.start() : m.start() + 40]!r} at character {m.start()}"
         # what follows the slot's name says what str.format would have read there
         after = _AFTER_NAME.match(template, m.start() + 1) if m.group(0)[0] == "{" else None
-        why = {":": "a format spec (no width, fill or precision: slots are filled literally)",
-               "!": "a conversion (slots are filled literally)",
-               ".": "attribute access (slots are filled literally)",
-               "[": "index access (slots are filled literally)"}.get(
-            after.group(1) if after else "", "a lone brace" if inner is None else "an unknown slot")  # fmt: skip
+        why = {
+            ":": "a format spec (no width, fill or precision: slots are filled literally)",
+            "!": "a conversion (slots are filled literally)",
+            ".": "attribute access (slots are filled literally)",
+            "[": "index access (slots are filled literally)",
+        }.get(after.group(1) if after else "", "a lone brace" if inner is None else "an unknown slot")
         raise ValueError(
             f"{at}: {why}; braces may only enclose a slot ({slots}), written exactly so, "
             "and there is no escape for a literal brace"
@@ -386,7 +387,10 @@ def validate_params(model: type[M], params: dict[str, Any], field: str = "task.p
         lines = []
         for err in e.errors():
             loc = ".".join(str(p) for p in err["loc"])
-            msg = "unknown field; known: " + ", ".join(model.model_fields) if err["type"] == "extra_forbidden" \
-                else str(err["msg"]).removeprefix("Value error, ")  # fmt: skip
+            msg = (
+                "unknown field; known: " + ", ".join(model.model_fields)
+                if err["type"] == "extra_forbidden"
+                else str(err["msg"]).removeprefix("Value error, ")
+            )
             lines.append(f"{field}.{loc}: {msg}" if loc else f"{field}: {msg}")
         raise ValueError("; ".join(lines)) from None

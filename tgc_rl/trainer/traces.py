@@ -159,13 +159,23 @@ class TraceWriter:
             response, cut_r = _cut(decode(c.token_ids), limit)
             adv = advantages[starts[g] + i] if advantages is not None else None
             record = TraceRecord(
-                step=step, group=g, index=i, prompt_index=group.prompt.index, prompt=prompt,
-                response=response, reward=_finite(float(s.reward)),
-                advantage=_finite(float(adv)) if adv is not None else None, status=str(s.status),
-                detail=str(s.detail)[:limit], length=len(c.token_ids), finish_reason=c.finish_reason,
-                policy_version=c.version, selected=why, truncated=cut_p or cut_r,
+                step=step,
+                group=g,
+                index=i,
+                prompt_index=group.prompt.index,
+                prompt=prompt,
+                response=response,
+                reward=_finite(float(s.reward)),
+                advantage=_finite(float(adv)) if adv is not None else None,
+                status=str(s.status),
+                detail=str(s.detail)[:limit],
+                length=len(c.token_ids),
+                finish_reason=c.finish_reason,
+                policy_version=c.version,
+                selected=why,
+                truncated=cut_p or cut_r,
                 logprobs=[_finite(float(x)) for x in c.logprobs] if self.spec.logprobs else None,
-            )  # fmt: skip
+            )
             line = record.model_dump_json(exclude_none=False).encode() + b"\n"
             if len(line) > budget:
                 continue  # the per-step bound: a smaller record further down may still fit

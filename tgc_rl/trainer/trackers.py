@@ -157,9 +157,14 @@ class WandbTracker:
             mode = "online" if os.environ["WANDB_MODE"] == "online" else "disabled"
         settings = wandb.Settings(console="off", x_disable_stats=True, silent=True)
         self.run = wandb.init(
-            mode=mode, dir=str(run.run_dir), project=self.spec.project, name=run.job,
-            config=dict(run.params), settings=settings, tags=[t for t in [run.job_id] if t],
-        )  # fmt: skip
+            mode=mode,
+            dir=str(run.run_dir),
+            project=self.spec.project,
+            name=run.job,
+            config=dict(run.params),
+            settings=settings,
+            tags=[t for t in [run.job_id] if t],
+        )
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         self.run.log(dict(metrics), step=step)
@@ -279,8 +284,11 @@ class Trackers:
             assert w.thread is not None
             w.thread.join(max(0.0, deadline - time.monotonic()))
             if w.thread.is_alive():
-                log.warning("tracker %s: still busy after %.0f s at the end of the run; not waited for",
-                            w.tracker.name, timeout_s)  # fmt: skip
+                log.warning(
+                    "tracker %s: still busy after %.0f s at the end of the run; not waited for",
+                    w.tracker.name,
+                    timeout_s,
+                )
 
     def _each(self, make: Callable[[Tracker], Callable[[], None]], is_start: bool = False) -> None:
         for w in self._workers:
