@@ -48,7 +48,7 @@ def test_eval_remote_refuses_the_local_only_flags_before_it_submits(tmp_path, ca
     def no_server(args):
         raise AssertionError("must refuse before it contacts the server")
 
-    monkeypatch.setattr(cli, "_client", no_server)
+    monkeypatch.setattr(cli, "rest_client", no_server)
     assert main(["eval", str(spec), "--remote", flag, str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert flag in err and "local evaluation only" in err and "model.source" in err
