@@ -7,7 +7,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from tgc_rl.cli import _metrics_text
+from tgc_rl.cli_remote import _metrics_text
 from tgc_rl.config import JobSpec
 from tgc_rl.control import progress
 from tgc_rl.run_layout import (
