@@ -106,20 +106,23 @@ def pattern(total: int) -> str:
 
 
 def addition_rows(
-    max_operand: int = MAX_OPERAND, heldout_pairs: int = HELDOUT_PAIRS, seed: int = DATA_SEED
+    max_operand: int = MAX_OPERAND,
+    heldout_pairs: int = HELDOUT_PAIRS,
+    seed: int = DATA_SEED,
+    template: str = TEMPLATE,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(train rows, held-out rows): testbed 4's split (every ordered pair a + b; a fixed draw of unordered pairs
     held out with both orders, so a commuted training question is not held out; the held-out rows in a fixed
-    shuffle) with this study's prompt and regex reference."""
+    shuffle) with this study's prompt (or the wording probe's `template`) and regex reference."""
     train, heldout = testbed4.addition_rows(max_operand, heldout_pairs, seed)
-    return [_regex_row(r) for r in train], [_regex_row(r) for r in heldout]
+    return [_regex_row(r, template) for r in train], [_regex_row(r, template) for r in heldout]
 
 
-def _regex_row(row: dict[str, Any]) -> dict[str, Any]:
+def _regex_row(row: dict[str, Any], template: str) -> dict[str, Any]:
     a, b = row["a"], row["b"]
     return {
         "id": row["id"],
-        "prompt": TEMPLATE.format(a=a, b=b),
+        "prompt": template.format(a=a, b=b),
         "answer": pattern(a + b),
         "verifier": "regex",
         "a": a,
@@ -507,14 +510,19 @@ def study_specs(
 def pilot_sampling_spec(files: DataFiles) -> dict[str, Any]:
     """Pilot step 1: 64 training prompts x 8 samples at T = 0.7 with a 256-token cap, as an eval-only job (the
     project's engine and reward pool; each sample's text and token count land in eval/step_0.jsonl)."""
+    return _sampling_spec("tb5-pilot-base", files.pilot, PILOT_PROMPTS, files)
+
+
+def _sampling_spec(name: str, prompts: Path, n: int, files: DataFiles) -> dict[str, Any]:
+    """An eval-only job sampling the base model: the first `n` rows of `prompts` x 8 at T = 0.7, 256 tokens."""
     return {
-        **_base_spec("tb5-pilot-base", "cp_grpo", PILOT_SEED, 0, PILOT_SAMPLING_CAP, PILOT_LRS[0], files),
+        **_base_spec(name, "cp_grpo", PILOT_SEED, 0, PILOT_SAMPLING_CAP, PILOT_LRS[0], files),
         "eval": {
-            "dataset": {"path": str(files.pilot), "id_column": "id"},
+            "dataset": {"path": str(prompts), "id_column": "id"},
             "greedy": False,
             "samples_per_prompt": PILOT_SAMPLES,
             "temperature": TEMPERATURE,
-            "max_prompts": PILOT_PROMPTS,
+            "max_prompts": n,
         },
     }
 
@@ -778,7 +786,7 @@ def cut_samples(
 def dataset_items(path: Path) -> dict[str, Any]:
     """The rows of a study file as the dataset task loads them (the verifier the trainer uses), by row id."""
     from tgc_rl.tasks.dataset import DatasetTask
-    from tgc_rl.tasks.params import DatasetParams
+    from tgc_rl.tasks.dataset import DatasetParams
 
     task = DatasetTask(role="all", params=DatasetParams(path=str(path), id_column="id"))
     return {item.meta["row"]: item for item in (task.eval_item(i) for i in range(len(task)))}
@@ -823,19 +831,9 @@ def _pilot_cap(ctx: _PilotContext) -> CapDecision:
     from tgc_rl.models import load_tokenizer
 
     spec = pilot_sampling_spec(ctx.files)
-    run_dir = ctx.cache / "testbed5" / spec["name"]
-    inputs = _job_inputs(spec, ctx.files.pilot)
-    if not ((run_dir / "eval" / "step_0.jsonl").exists() and _cached(run_dir, inputs)):
-        shutil.rmtree(run_dir, ignore_errors=True)
-        state = ctx.heavy.run(spec["name"], lambda: _train(spec, run_dir, None))
-        if state != "succeeded":
-            raise RuntimeError(f"pilot sampling {state}: see {run_dir}")
-        (run_dir / INPUTS_FILE).write_text(inputs)
-    samples = [s for s in read_rows(run_dir / "eval" / "step_0.jsonl") if s["mode"] == "sampled"]
+    samples = _base_samples(ctx.heavy, spec, ctx.cache / "testbed5" / spec["name"], ctx.files.pilot)
     tokenizer = load_tokenizer(ModelSpec.model_validate(MODEL))
-    items = dataset_items(ctx.files.pilot)
-    stats = [cap_stats(c, cut_samples(samples, c, items, tokenizer)) for c in CANDIDATE_CAPS]
-    decision = decide_cap(stats)
+    decision = decide_cap(candidate_stats(samples, dataset_items(ctx.files.pilot), tokenizer))
     chosen = (
         f"response cap {decision.cap} (base accuracy {decision.base_accuracy:.3f})"
         if decision.cap
@@ -843,6 +841,23 @@ def _pilot_cap(ctx: _PilotContext) -> CapDecision:
     )
     ctx.record(decision, CAP_FILE, chosen)
     return decision
+
+
+def _base_samples(heavy: _Heavy, spec: dict[str, Any], run_dir: Path, prompts: Path) -> list[dict[str, Any]]:
+    """The sampled responses of an eval-only job on the base model, run unless done before on these inputs."""
+    inputs = _job_inputs(spec, prompts)
+    if not ((run_dir / "eval" / "step_0.jsonl").exists() and _cached(run_dir, inputs)):
+        shutil.rmtree(run_dir, ignore_errors=True)
+        state = heavy.run(spec["name"], lambda: _train(spec, run_dir, None))
+        if state != "succeeded":
+            raise RuntimeError(f"base-model sampling {state}: see {run_dir}")
+        (run_dir / INPUTS_FILE).write_text(inputs)
+    return [s for s in read_rows(run_dir / "eval" / "step_0.jsonl") if s["mode"] == "sampled"]
+
+
+def candidate_stats(samples: Sequence[dict[str, Any]], items: dict[str, Any], tokenizer) -> list[CapStats]:
+    """Pilot step 1's statistics: the responses cut at each candidate cap and re-scored."""
+    return [cap_stats(c, cut_samples(samples, c, items, tokenizer)) for c in CANDIDATE_CAPS]
 
 
 def _pilot_lr_run(ctx: _PilotContext, lr: float, cap: int) -> tuple[LrTrial, list[dict[str, Any]], float]:
@@ -939,3 +954,106 @@ def _amend_plan(budget: BudgetDecision) -> None:
     )
     text = text.replace("## Amendments\n\nNone yet.\n", "## Amendments\n\n")
     PLAN_FILE.write_text(text.rstrip("\n") + "\n" + line)
+
+
+# ---------------------------------------------------------------- exploratory: a wording probe (not a pilot step)
+
+
+@dataclass(frozen=True)
+class Wording:
+    name: str
+    template: str
+    max_operand: int
+
+
+FIRST_TEMPLATE = "What is {a} + {b}? Explain your steps briefly, then finish with 'Answer: <number>'."
+EXAMPLE = "Example: for 23 + 45, write: Add the tens: 20 + 40 = 60. Add the ones: 3 + 5 = 8. 60 + 8 = 68. Answer: 68"
+# After the first step 1 failed (the base model rarely ends in "Answer: <right sum>"): a worked example after
+# the question, the same on operands 0-49, and the example first with the question and instruction last.
+PROBE_WORDINGS = (
+    Wording("example", FIRST_TEMPLATE + " " + EXAMPLE, 99),
+    Wording("example-0-49", FIRST_TEMPLATE + " " + EXAMPLE, 49),
+    Wording(
+        "example-first",
+        EXAMPLE + "\nNow do the same for {a} + {b}: explain your steps briefly, then finish with "
+        "'Answer: <number>'.",
+        99,
+    ),
+)
+PROBE_PROMPTS = 32
+PROBE_FILE = "probe_wordings.json"
+
+
+def probe_rows(wording: Wording, n: int = PROBE_PROMPTS) -> list[dict[str, Any]]:
+    """The first `n` of the pilot's draw from the wording's training rows, ids prefixed by the wording."""
+    train, _ = addition_rows(wording.max_operand, template=wording.template)
+    return [{**r, "id": f"{wording.name}/{r['id']}"} for r in pilot_rows(train)[:n]]
+
+
+def run_probe(
+    wordings: Sequence[Wording] = PROBE_WORDINGS,
+    cache: Path = CACHE,
+    folder: Path = DATA,
+    lock: Path | None = None,
+    log: Callable[[str], None] = print,
+) -> Path:
+    """Exploratory, before a rerun of pilot step 1: each wording's prompts sampled as step 1 samples (one
+    eval-only job for all: 8 samples at T = 0.7, 256 tokens) and measured at the candidate caps as step 1
+    measures (`candidate_stats`, `decide_cap`). Decides nothing; writes `results/testbed5/probe_wordings.json`."""
+    from tgc_rl.config import ModelSpec
+    from tgc_rl.models import load_tokenizer
+
+    files = write_data()
+    run_dir = Path(cache) / "testbed5" / "tb5-probe-wordings"
+    prompts = run_dir.parent / "tb5-probe-wordings-prompts.jsonl"  # outside run_dir: a rerun clears that
+    rows = [r for w in wordings for r in probe_rows(w)]
+    prompts.parent.mkdir(parents=True, exist_ok=True)
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    spec = _sampling_spec(run_dir.name, prompts, len(rows), files)
+    heavy = _Heavy(lock, log)
+    t0 = time.perf_counter()
+    try:
+        samples = _base_samples(heavy, spec, run_dir, prompts)
+    finally:
+        heavy.close()
+    tokenizer = load_tokenizer(ModelSpec.model_validate(MODEL))
+    items = dataset_items(prompts)
+    results = []
+    for w in wordings:
+        mine = [s for s in samples if s["row"].startswith(w.name + "/")]
+        decision = decide_cap(candidate_stats(mine, items, tokenizer))
+        results.append(
+            {
+                **asdict(w),
+                "samples": len(mine),
+                "mean_tokens": float(np.mean([s["tokens"] for s in mine])),
+                "decision": asdict(decision),
+            }
+        )
+        log(
+            f"probe {w.name}: cap {decision.cap}, accuracy by cap {[round(s.accuracy, 3) for s in decision.stats]}"
+        )
+    path = Path(folder) / PROBE_FILE
+    record = {
+        "date": _now(),
+        "exploratory": "not a pilot step: a wording probe before pilot step 1 is rerun (testbed5_plan.md)",
+        "prompts_per_wording": PROBE_PROMPTS,
+        "samples_per_prompt": PILOT_SAMPLES,
+        "temperature": TEMPERATURE,
+        "sampling_cap": PILOT_SAMPLING_CAP,
+        "seconds": time.perf_counter() - t0,
+        "wordings": results,
+    }
+    path.write_text(json.dumps(record, indent=1, allow_nan=True) + "\n")
+    return path
+
+
+if __name__ == "__main__":  # the exploratory probe: python -m experiments.testbed5 probe --lock FILE
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m experiments.testbed5")
+    parser.add_argument("action", choices=("probe",), help="probe: the exploratory wording probe")
+    parser.add_argument("--lock", type=Path, default=None, help="hold this file's lock while the job runs")
+    parser.add_argument("--cache", type=Path, default=CACHE, help="run directories")
+    args = parser.parse_args()
+    print(f"probe: {run_probe(cache=args.cache, lock=args.lock)}")

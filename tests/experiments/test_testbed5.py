@@ -3,6 +3,7 @@ on synthetic numbers, the study's refusal before the pilot, and the report's sta
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -470,3 +471,62 @@ def test_report_says_where_the_pilot_stopped_when_no_cap_passes(tmp_path):
     assert "**Not yet run**" in text and "has not recorded" not in text
     assert "no response cap passing the four gates" in text and "base accuracy at most 0.002" in text
     assert "caps 96, 112" in text and "amended (dated)" in text
+
+
+def test_the_wording_probe_samples_each_wording_as_step_1_does_and_measures_each_apart(tmp_path, monkeypatch):
+    """Exploratory probe: one eval-only job for all wordings (step 1's sampling settings), each wording's
+    samples cut and scored on their own; a finished job on the same inputs is not run again."""
+    import ray
+
+    import tgc_rl.models
+
+    class Chars:  # one token per character
+        def __call__(self, text, add_special_tokens=False):
+            return {"input_ids": [ord(c) for c in text]}
+
+        def decode(self, ids):
+            return "".join(map(chr, ids))
+
+    jobs = []
+
+    def fake_train(spec, run_dir, resume):
+        jobs.append(spec)
+        rows = testbed5.read_rows(Path(spec["eval"]["dataset"]["path"]))[: spec["eval"]["max_prompts"]]
+        samples = []
+        for r in rows:
+            right = f"{r['a']} + {r['b']} = {r['sum']}. Answer: {r['sum']}"
+            for i in range(spec["eval"]["samples_per_prompt"]):
+                # "good": half right and short, half rambling past every cap; "bad": every one rambling
+                text = right if r["id"].startswith("good/") and i % 2 == 0 else "so " * 100
+                samples.append({"row": r["id"], "mode": "sampled", "tokens": len(text) + 1, "response": text})
+        (run_dir / "eval").mkdir(parents=True)
+        (run_dir / "eval" / "step_0.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+        return "succeeded"
+
+    monkeypatch.setattr(testbed5, "_train", fake_train)
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)  # no cluster: the trainer is replaced above
+    monkeypatch.setattr(tgc_rl.models, "load_tokenizer", lambda spec: Chars())
+    wordings = (
+        testbed5.Wording("good", "What is {a} + {b}? End with 'Answer: <number>'.", 99),
+        testbed5.Wording("bad", "Add {a} and {b}.", 49),
+    )
+    args = dict(wordings=wordings, cache=tmp_path / "cache", folder=tmp_path, log=lambda _: None)
+    record = json.loads(testbed5.run_probe(**args).read_text())
+    (spec,) = jobs
+    assert spec["steps"] == 0 and spec["sampling"] == {"temperature": 0.7, "max_new_tokens": 256}
+    assert (
+        spec["eval"]["samples_per_prompt"] == 8 and spec["eval"]["max_prompts"] == 2 * testbed5.PROBE_PROMPTS
+    )
+    prompts = testbed5.read_rows(Path(spec["eval"]["dataset"]["path"]))
+    assert max(max(r["a"], r["b"]) for r in prompts if r["id"].startswith("bad/")) <= 49
+    assert prompts[0]["prompt"] == wordings[0].template.format(a=prompts[0]["a"], b=prompts[0]["b"])
+    assert "exploratory" in record and [w["name"] for w in record["wordings"]] == ["good", "bad"]
+    good, bad = (w["decision"] for w in record["wordings"])
+    assert all(w["samples"] == testbed5.PROBE_PROMPTS * 8 for w in record["wordings"])
+    assert [(s["accuracy"], s["mixed_frac"], s["truncated_frac"]) for s in good["stats"]] == [
+        (0.5, 1.0, 0.5)
+    ] * len(testbed5.CANDIDATE_CAPS)
+    assert good["cap"] == 48 and good["stats"][0]["residual"] > 0.15  # passes every gate: the smallest cap
+    assert bad["cap"] is None and all(s["accuracy"] == 0.0 for s in bad["stats"])
+    testbed5.run_probe(**args)
+    assert len(jobs) == 1  # reused: the same spec and prompts
