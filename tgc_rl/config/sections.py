@@ -22,10 +22,8 @@ from tgc_rl.config.base import (
     _free_form,
     _Strict,
 )
-from tgc_rl.tasks.params import (
-    DatasetParams,
-    check_template,
-)
+from tgc_rl.tasks.dataset import DatasetParams
+from tgc_rl.tasks.params import check_template
 
 
 class ObjectiveSpec(_Strict):

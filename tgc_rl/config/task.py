@@ -18,12 +18,8 @@ from pydantic import (
 )
 
 from tgc_rl.config.base import _free_form, _Strict, check_free_form, is_entry_point
-from tgc_rl.tasks.params import (
-    ReasoningGymParams,
-    TaskParams,
-    check_gym_config,
-    validate_params,
-)
+from tgc_rl.tasks.gym import ReasoningGymParams, check_gym_config
+from tgc_rl.tasks.params import TaskParams, validate_params
 from tgc_rl.tasks.registry import BUILTIN_TASKS, GYM_PREFIX, BuiltinTask, is_gym_name
 
 DEFAULT_TASK = "arithmetic"
@@ -42,9 +38,10 @@ class TaskSpec(_Strict):
     name: str = Field(
         DEFAULT_TASK,
         max_length=256,
-        description="`arithmetic` (built-in generator), `code` (generated programs with tests), `humaneval`, "
-        "`dataset` (your own JSONL / Parquet / CSV file, see `tgc schema --task dataset`), "
-        "`reasoning_gym:<dataset>`, or a custom task factory `module:function`.",
+        description=", ".join(
+            f"`{t.name}`" + (f" ({t.about})" if t.about else "") for t in BUILTIN_TASKS.values()
+        )
+        + f", `{GYM_PREFIX}<dataset>`, or a custom task factory `module:function`.",
     )
     params: TaskParams | dict[str, Any] = Field(
         default_factory=dict,

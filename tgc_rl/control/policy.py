@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from tgc_rl.config import BUILTIN_MODEL_SOURCES, JobSpec
 from tgc_rl.control.settings import ControlSettings
+from tgc_rl.tasks.dataset import DatasetParams
 from tgc_rl.tasks.grants import (
     CUSTOM_CODE,
     HOST_PATHS,
@@ -21,7 +22,6 @@ from tgc_rl.tasks.grants import (
     encode_grants,
     missing_grants,
 )
-from tgc_rl.tasks.params import DatasetParams
 
 
 @dataclass(frozen=True)

@@ -3,16 +3,45 @@
 from __future__ import annotations
 
 import random
+from typing import Literal
+
+from pydantic import Field, field_validator
 
 from tgc_rl.tasks.answers import last_number
 from tgc_rl.tasks.base import Score, Task, TaskItem
-from tgc_rl.tasks.params import fill_template
+from tgc_rl.tasks.params import MAX_TEMPLATE_CHARS, TaskParams, check_template, fill_template
 
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
 
+class ArithmeticParams(TaskParams):
+    max_operand: int = Field(9, ge=0, le=10**9, description="Largest operand.")
+    min_operand: int = Field(0, ge=0, le=10**9, description="Smallest operand (<= max_operand).")
+    ops: list[Literal["+", "-", "*"]] = Field(["+"], min_length=1, max_length=3, description="Operators.")
+    template: str = Field(
+        "What is {a} {op} {b}? Reply with just the number.",
+        min_length=1,
+        max_length=MAX_TEMPLATE_CHARS,
+        description="Question; slots {a}, {op}, {b}.",
+    )
+
+    @field_validator("template")
+    @classmethod
+    def _slots(cls, v: str) -> str:
+        check_template(v, ("a", "op", "b"))
+        return v
+
+    @field_validator("min_operand")
+    @classmethod
+    def _ordered(cls, v: int, info) -> int:
+        if "max_operand" in info.data and v > info.data["max_operand"]:
+            raise ValueError("need min_operand <= max_operand")
+        return v
+
+
 class ArithmeticTask(Task):
     name = "arithmetic"
+    params_model = ArithmeticParams
 
     def __init__(
         self,

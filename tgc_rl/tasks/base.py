@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 if TYPE_CHECKING:
     from typing import Self
 
     from pydantic import BaseModel
+
+    from tgc_rl.tasks.params import TaskParams
 
 ScoreStatus = Literal["ok", "timeout", "error"]
 # A response whose reward reaches this is correct: `reward/accuracy`, `eval/accuracy` and IBPO's verdicts
@@ -49,11 +51,15 @@ class Task:
     """
 
     name: str
+    # A built-in task's declared `task.params`, defined in its own module next to the class; the registry
+    # reads it from there, and that module keeps its heavy imports inside functions, so that the control plane
+    # and `tgc schema` import it for this model alone.
+    params_model: ClassVar[type[TaskParams]]
 
     @classmethod
     def from_params(cls, seed: int, params: BaseModel) -> Self:
-        """The task for the job seed and its validated `task.params` (tgc_rl.tasks.params), as load_task
-        builds a built-in task."""
+        """The task for the job seed and its validated `task.params` (an instance of `params_model`), as
+        load_task builds a built-in task."""
         return cls(seed=seed, **params.model_dump(exclude_unset=True))  # type: ignore[call-arg]
 
     def item(self, index: int) -> TaskItem:

@@ -13,8 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import Field
+
 from tgc_rl.tasks.base import TaskItem
 from tgc_rl.tasks.code_tests import SandboxedCodeTask
+from tgc_rl.tasks.grants import UNSAFE_SANDBOX
+from tgc_rl.tasks.params import SANDBOX_DOC, SandboxMode, TaskParams, needs_grant
 
 _REPLY = "Reply with the complete program in a ```python code block."
 
@@ -149,8 +153,24 @@ def _refuse_unknown(unknown: dict[str, Any], task: str, known: list[str]) -> Non
         raise ValueError(f"task.params: unknown field(s) {sorted(unknown)} for task {task!r}; known: {known}")
 
 
+class CodeParams(TaskParams):
+    families: list[str] | None = Field(
+        None, min_length=1, max_length=64, description="Problem families (default all)."
+    )
+    cases: int = Field(3, ge=1, le=100, description="Test cases per problem.")
+    timeout_s: float = Field(5.0, gt=0, le=120, description="Wall-clock limit of one test run.")
+    sandbox: SandboxMode = Field(
+        "bwrap", description=SANDBOX_DOC, json_schema_extra=needs_grant(UNSAFE_SANDBOX)
+    )
+    memory_mb: int | None = Field(None, ge=16, le=65_536, description="Address-space limit of a test run.")
+    partial_credit: bool = Field(
+        False, description="Reward the share of passed cases instead of all-or-nothing."
+    )
+
+
 class CodeTask(SandboxedCodeTask):
     name = "code"
+    params_model = CodeParams
 
     def __init__(
         self,

@@ -12,10 +12,12 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from tgc_rl.sandbox import RunResult, Sandbox
 from tgc_rl.tasks.base import Score, Task, TaskItem
+
+if TYPE_CHECKING:  # the sandbox is imported where a response is scored: a task's params model never needs it
+    from tgc_rl.sandbox import RunResult, Sandbox
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
 _PYTHON_TAGS = ("python", "python3", "py", "")
@@ -133,6 +135,8 @@ def make_sandbox(mode: str = "bwrap", memory_mb: int | None = None) -> Sandbox:
         raise ValueError(
             f"task.params.sandbox {mode!r}: use 'bwrap' (default) or 'unsafe_local' (trusted code only)"
         )
+    from tgc_rl.sandbox import Sandbox
+
     sandbox = Sandbox(mode=mode)  # type: ignore[arg-type]
     if memory_mb is not None:
         sandbox.limits = sandbox.limits.replace(memory_mb=memory_mb)

@@ -10,8 +10,8 @@ Row order is a permutation of the rows drawn per epoch from the job seed, so `it
 function of (seed, index) and a resumed job continues mid-epoch exactly. `holdout` rows (a fixed
 permutation of the file, the same for every seed) are never trained on: they are the evaluation split.
 
-Its params model, `DatasetParams`, lives with the other tasks' in tgc_rl.tasks.params; datasets and
-pyarrow are imported only when a file is read.
+Its params model, `DatasetParams`, is below; datasets and pyarrow are imported only when a file is read, so the
+control plane imports this module for the model alone.
 """
 
 from __future__ import annotations
@@ -23,11 +23,14 @@ import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import Field, model_validator
 
 from tgc_rl.bounded_read import MAX_CELL_CHARS, DataError, DataLimits, loads_bounded, read_rows
 from tgc_rl.tasks.base import Score, Task, TaskItem
-from tgc_rl.tasks.params import VERIFIERS, DatasetParams
+from tgc_rl.tasks.grants import HOST_PATHS, UNSAFE_SANDBOX
+from tgc_rl.tasks.params import VERIFIERS, SandboxMode, TaskParams, Verifier, needs_grant
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -40,6 +43,137 @@ HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}")
 DATA_ROOT_ENV = "TGC_DATA_ROOT"  # operator-configured directory under which `file` paths resolve
 DATASETS_DIR_ENV = "TGC_DATASETS_DIR"  # where the control plane keeps uploaded datasets (by id)
 HOLDOUT_SEED = 0x7467  # the held-out rows do not change with the job seed
+
+MAX_ROWS = 10_000_000
+
+
+class DatasetParams(TaskParams):
+    """Where the rows are, which columns hold what, and how responses are verified."""
+
+    path: str | None = Field(
+        None,
+        min_length=1,
+        max_length=4096,
+        json_schema_extra=needs_grant(HOST_PATHS),
+        description="A file or `save_to_disk` directory on the workers' hosts (operators and admin tokens only; "
+        "tenants use `dataset_id` or `file`).",
+    )
+    file: str | None = Field(
+        None,
+        min_length=1,
+        max_length=1024,
+        description="A path relative to the server's data root (`TGC_DATA_ROOT`, set by the operator); it may "
+        "not leave that directory.",
+    )
+    dataset_id: str | None = Field(
+        None,
+        pattern=r"^ds_[0-9a-f]{32}$",
+        description="A dataset uploaded by this tenant (`tgc data upload`, `POST /v1/datasets`).",
+    )
+    hub_id: str | None = Field(
+        None,
+        max_length=193,
+        pattern=r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$",
+        description="A Hugging Face hub dataset `owner/name`; needs a hub the workers can reach.",
+    )
+    format: Literal["auto", "jsonl", "parquet", "csv", "arrow"] = Field(
+        "auto",
+        description="`auto`: from the file suffix (.jsonl/.json, .parquet, .csv) or a `save_to_disk` "
+        "directory (`arrow`).",
+    )
+    split: str | None = Field(
+        None,
+        max_length=128,
+        pattern=r"^[\w.-]+$",
+        description="Split of a `save_to_disk` DatasetDict or a hub dataset.",
+    )
+    prompt_column: str = Field("prompt", min_length=1, max_length=256, description="Prompt text.")
+    messages_column: str = Field(
+        "messages",
+        min_length=1,
+        max_length=256,
+        description="Chat messages [{role, content}, ...]; used when the prompt column "
+        "is absent (needs model.chat_template).",
+    )
+    answer_column: str = Field(
+        "answer",
+        min_length=1,
+        max_length=256,
+        description="Reference answer (math, exact) or pattern (regex).",
+    )
+    tests_column: str = Field(
+        "tests",
+        min_length=1,
+        max_length=256,
+        description="Code tests (a JSON object: {style: stdio, cases: [[stdin, stdout], "
+        "...]} or {style: function, entry_point, test}) for `code` rows.",
+    )
+    verifier_column: str = Field(
+        "verifier",
+        min_length=1,
+        max_length=256,
+        description="Per-row verifier name; rows without one use `verifier`.",
+    )
+    id_column: str | None = Field(
+        None, min_length=1, max_length=256, description="Row id (default: row number)."
+    )
+    metadata_columns: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
+        [], max_length=64, description="Columns kept with each item as metadata."
+    )
+    verifier: Verifier = Field(
+        "math",
+        description="Default verifier: `math` (math-verify, then the last number), `exact` (normalised "
+        "exact match of the final answer), `regex` (the reference is a pattern searched in the response), "
+        "`code` (the row's tests in the sandbox).",
+    )
+    system_prompt: str | None = Field(
+        None,
+        max_length=16_384,
+        description="System message before each prompt (overrides model.system_prompt).",
+    )
+    shuffle: bool = Field(
+        True, description="A new permutation of the rows every epoch, drawn from the job seed."
+    )
+    epochs: int | None = Field(
+        None,
+        ge=1,
+        le=1_000_000,
+        description="Passes over the data; the job ends when they are done (default: `steps` decides).",
+    )
+    holdout: int = Field(
+        0,
+        ge=0,
+        le=MAX_ROWS,
+        description="Rows kept out of training for evaluation "
+        "(`eval` without a dataset); the same rows for every seed.",
+    )
+    max_rows: int | None = Field(
+        None, ge=1, le=MAX_ROWS, description="Use only the first N rows of the file."
+    )
+    timeout_s: float = Field(10.0, gt=0, le=120, description="Wall-clock limit of one code test run.")
+    sandbox: SandboxMode = Field(
+        "bwrap",
+        json_schema_extra=needs_grant(UNSAFE_SANDBOX),
+        description="Sandbox of `code` rows; `unsafe_local` (no isolation) is the operator's decision.",
+    )
+    memory_mb: int | None = Field(
+        None, ge=16, le=65_536, description="Address-space limit of a code test run."
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DatasetParams:
+        given = [k for k in ("path", "file", "dataset_id", "hub_id") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                f"give exactly one of path, file, dataset_id, hub_id (got {', '.join(given) or 'none'})"
+            )
+        if self.file is not None and (self.file.startswith(("/", "~")) or ".." in Path(self.file).parts):
+            raise ValueError("file: must be a relative path inside the data root, without '..'")
+        return self
+
+    def source(self) -> str:
+        """What the rows come from, for messages."""
+        return self.path or self.file or self.dataset_id or f"hub:{self.hub_id}"
 
 
 class DataExhausted(Exception):
@@ -330,6 +464,7 @@ class DatasetTask(Task):
     """
 
     name = "dataset"
+    params_model = DatasetParams
 
     def __init__(
         self,

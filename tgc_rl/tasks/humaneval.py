@@ -11,10 +11,45 @@ import functools
 import random
 from typing import Any
 
+from pydantic import Field, field_validator
+
 from tgc_rl.tasks.base import TaskItem
 from tgc_rl.tasks.code_tests import SandboxedCodeTask
-from tgc_rl.tasks.params import HUMANEVAL_INSTRUCTION as _INSTRUCTION
-from tgc_rl.tasks.params import fill_template
+from tgc_rl.tasks.grants import UNSAFE_SANDBOX
+from tgc_rl.tasks.params import (
+    MAX_TEMPLATE_CHARS,
+    SANDBOX_DOC,
+    SandboxMode,
+    TaskParams,
+    check_template,
+    fill_template,
+    needs_grant,
+)
+
+HUMANEVAL_INSTRUCTION = (
+    "Complete the following Python function. Reply with the whole function in a ```python "
+    "code block.\n\n```python\n{prompt}```"
+)
+
+
+class HumanEvalParams(TaskParams):
+    shuffle: bool = Field(True, description="A seeded permutation of the 164 problems, redrawn every pass.")
+    timeout_s: float = Field(10.0, gt=0, le=120, description="Wall-clock limit of one test run.")
+    sandbox: SandboxMode = Field(
+        "bwrap", description=SANDBOX_DOC, json_schema_extra=needs_grant(UNSAFE_SANDBOX)
+    )
+    memory_mb: int | None = Field(None, ge=16, le=65_536, description="Address-space limit of a test run.")
+    instruction: str = Field(
+        HUMANEVAL_INSTRUCTION,
+        max_length=MAX_TEMPLATE_CHARS,
+        description="Prompt around the problem; must hold the slot {prompt}.",
+    )
+
+    @field_validator("instruction")
+    @classmethod
+    def _slot(cls, v: str) -> str:
+        check_template(v, ("prompt",), required=("prompt",))
+        return v
 
 
 @functools.cache
@@ -26,6 +61,7 @@ def _problems() -> tuple[dict, ...]:
 
 class HumanEvalTask(SandboxedCodeTask):
     name = "humaneval"
+    params_model = HumanEvalParams
 
     def __init__(
         self,
@@ -34,7 +70,7 @@ class HumanEvalTask(SandboxedCodeTask):
         timeout_s: float = 10.0,
         sandbox: str = "bwrap",
         memory_mb: int | None = None,
-        instruction: str = _INSTRUCTION,
+        instruction: str = HUMANEVAL_INSTRUCTION,
         **unknown: Any,
     ):
         if unknown:

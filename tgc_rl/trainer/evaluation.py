@@ -19,8 +19,7 @@ from typing import Any
 from tgc_rl.config import JobSpec
 from tgc_rl.rollout.engine import Sampling
 from tgc_rl.run_layout import EVAL_ACCURACY
-from tgc_rl.tasks.dataset import DatasetTask
-from tgc_rl.tasks.params import DatasetParams
+from tgc_rl.tasks.dataset import DatasetParams, DatasetTask
 from tgc_rl.trainer.data import Prompt, derive_seed, encode_item
 
 log = logging.getLogger("tgc.trainer")

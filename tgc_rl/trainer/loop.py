@@ -42,7 +42,7 @@ from tgc_rl.run_layout import (
     JobState,
     checkpoint_name,
 )
-from tgc_rl.tasks.params import DatasetParams
+from tgc_rl.tasks.dataset import DatasetParams
 from tgc_rl.trainer.actors import JobActors
 from tgc_rl.trainer.actors import stop as stop_actors
 from tgc_rl.trainer.checkpoints import Checkpoints, read_state
