@@ -35,8 +35,21 @@ def test_every_turn_must_fit_the_engines_prompt_limit():
         SpecError, match=r"env\.bounds\.max_total_tokens \(4096\) exceeds sampling\.max_prompt"
     ):
         JobSpec.parse({"env": {"name": "calculator"}})
-    with pytest.raises(SpecError, match=r"eval: not supported with `env`"):
-        JobSpec.parse({**multi_turn(name="calculator"), "eval": {"dataset": {"hub_id": "o/n"}}})
+
+
+def test_a_multi_turn_job_may_evaluate_but_not_run_ibpo_and_bad_eval_fields_are_named():
+    spec = JobSpec.parse({**multi_turn(name="calculator"), "eval": {"dataset": {"hub_id": "o/n"}}})
+    assert spec.env is not None and spec.eval is not None  # held-out trajectories: trainer/evaluation.py
+    with pytest.raises(SpecError, match=r"ibpo: not supported with `env` \(multi-turn\) yet"):
+        JobSpec.parse({**multi_turn(name="calculator"), "ibpo": {"mask": "symmetric"}})
+    with pytest.raises(SpecError, match=r"eval\.dataset: name the evaluation rows"):
+        JobSpec.parse(
+            {**multi_turn(name="calculator"), "eval": {}}
+        )  # an arithmetic task has no held-out rows
+    with pytest.raises(SpecError, match=r"eval\.max_new_tokens \(512\) exceeds sampling\.max_new_tokens"):
+        JobSpec.parse(
+            {**multi_turn(name="calculator"), "eval": {"dataset": {"hub_id": "o/n"}, "max_new_tokens": 512}}
+        )
 
 
 def test_free_form_params_are_bounded_like_task_params():

@@ -181,9 +181,8 @@ class JobSpec(_Strict):
 
     def _check_env(self, env: EnvSpec) -> None:
         """What a multi-turn job cannot combine yet, and the engines' prompt limit on every turn."""
-        for section in ("ibpo", "eval"):
-            if getattr(self, section) is not None:
-                raise ValueError(f"{section}: not supported with `env` (multi-turn) yet; remove one of them")
+        if self.ibpo is not None:
+            raise ValueError("ibpo: not supported with `env` (multi-turn) yet; remove one of them")
         if env.bounds.max_total_tokens > self.sampling.max_prompt_tokens:
             raise ValueError(
                 f"env.bounds.max_total_tokens ({env.bounds.max_total_tokens}) exceeds sampling.max_prompt_tokens "

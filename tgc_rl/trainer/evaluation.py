@@ -5,6 +5,9 @@ The same prompts and the same sampling seeds every time, so two evaluations diff
 Metrics are `eval/...` (accuracy = the mean over samples, i.e. pass@1; `eval/pass@k` = share of prompts with
 at least one correct sample among k; `eval/greedy/...` for the greedy pass of `also_greedy`); each sample's
 verdict, mode and token count go to `eval/step_<N>.jsonl` in the run dir.
+A multi-turn job (`env:`) evaluates whole trajectories in its environment, run by the training sampler
+(tgc_rl/trainer/multi_turn.py): pass@k over trajectories, scored by each one's reward; its records keep the
+transcript, turns, tool calls and end reason.
 `run_eval_only` evaluates a model or checkpoint without training (`tgc eval`, a job with `steps: 0`).
 """
 
@@ -14,13 +17,17 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tgc_rl.config import JobSpec
 from tgc_rl.rollout.engine import Sampling
 from tgc_rl.run_layout import EVAL_ACCURACY
+from tgc_rl.tasks import Score, TaskItem
 from tgc_rl.tasks.dataset import DatasetParams, DatasetTask
 from tgc_rl.trainer.data import Prompt, derive_seed, encode_item
+
+if TYPE_CHECKING:
+    from tgc_rl.envs import Trajectory
 
 log = logging.getLogger("tgc.trainer")
 
@@ -76,26 +83,13 @@ class Evaluator:
         metrics: dict[str, float] = {}
         samples: list[dict[str, Any]] = []
         for mode, k, sampling in passes:
-            outs = rollout.generate([p.token_ids for p in self.prompts], k, self.seeds, sampling)
-            completions = [c for cs in outs for c in cs]
-            texts = [tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in completions]
-            items = [p.item for p in self.prompts for _ in range(k)]
-            scores = rewards.score(items, texts)
+            if self.spec.env is None:
+                pass_metrics, records = self._single_turn(rollout, rewards, tokenizer, k, sampling)
+            else:
+                pass_metrics, records = self._trajectories(rollout, rewards, tokenizer, k, sampling)
             prefix = "eval/greedy/" if len(passes) > 1 and mode == "greedy" else "eval/"
-            metrics.update({prefix + key[5:]: v for key, v in summarise(scores, completions, k).items()})
-            samples += [
-                {
-                    "id": item.id,
-                    "row": item.meta.get("row"),
-                    "mode": mode,
-                    "reward": score.reward,
-                    "status": score.status,
-                    "detail": score.detail,
-                    "tokens": len(c.token_ids),
-                    "response": text,
-                }
-                for item, c, text, score in zip(items, completions, texts, scores, strict=True)
-            ]
+            metrics.update({prefix + key[5:]: v for key, v in pass_metrics.items()})
+            samples += [{"id": r.pop("id"), "row": r.pop("row"), "mode": mode, **r} for r in records]
         metrics["eval/dropped_too_long"] = float(self.task.dropped_too_long)
         metrics["timing/eval_s"] = time.perf_counter() - t0
         if self.run_dir is not None:
@@ -105,13 +99,98 @@ class Evaluator:
                 fh.writelines(json.dumps(s) + "\n" for s in samples)
         return metrics
 
+    def _single_turn(
+        self, rollout, rewards, tokenizer, k: int, sampling: Sampling
+    ) -> tuple[dict[str, float], list[dict[str, Any]]]:
+        outs = rollout.generate([p.token_ids for p in self.prompts], k, self.seeds, sampling)
+        completions = [c for cs in outs for c in cs]
+        texts = [tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in completions]
+        items = [p.item for p in self.prompts for _ in range(k)]
+        scores = rewards.score(items, texts)
+        records = [
+            _record(item, score, len(c.token_ids), text)
+            for item, c, text, score in zip(items, completions, texts, scores, strict=True)
+        ]
+        return summarise(scores, completions, k), records
+
+    def _trajectories(
+        self, rollout, rewards, tokenizer, k: int, sampling: Sampling
+    ) -> tuple[dict[str, float], list[dict[str, Any]]]:
+        """Multi-turn: each prompt's k samples are whole trajectories in the job's environment (its bounds,
+        its workers beside the reward workers), run by the training sampler; a trajectory's reward is its
+        score, and one that failed (bridge, deadline, env_error) counts as an error."""
+        from tgc_rl.trainer.multi_turn import BOUND_REASONS, FAILED, MultiTurnSampler
+
+        assert self.spec.env is not None
+        sampler = MultiTurnSampler(self.spec.env, self.spec.seed, tokenizer, rollout, rewards)
+        # no more environment workers than a training step starts (its slots are reused)
+        per_chunk = max(1, self.spec.prompts_per_step * self.spec.group_size // k)
+        trajectories: list[Trajectory] = []
+        for a in range(0, len(self.prompts), per_chunk):
+            chunk = self.prompts[a : a + per_chunk]
+            seeds = self.seeds[a : a + per_chunk]
+            trajectories += sampler.run_trajectories([p.item for p in chunk], seeds, k, sampling).trajectories
+        items = [p.item for p in self.prompts for _ in range(k)]
+        scores = [
+            Score(t.reward, "error" if t.end_reason in FAILED else "ok", t.detail) for t in trajectories
+        ]
+        records = [
+            {
+                **_record(
+                    item,
+                    score,
+                    t.model_tokens,
+                    next((m.content for m in reversed(t.messages) if m.role == "assistant"), ""),
+                ),
+                "end_reason": t.end_reason,
+                "turns": t.turns,
+                "tool_calls": t.tool_calls,
+                "tool_errors": t.tool_errors,
+                "tool_timeouts": t.tool_timeouts,
+                "transcript": [m.as_dict() for m in t.messages],
+            }
+            for item, t, score in zip(items, trajectories, scores, strict=True)
+        ]
+        lengths = [t.model_tokens for t in trajectories]
+        cut = [t.end_reason == "max_total_tokens" for t in trajectories]
+        n = max(len(trajectories), 1)
+        return {
+            **_summary(scores, lengths, cut, k),
+            "eval/turns_per_trajectory": sum(t.turns for t in trajectories) / n,
+            "eval/tool_calls_per_trajectory": sum(t.tool_calls for t in trajectories) / n,
+            "eval/tool_call_frac": sum(t.tool_calls > 0 for t in trajectories) / n,
+            "eval/tool_errors": float(sum(t.tool_errors for t in trajectories)),
+            "eval/tool_timeouts": float(sum(t.tool_timeouts for t in trajectories)),
+            "eval/bound_hits": float(sum(t.end_reason in BOUND_REASONS for t in trajectories)),
+        }, records
+
+
+def _record(item: TaskItem, score: Score, tokens: int, response: str) -> dict[str, Any]:
+    """One sample's line in eval/step_<N>.jsonl (its mode is added by the pass)."""
+    return {
+        "id": item.id,
+        "row": item.meta.get("row"),
+        "reward": score.reward,
+        "status": score.status,
+        "detail": score.detail,
+        "tokens": tokens,
+        "response": response,
+    }
+
 
 def summarise(scores, completions, k: int) -> dict[str, float]:
     """eval/ metrics of samples laid out prompt by prompt, k each."""
+    lengths = [len(c.token_ids) for c in completions]
+    return _summary(scores, lengths, [c.finish_reason == "length" for c in completions], k)
+
+
+def _summary(scores: list[Score], lengths: list[int], truncated: list[bool], k: int) -> dict[str, float]:
+    """eval/ metrics of answers laid out prompt by prompt, k each: pass@k over the k answers of a prompt
+    (single-turn responses or whole trajectories), `lengths` in model tokens, `truncated` cut at a length
+    bound."""
     n = len(scores)
     correct = [s.correct for s in scores]
     prompts = n // k if k else 0
-    lengths = [len(c.token_ids) for c in completions]
     # the length of right and wrong answers apart (when there are any): a 1/|o| length bias shows as their
     # gap moving
     apart = {}
@@ -128,7 +207,7 @@ def summarise(scores, completions, k: int) -> dict[str, float]:
         "eval/timeouts": float(sum(s.status == "timeout" for s in scores)),
         "eval/errors": float(sum(s.status == "error" for s in scores)),
         "eval/response_length_mean": sum(lengths) / max(n, 1),
-        "eval/truncated_frac": sum(c.finish_reason == "length" for c in completions) / max(n, 1),
+        "eval/truncated_frac": sum(truncated) / max(n, 1),
         **apart,
     }
 

@@ -56,6 +56,7 @@ from tgc_rl.trainer.data import Prompt, derive_seed
 if TYPE_CHECKING:
     from tgc_rl.reward import RewardPoolGroup
     from tgc_rl.rollout import RolloutPool
+    from tgc_rl.rollout.engine import Sampling
 
 # ended without a usable outcome: filtered before centring (keep = False), never trained towards
 FAILED = frozenset({"bridge", "deadline", "env_error"})
@@ -73,6 +74,17 @@ class TrajectoryGroup:
     scores: list[Score]
     keep: list[bool]
     trajectories: list[Trajectory]
+
+
+@dataclass(frozen=True)
+class TrajectoryBatch:
+    """What `run_trajectories` ran: the trajectories in order, per trajectory the oldest policy version that
+    sampled a turn of it, and the seconds spent generating and in the environments."""
+
+    trajectories: list[Trajectory]
+    versions: list[int]
+    generate_s: float
+    env_s: float
 
 
 class HostedEnv:
@@ -126,23 +138,26 @@ class MultiTurnSampler:
     def _envs(self, calls: list[EnvCall]) -> list[EnvReply]:
         return self.rewards.env_call(self.env, calls)
 
-    def generate_groups(
-        self, prompts: list[Prompt], group_size: int, attempt: int
-    ) -> tuple[list[TrajectoryGroup], dict[str, float]]:
+    def run_trajectories(
+        self, items: list[TaskItem], seeds: list[int], k: int, sampling: Sampling | None = None
+    ) -> TrajectoryBatch:
+        """k trajectories of each item, run to their end: trajectory i is sample i % k of item i // k, its turn
+        t sampled with seed `sample_seed(seeds[i // k], (i % k) * 64 + t)` (so a rerun samples the same), at
+        the spec's sampling or `sampling` (evaluation). Trajectory i runs on environment slot i."""
         bounds: EnvBounds = self.env.bounds
         t_gen = t_env = 0.0
-        items: list[TaskItem] = [p.item for p in prompts for _ in range(group_size)]
-        hosted = [HostedEnv(EnvContext(item, _unverified, bounds)) for item in items]
+        each = [item for item in items for _ in range(k)]
+        hosted = [HostedEnv(EnvContext(item, _unverified, bounds)) for item in each]
         t0 = time.perf_counter()
-        resets = self._envs([EnvCall(i, "reset", item, bounds.deadline_s) for i, item in enumerate(items)])
+        resets = self._envs([EnvCall(i, "reset", item, bounds.deadline_s) for i, item in enumerate(each)])
         t_env += time.perf_counter() - t0
+        max_new = sampling.max_new_tokens if sampling is not None else _max_new_tokens(self.rollout)
         runs = []
         for h, reply in zip(hosted, resets, strict=True):
             h.answer(reply)
             builder = TrajectoryBuilder(self.template, self.close)
-            runs.append(TrajectoryRun(h, h.ctx, builder, max_new_tokens=_max_new_tokens(self.rollout)))
+            runs.append(TrajectoryRun(h, h.ctx, builder, max_new_tokens=max_new))
         versions: dict[int, int] = {}  # per trajectory: the oldest weights that sampled a turn of it
-        seeds = [derive_seed(self.seed, p.index, attempt) for p in prompts for _ in range(group_size)]
         turn = 0
         while True:
             live = [(i, req) for i, r in enumerate(runs) if (req := r.request()) is not None]
@@ -152,7 +167,8 @@ class MultiTurnSampler:
             outs = self.rollout.generate(
                 [list(req.prompt_ids) for _, req in live],
                 1,
-                [sample_seed(seeds[i], (i % group_size) * _TURN_SEEDS + turn) for i, _ in live],
+                [sample_seed(seeds[i // k], (i % k) * _TURN_SEEDS + turn) for i, _ in live],
+                sampling,
             )
             t1 = time.perf_counter()
             samples = []
@@ -176,10 +192,20 @@ class MultiTurnSampler:
         t0 = time.perf_counter()
         self._envs([EnvCall(i, "close", None, bounds.tool_timeout_s) for i in range(len(runs))])
         t_env += time.perf_counter() - t0
-        trajectories = [r.result() for r in runs]
-        oldest = [versions.get(i, self.rollout.version) for i in range(len(runs))]
-        groups, metrics = group_trajectories(prompts, trajectories, oldest, group_size)
-        metrics.update({TIMING_GENERATE: t_gen, TIMING_ENV: t_env, TIMING_REWARD: 0.0})
+        return TrajectoryBatch(
+            [r.result() for r in runs],
+            [versions.get(i, self.rollout.version) for i in range(len(runs))],
+            t_gen,
+            t_env,
+        )
+
+    def generate_groups(
+        self, prompts: list[Prompt], group_size: int, attempt: int
+    ) -> tuple[list[TrajectoryGroup], dict[str, float]]:
+        seeds = [derive_seed(self.seed, p.index, attempt) for p in prompts]
+        out = self.run_trajectories([p.item for p in prompts], seeds, group_size)
+        groups, metrics = group_trajectories(prompts, out.trajectories, out.versions, group_size)
+        metrics.update({TIMING_GENERATE: out.generate_s, TIMING_ENV: out.env_s, TIMING_REWARD: 0.0})
         return groups, metrics
 
 
