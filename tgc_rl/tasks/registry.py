@@ -51,6 +51,12 @@ BUILTIN_TASKS: dict[str, BuiltinTask] = {
             exportable=False,
             about="your own JSONL / Parquet / CSV file, see `tgc schema --task dataset`",
         ),
+        BuiltinTask(
+            "countdown",
+            "tgc_rl.tasks.countdown:CountdownTask",
+            exportable=False,
+            about="reach a target number with the given ones and + - * /",
+        ),
     )
 }
 # A family of built-in tasks named by their dataset: `reasoning_gym:<dataset>`.
