@@ -16,4 +16,4 @@ export TGC_RECORD_DURATIONS="${TGC_RECORD_DURATIONS:-$TGC_TEST_ARTIFACTS/duratio
 # xdist hands out files by number of tests (its default), which mixes Ray jobs with quick tests on the two
 # cores; longest first (--no-loadscope-reorder with tests/scheduling.py's order) ran two Ray jobs at once and
 # measured 62 min instead of ~50 (NOTES.md, fifteenth session).
-.venv/bin/python -m pytest -q -n "${TGC_TEST_WORKERS:-2}" --dist loadfile --durations=25 "$@"  # no -x: one failure must not hide the others
+.venv/bin/python -m pytest -q -n "${TGC_TEST_WORKERS:-2}" --dist loadfile --durations=40 "$@"  # no -x: one failure must not hide the others
