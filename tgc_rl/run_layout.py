@@ -112,6 +112,22 @@ MT_BRIDGE_FAILURES = "multi_turn/bridge_failures"
 MT_DROPPED_TRAJECTORIES = "multi_turn/dropped_trajectories"
 MT_DROPPED_GROUPS = "multi_turn/dropped_groups"
 TIMING_ENV = "timing/env_s"
+# the bounds whose hits are counted, each as `multi_turn/bound_hits/<reason>`
+MT_BOUND_REASONS = ("max_turns", "max_tool_calls", "deadline", "max_total_tokens")
+# the step's counters, summed over its trajectories (the per-trajectory mean is MT_TURNS_PER_TRAJECTORY)
+MT_STEP_COUNTERS = (
+    MT_TRAJECTORIES,
+    MT_TURNS,
+    MT_TOOL_CALLS,
+    MT_TOOL_ERRORS,
+    MT_TOOL_TIMEOUTS,
+    MT_OBSERVATION_TOKENS,
+    MT_MODEL_TOKENS,
+    MT_BRIDGE_FAILURES,
+    MT_DROPPED_TRAJECTORIES,
+    MT_DROPPED_GROUPS,
+    *(f"{MT_BOUND_HITS}/{reason}" for reason in MT_BOUND_REASONS),
+)
 # sampling.overlong (docs/objectives.md#overlong-responses), per step when on: the share of responses shaped
 # (penalised) or filtered (truncated), and the groups left with < 2 kept responses (advantage 0, no gradient).
 OVERLONG_FRAC = "overlong/frac"
@@ -193,6 +209,11 @@ WATCHED_METRICS = frozenset(
         MISMATCH_SPREAD_MAX,
         BEHAVIOUR_CORRECTED_FRAC,
         POLICY_STALENESS_MAX,
+        *MT_STEP_COUNTERS,
+        MT_TURNS_PER_TRAJECTORY,
+        TIMING_ENV,
+        OVERLONG_FRAC,
+        OVERLONG_DROPPED_GROUPS,
     }
 )
 

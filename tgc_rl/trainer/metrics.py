@@ -12,7 +12,15 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from tgc_rl.trainer.trackers import Trackers
 
-from tgc_rl.run_layout import HEADLINE_METRICS, METRIC_GAUGE, METRICS_FILE, STEP_GAUGE, TENSORBOARD_DIR
+from tgc_rl.run_layout import (
+    HEADLINE_METRICS,
+    METRIC_GAUGE,
+    METRICS_FILE,
+    MT_TOOL_CALLS,
+    MT_TURNS_PER_TRAJECTORY,
+    STEP_GAUGE,
+    TENSORBOARD_DIR,
+)
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, float]]:
@@ -108,10 +116,16 @@ def _ray_gauges():
         return None
 
 
+# A multi-turn step's line adds these after the headline metrics (a single-turn step has none of them).
+MULTI_TURN_LINE = ((MT_TURNS_PER_TRAJECTORY, "turns"), (MT_TOOL_CALLS, "tools"))
+
+
 def step_line(step: int, total: int, m: dict[str, float]) -> str:
-    """`step 3/15  reward 0.41  acc 0.41  D2 1.2e-09  s/step 12.3`: the headline metrics a step has."""
+    """`step 3/15  reward 0.41  acc 0.41  D2 1.2e-09  s/step 12.3`: the headline metrics a step has; a multi-turn
+    step adds turns per trajectory and the step's tool calls (`turns 1.9  tools 7`)."""
+    shown = [(h.name, h.short) for h in HEADLINE_METRICS] + list(MULTI_TURN_LINE)
     return f"step {step}/{total}  " + "  ".join(
-        f"{h.short} {m[h.name]:.3g}" for h in HEADLINE_METRICS if h.name in m
+        f"{short} {m[name]:.3g}" for name, short in shown if name in m
     )
 
 

@@ -35,11 +35,13 @@ from tgc_rl.reward.env_host import EnvCall, EnvReply
 from tgc_rl.rollout import sample_seed
 from tgc_rl.run_layout import (
     MT_BOUND_HITS,
+    MT_BOUND_REASONS,
     MT_BRIDGE_FAILURES,
     MT_DROPPED_GROUPS,
     MT_DROPPED_TRAJECTORIES,
     MT_MODEL_TOKENS,
     MT_OBSERVATION_TOKENS,
+    MT_STEP_COUNTERS,
     MT_TOOL_CALLS,
     MT_TOOL_ERRORS,
     MT_TOOL_TIMEOUTS,
@@ -60,7 +62,7 @@ if TYPE_CHECKING:
 
 # ended without a usable outcome: filtered before centring (keep = False), never trained towards
 FAILED = frozenset({"bridge", "deadline", "env_error"})
-BOUND_REASONS = ("max_turns", "max_tool_calls", "deadline", "max_total_tokens")
+BOUND_REASONS = MT_BOUND_REASONS
 _TURN_SEEDS = 64  # EnvBounds.max_turns' upper bound: a trajectory's turns draw distinct seeds
 
 
@@ -217,22 +219,7 @@ def group_trajectories(
     prompts: list[Prompt], trajectories: list[Trajectory], versions: list[int], group_size: int
 ) -> tuple[list[TrajectoryGroup], dict[str, float]]:
     """The groups that go into the batch, and the step's multi-turn counters (sums: a refill adds to them)."""
-    m: dict[str, float] = dict.fromkeys(
-        (
-            MT_TRAJECTORIES,
-            MT_TURNS,
-            MT_TOOL_CALLS,
-            MT_TOOL_ERRORS,
-            MT_TOOL_TIMEOUTS,
-            MT_OBSERVATION_TOKENS,
-            MT_MODEL_TOKENS,
-            MT_BRIDGE_FAILURES,
-            MT_DROPPED_TRAJECTORIES,
-            MT_DROPPED_GROUPS,
-            *(f"{MT_BOUND_HITS}/{r}" for r in BOUND_REASONS),
-        ),
-        0.0,
-    )
+    m: dict[str, float] = dict.fromkeys(MT_STEP_COUNTERS, 0.0)
     groups = []
     for g, prompt in enumerate(prompts):
         trajs = trajectories[g * group_size : (g + 1) * group_size]
