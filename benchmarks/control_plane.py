@@ -25,8 +25,13 @@ import httpx
 
 from tgc_rl.control.local import LocalControlPlane
 
-SPEC = {"name": "bench", "steps": 10, "group_size": 4, "prompts_per_step": 4,
-        "model": {"source": "random", "config_overrides": {"num_hidden_layers": 2, "hidden_size": 64}}}  # fmt: skip
+SPEC = {
+    "name": "bench",
+    "steps": 10,
+    "group_size": 4,
+    "prompts_per_step": 4,
+    "model": {"source": "random", "config_overrides": {"num_hidden_layers": 2, "hidden_size": 64}},
+}
 
 
 async def _load(url: str, token: str, method: str, path: str, body: dict | None, n: int, concurrency: int):
@@ -76,8 +81,10 @@ def main() -> None:
                 ("POST /v1/jobs dry run", "POST", "/v1/jobs?dry_run=true", SPEC),
                 ("POST /v1/jobs stored", "POST", "/v1/jobs", SPEC),
             ]
-            print(f"control plane on loopback, {os.cpu_count()} CPUs, {args.requests} requests per cell, "
-                  f"{args.seed_jobs} jobs stored beforehand\n")  # fmt: skip
+            print(
+                f"control plane on loopback, {os.cpu_count()} CPUs, {args.requests} requests per cell, "
+                f"{args.seed_jobs} jobs stored beforehand\n"
+            )
             print(f"{'request':<26}{'clients':>8}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'errors':>8}")
             for label, method, path, body in cases:
                 for conc in args.concurrency:
@@ -87,8 +94,10 @@ def main() -> None:
                     wall, lat, errors = asyncio.run(
                         _load(cp.url, token, method, path, body, args.requests, conc)
                     )
-                    print(f"{label:<26}{conc:>8}{len(lat) / wall:>10.0f}{_pct(lat, 50) * 1e3:>10.1f}"
-                          f"{_pct(lat, 99) * 1e3:>10.1f}{errors:>8}")  # fmt: skip
+                    print(
+                        f"{label:<26}{conc:>8}{len(lat) / wall:>10.0f}{_pct(lat, 50) * 1e3:>10.1f}"
+                        f"{_pct(lat, 99) * 1e3:>10.1f}{errors:>8}"
+                    )
                 print()
 
 

@@ -239,12 +239,16 @@ def main() -> None:
     cpu = next(
         (ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?"
     )
-    print(f"# {cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {platform.python_version()}, "
-          f"{args.threads} thread(s); prompt {args.prompt}, group {GROUP}, micro-batch {GROUP} rows, "
-          f"chunk {CHUNK}, activation checkpointing, vocab {SHAPE['vocab_size']}, loss on every "
-          f"{args.loss_every}th response token")  # fmt: skip
-    print(f"{'response':>8} {'variant':>7} {'attention':>9} {'nodes':>7} {'base MB':>8} {'peak MB':>8} "
-          f"{'step MB':>8} {'step s':>7}")  # fmt: skip
+    print(
+        f"# {cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {platform.python_version()}, "
+        f"{args.threads} thread(s); prompt {args.prompt}, group {GROUP}, micro-batch {GROUP} rows, "
+        f"chunk {CHUNK}, activation checkpointing, vocab {SHAPE['vocab_size']}, loss on every "
+        f"{args.loss_every}th response token"
+    )
+    print(
+        f"{'response':>8} {'variant':>7} {'attention':>9} {'nodes':>7} {'base MB':>8} {'peak MB':>8} "
+        f"{'step MB':>8} {'step s':>7}"
+    )
     points = []
     for r in args.responses:
         for v in args.variants:
@@ -253,8 +257,11 @@ def main() -> None:
                 print(f"{r:>8} {v:>7} {p}", flush=True)
                 continue
             points.append(asdict(p))
-            print(f"{r:>8} {v:>7} {p.attention:>9} {p.nodes:>7} {p.base_mb:>8.0f} {p.peak_mb:>8.0f} "
-                  f"{p.peak_mb - p.base_mb:>8.0f} {p.step_s:>7.1f}", flush=True)  # fmt: skip
+            print(
+                f"{r:>8} {v:>7} {p.attention:>9} {p.nodes:>7} {p.base_mb:>8.0f} {p.peak_mb:>8.0f} "
+                f"{p.peak_mb - p.base_mb:>8.0f} {p.step_s:>7.1f}",
+                flush=True,
+            )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(points, f, indent=1)

@@ -84,8 +84,12 @@ def _submit(api_server, token: str) -> str:
 
 
 def _points(browser: Browser, metric: str) -> int:
-    return int(browser.js(f"(document.querySelector('polyline[data-metric=\"{metric}\"]') || {{dataset: {{}}}})"
-                          ".dataset.points || '0'"))  # fmt: skip
+    return int(
+        browser.js(
+            f"(document.querySelector('polyline[data-metric=\"{metric}\"]') || {{dataset: {{}}}})"
+            ".dataset.points || '0'"
+        )
+    )
 
 
 @pytest.mark.skipif(
@@ -122,16 +126,21 @@ def test_a_tenant_follows_a_running_job_in_the_browser_and_cancels_it(api_server
 
         trainer.step(3)  # live: the event stream brings the new step without a reload
         browser.wait("document.getElementById('job-step').textContent === '3/10'", 30, "step 3 on the page")
-        browser.wait(f"document.querySelector('polyline[data-metric=\"{REWARD_MEAN}\"]').dataset.points === '3'",
-                     30, "the curve's third point")  # fmt: skip
+        browser.wait(
+            f"document.querySelector('polyline[data-metric=\"{REWARD_MEAN}\"]').dataset.points === '3'",
+            30,
+            "the curve's third point",
+        )
         browser.wait(
             "document.querySelectorAll('#samples .sample[data-step=\"3\"]').length === 4", 30, "step 3"
         )
         assert browser.js("document.getElementById('sample-step').max") == "3"
 
         # an older step with the slider
-        browser.js("const s = document.getElementById('sample-step'); s.value = '1';"
-                   "s.dispatchEvent(new Event('input')); true")  # fmt: skip
+        browser.js(
+            "const s = document.getElementById('sample-step'); s.value = '1';"
+            "s.dispatchEvent(new Event('input')); true"
+        )
         browser.wait(
             "document.querySelectorAll('#samples .sample[data-step=\"1\"]').length === 4", 30, "step 1"
         )

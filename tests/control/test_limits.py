@@ -366,8 +366,10 @@ def test_a_connection_that_sends_nothing_is_closed(server):
 def test_a_body_sent_a_byte_at_a_time_is_answered_408_and_closed(server, path, content_type):
     token = _token(server, "trickler")
     body = b'{"name": "tiny", "steps": 3' + b" " * 200 + b"}"
-    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n"
-            f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n"
+        f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
     with _connect(server) as sock:
         sock.sendall(head)
         took, said = _closed_within(sock, body, 0.1, limit_s=6)

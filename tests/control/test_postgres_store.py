@@ -34,7 +34,7 @@ pytestmark = [
     pytest.mark.skipif(
         importlib.util.find_spec("psycopg") is None,
         reason="psycopg 3 not installed (pip install 'psycopg[binary]')",
-    ),  # fmt: skip
+    ),
 ]
 
 
@@ -53,14 +53,31 @@ def pg_url() -> str:
     if os.geteuid() == 0:
         shutil.chown(root, "postgres")
         shutil.chown(sock, "postgres")
-    subprocess.run(_as_postgres([f"{bin_dir}/initdb", "-D", str(data), "-A", "trust", "-U", "tgc"]),
-                   check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        _as_postgres([f"{bin_dir}/initdb", "-D", str(data), "-A", "trust", "-U", "tgc"]),
+        check=True,
+        capture_output=True,
+    )
     port = free_port()
     try:
         # Inside the try: a start that times out may still leave a server running.
-        subprocess.run(_as_postgres([f"{bin_dir}/pg_ctl", "-D", str(data), "-w", "-l", str(root / "log"), "-o",
-                                     f"-p {port} -k {sock} -c listen_addresses=127.0.0.1 -c max_connections=200",
-                                     "start"]), check=True, capture_output=True)  # fmt: skip
+        subprocess.run(
+            _as_postgres(
+                [
+                    f"{bin_dir}/pg_ctl",
+                    "-D",
+                    str(data),
+                    "-w",
+                    "-l",
+                    str(root / "log"),
+                    "-o",
+                    f"-p {port} -k {sock} -c listen_addresses=127.0.0.1 -c max_connections=200",
+                    "start",
+                ]
+            ),
+            check=True,
+            capture_output=True,
+        )
         yield f"postgresql+psycopg://tgc@127.0.0.1:{port}/postgres"
     finally:
         _stop(bin_dir, data)
@@ -111,8 +128,10 @@ def test_racing_submissions_with_one_idempotency_key_create_one_job(fresh_db):
     migrate(engine)
     store = JobStore(engine)
     ids: list[str] = []
-    threads = [threading.Thread(target=lambda: ids.append(store.create("acme", {"name": "a"}, "k")[0].id))
-               for _ in range(8)]  # fmt: skip
+    threads = [
+        threading.Thread(target=lambda: ids.append(store.create("acme", {"name": "a"}, "k")[0].id))
+        for _ in range(8)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -125,8 +144,10 @@ def test_repeated_trainer_events_are_stored_once(fresh_db):
     migrate(engine)
     store = JobStore(engine)
     job = store.start_attempt(store.create("acme", {"name": "a"})[0], "tgc-x-1", "/tmp/r")
-    batch = [progress.normalize_event({"type": "step", "time": 1.0, "step": 1, "metrics": {"loss": 0.5}}),
-             progress.normalize_event({"type": "state", "time": 1.1, "state": "running", "reason": "go"})]  # fmt: skip
+    batch = [
+        progress.normalize_event({"type": "step", "time": 1.0, "step": 1, "metrics": {"loss": 0.5}}),
+        progress.normalize_event({"type": "state", "time": 1.1, "state": "running", "reason": "go"}),
+    ]
     assert len(progress.ingest(store, job.id, 1, batch).stored) == 2
     assert progress.ingest(store, job.id, 1, batch).stored == []
     assert store.get(job.id).state == JobState.RUNNING and len(progress.metric_rows(store, job.id)) == 1

@@ -58,11 +58,17 @@ def test_non_finite_metrics_are_stored_as_null(store, running):
 
 def test_cancelled_report_keeps_the_users_reason_and_last_step(store, running):
     store.request_cancel(running.id, "budget exhausted")
-    progress.ingest(store, running.id, 1, [
-        ev("state", state="running", reason="started", step=0), ev("step", step=2, metrics={}),
-        ev("checkpoint", step=2, path="/tmp/run/checkpoints/step_2"),
-        ev("state", state="cancelled", reason="cancel requested", step=2),
-    ])  # fmt: skip
+    progress.ingest(
+        store,
+        running.id,
+        1,
+        [
+            ev("state", state="running", reason="started", step=0),
+            ev("step", step=2, metrics={}),
+            ev("checkpoint", step=2, path="/tmp/run/checkpoints/step_2"),
+            ev("state", state="cancelled", reason="cancel requested", step=2),
+        ],
+    )
     job = store.get(running.id)
     assert (
         job.state == JobState.CANCELLED and "budget exhausted" in job.reason and "last step 2" in job.reason
@@ -84,13 +90,16 @@ def test_reports_of_an_older_attempt_do_not_touch_the_current_one(store, running
     assert store.get(running.id).step == 1  # still the failed attempt's last step, not 9
 
 
-@pytest.mark.parametrize("bad, field", [
-    ({"type": "step", "time": 1.0, "metrics": {}}, "step"),
-    ({"type": "step", "time": 1.0, "step": 1, "metrics": {"a": "x"}}, "metrics.a"),
-    ({"type": "state", "time": 1.0, "state": "queued"}, "state"),
-    ({"type": "checkpoint", "time": 1.0, "step": 1}, "path"),
-    ({"type": "log"}, "time"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "bad, field",
+    [
+        ({"type": "step", "time": 1.0, "metrics": {}}, "step"),
+        ({"type": "step", "time": 1.0, "step": 1, "metrics": {"a": "x"}}, "metrics.a"),
+        ({"type": "state", "time": 1.0, "state": "queued"}, "state"),
+        ({"type": "checkpoint", "time": 1.0, "step": 1}, "path"),
+        ({"type": "log"}, "time"),
+    ],
+)
 def test_malformed_events_are_refused_naming_the_field(bad, field):
     with pytest.raises(progress.EventError, match=rf"events\[0\]\.{field}"):
         progress.normalize_event(bad)

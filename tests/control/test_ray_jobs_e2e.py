@@ -31,13 +31,25 @@ JOB_TIMEOUT = 600
 def tiny_spec(name: str, steps: int, every: int = 1) -> dict:
     return {
         "name": name,
-        "model": {"source": "random", "dtype": "float32", "config_overrides": {
-            "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 1,
-            "num_key_value_heads": 1}},
+        "model": {
+            "source": "random",
+            "dtype": "float32",
+            "config_overrides": {
+                "num_hidden_layers": 2,
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_attention_heads": 1,
+                "num_key_value_heads": 1,
+            },
+        },
         "resources": {"rollout_engine": "hf"},
-        "group_size": 2, "prompts_per_step": 2, "sampling": {"max_new_tokens": 8},
-        "steps": steps, "checkpoint": {"every_steps": every, "keep_last": 2}, "task": {"reward_workers": 1},
-    }  # fmt: skip
+        "group_size": 2,
+        "prompts_per_step": 2,
+        "sampling": {"max_new_tokens": 8},
+        "steps": steps,
+        "checkpoint": {"every_steps": every, "keep_last": 2},
+        "task": {"reward_workers": 1},
+    }
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +88,12 @@ def _assert_runs_to_success_and_serves_its_events_metrics_and_checkpoints(job, r
     assert job.state.value == "succeeded", job.reason
     assert control_states(job) == ["queued", "starting", "running", "succeeded"]
     assert [e.data["step"] for e in events if e.type == "step"] == [1, 2]
-    assert [e.data["state"] for e in events if e.type == "state" and e.data["source"] == "control"] == \
-        ["queued", "starting", "running", "succeeded"]  # fmt: skip
+    assert [e.data["state"] for e in events if e.type == "state" and e.data["source"] == "control"] == [
+        "queued",
+        "starting",
+        "running",
+        "succeeded",
+    ]
     points = job.metrics()
     assert [p.step for p in points] == [1, 2] and "loss" in points[0].metrics
     ckpts = job.checkpoints()
@@ -201,11 +217,14 @@ def strict_plane(tmp_path_factory, ray):
     migrate(engine)
     now = time.time()
     with engine.begin() as conn:
-        conn.execute(sa.text(
-            "INSERT INTO jobs (id, tenant, name, state, reason, spec, created_at, updated_at, attempt, hard_stopped, "
-            "ray_submission_id, ray_done, run_dir) VALUES ('job-gone', 'acme', 'gone', 'running', 'started', :spec, "
-            ":t, :t, 1, 0, 'tgc-job-gone-1', 0, :run)"), {"spec": json.dumps({"steps": 3}), "t": now,
-                                                          "run": str(data / "nowhere")})  # fmt: skip
+        conn.execute(
+            sa.text(
+                "INSERT INTO jobs (id, tenant, name, state, reason, spec, created_at, updated_at, attempt, hard_stopped, "
+                "ray_submission_id, ray_done, run_dir) VALUES ('job-gone', 'acme', 'gone', 'running', 'started', :spec, "
+                ":t, :t, 1, 0, 'tgc-job-gone-1', 0, :run)"
+            ),
+            {"spec": json.dumps({"steps": 3}), "t": now, "run": str(data / "nowhere")},
+        )
     engine.dispose()
     with LocalControlPlane(
         data,

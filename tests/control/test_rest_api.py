@@ -35,8 +35,15 @@ def test_invalid_token_is_401(http):
 
 def test_another_tenants_job_is_404_everywhere(http, api_server):
     job_id = submit(http, api_server.acme).json()["id"]
-    for method, path in [("GET", ""), ("POST", "/cancel"), ("GET", "/metrics"), ("GET", "/logs"),
-                         ("GET", "/checkpoints"), ("GET", "/events"), ("POST", "/resume")]:  # fmt: skip
+    for method, path in [
+        ("GET", ""),
+        ("POST", "/cancel"),
+        ("GET", "/metrics"),
+        ("GET", "/logs"),
+        ("GET", "/checkpoints"),
+        ("GET", "/events"),
+        ("POST", "/resume"),
+    ]:
         r = http.request(method, f"/v1/jobs/{job_id}{path}", headers=auth(api_server.globex))
         assert r.status_code == 404, (method, path, r.text)
     assert http.get(f"/v1/jobs/{job_id}", headers=auth(api_server.acme)).json()["state"] == "queued"
@@ -45,8 +52,9 @@ def test_another_tenants_job_is_404_everywhere(http, api_server):
 def test_tenant_lists_only_its_own_jobs(http, api_server):
     mine = submit(http, api_server.globex).json()["id"]
     listed = {j["id"] for j in http.get("/v1/jobs", headers=auth(api_server.globex)).json()["jobs"]}
-    assert mine in listed and all(j["tenant"] == "globex"
-                                  for j in http.get("/v1/jobs", headers=auth(api_server.globex)).json()["jobs"])  # fmt: skip
+    assert mine in listed and all(
+        j["tenant"] == "globex" for j in http.get("/v1/jobs", headers=auth(api_server.globex)).json()["jobs"]
+    )
 
 
 def test_admin_sees_every_tenants_jobs(http, api_server):
@@ -235,8 +243,11 @@ def test_report_with_nan_metrics_as_python_json_writes_them_is_stored_as_null(ht
     job_id = submit(http, api_server.acme).json()["id"]
     secret = arm(api_server, job_id, tmp_path)
     body = '{"events": [{"type": "step", "time": 1.0, "step": 1, "metrics": {"loss": NaN, "kl": Infinity}}]}'
-    r = http.post(f"/v1/internal/jobs/{job_id}/events", content=body,
-                  headers={**auth(secret), "Content-Type": "application/json"})  # fmt: skip
+    r = http.post(
+        f"/v1/internal/jobs/{job_id}/events",
+        content=body,
+        headers={**auth(secret), "Content-Type": "application/json"},
+    )
     assert r.status_code == 200
     points = http.get(f"/v1/jobs/{job_id}/metrics", headers=auth(api_server.acme)).json()["points"]
     assert points[0]["metrics"] == {"loss": None, "kl": None}

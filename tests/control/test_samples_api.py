@@ -98,9 +98,16 @@ def test_a_job_not_started_has_no_samples(api_server):
 
 @pytest.mark.parametrize(
     "param, value",
-    [("limit", 0), ("limit", 201), ("cursor", "3.1"), ("cursor", "../x"), ("step", -1), ("selected", "nice"),
-     ("group", "x")],
-)  # fmt: skip
+    [
+        ("limit", 0),
+        ("limit", 201),
+        ("cursor", "3.1"),
+        ("cursor", "../x"),
+        ("step", -1),
+        ("selected", "nice"),
+        ("group", "x"),
+    ],
+)
 def test_bad_parameters_are_422_naming_them(api_server, traced, param, value):
     r = _get(api_server, traced[0], api_server.acme, **{param: value})
     assert r.status_code == 422 and [d["field"] for d in r.json()["detail"]] == [param]
@@ -133,8 +140,24 @@ def test_tgc_samples_shows_the_newest_steps_worst_responses_without_escape_seque
     assert f"step {STEPS} group 0 #1" in out and f"step {STEPS} group 1 #0" in out  # each group's worst
     assert "step 2 " not in out and "verdict" in out and f"what is {STEPS}+2?" in out
     assert "\x1b" not in out and "\\x1b[31m" in out
-    assert main(["samples", job_id, "--step", "1", "--limit", "2", "--json", "--url", api_server.url,
-                 "--token", api_server.acme]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "samples",
+                job_id,
+                "--step",
+                "1",
+                "--limit",
+                "2",
+                "--json",
+                "--url",
+                api_server.url,
+                "--token",
+                api_server.acme,
+            ]
+        )
+        == 0
+    )
     page = json.loads(capsys.readouterr().out)
     assert [s["step"] for s in page["samples"]] == [1, 1] and page["next_cursor"] == "1.0.1"
     assert (

@@ -19,8 +19,13 @@ def test_default_spec_passes():
 
 def test_server_limits_are_reported_by_field():
     tight = ControlSettings(max_steps=10, max_replicas=2, max_new_tokens=16, max_samples_per_step=8)
-    spec = {"steps": 11, "resources": {"rollout_replicas": 2}, "sampling": {"max_new_tokens": 32},
-            "group_size": 4, "prompts_per_step": 4}  # fmt: skip
+    spec = {
+        "steps": 11,
+        "resources": {"rollout_replicas": 2},
+        "sampling": {"max_new_tokens": 32},
+        "group_size": 4,
+        "prompts_per_step": 4,
+    }
     assert fields(spec, tight) == {"steps", "resources", "sampling.max_new_tokens", "prompts_per_step"}
 
 
@@ -39,11 +44,14 @@ def test_deeply_nested_free_form_mapping_is_refused():
         JobSpec.parse({"task": {"name": "mymod:make", "params": deep}})
 
 
-@pytest.mark.parametrize("spec, field", [
-    ({"task": {"name": "os:system"}}, "task.name"),
-    ({"task": {"reward": "mymod:score"}}, "task.reward"),
-    ({"model": {"source": "/etc"}}, "model.source"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "spec, field",
+    [
+        ({"task": {"name": "os:system"}}, "task.name"),
+        ({"task": {"reward": "mymod:score"}}, "task.reward"),
+        ({"model": {"source": "/etc"}}, "model.source"),
+    ],
+)
 def test_custom_code_and_local_paths_need_admin(spec, field):
     assert fields(spec) == {field}
     assert fields(spec, admin=True) == set()

@@ -88,8 +88,10 @@ def test_the_worker_refuses_an_ungranted_unsafe_sandbox_whatever_the_spec_says()
         load_task("code", {"sandbox": "unsafe_local"}, 0)
     with pytest.raises(GrantError, match="task.params.sandbox"):
         load_task("humaneval", {"sandbox": "unsafe_local"}, 0, grants=LOCAL_GRANTS)
-    assert load_task("code", {"sandbox": "unsafe_local"}, 0, grants=frozenset({UNSAFE_SANDBOX})).sandbox_mode \
-        == "unsafe_local"  # fmt: skip
+    assert (
+        load_task("code", {"sandbox": "unsafe_local"}, 0, grants=frozenset({UNSAFE_SANDBOX})).sandbox_mode
+        == "unsafe_local"
+    )
 
 
 def test_a_control_plane_job_gets_only_its_recorded_grants(monkeypatch):
@@ -130,33 +132,70 @@ def test_the_scheduler_hands_the_job_its_grants(api_server, http, store):
     assert scheduler.ray.env["TGC_GRANTS"] == UNSAFE_SANDBOX  # the operator's trainer_env cannot widen it
 
 
-@pytest.mark.parametrize("spec, field", [
-    ({"task": {"name": "reasoning_gym:spell_backward", "params": {"data_file": "/etc/passwd"}}}, "data_file"),
-    ({"task": {"name": "reasoning_gym:spell_backward", "params": {"data_file": "../../../../etc/passwd"}}},
-     "data_file"),
-    ({"task": {"name": "reasoning_gym:composite", "params": {}}}, "composite"),
-    ({"task": {"name": "humaneval", "params": {"instruction": "{prompt.__class__.__init__.__globals__}"}}},
-     "instruction"),
-    ({"task": {"name": "humaneval", "params": {"instruction": "{prompt}{prompt.__class__}"}}}, "instruction"),
-    ({"task": {"name": "arithmetic", "params": {"template": "{a.__class__.__mro__} {b}"}}}, "template"),
-    ({"model": {"source": "smollm2-135m-instruct", "config_overrides": {"auto_map": {"AutoModel": "x.y"}}}},
-     "config_overrides"),
-    ({"model": {"source": "random", "config_overrides": {"auto_map": {"AutoModel": "evil.Model"}}}},
-     "auto_map"),
-    ({"model": {"source": "random", "config_overrides": {"trust_remote_code": True}}}, "trust_remote_code"),
-    ({"name": "../../etc"}, "name"),
-    ({"name": "run\n"}, "name"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "spec, field",
+    [
+        (
+            {"task": {"name": "reasoning_gym:spell_backward", "params": {"data_file": "/etc/passwd"}}},
+            "data_file",
+        ),
+        (
+            {
+                "task": {
+                    "name": "reasoning_gym:spell_backward",
+                    "params": {"data_file": "../../../../etc/passwd"},
+                }
+            },
+            "data_file",
+        ),
+        ({"task": {"name": "reasoning_gym:composite", "params": {}}}, "composite"),
+        (
+            {
+                "task": {
+                    "name": "humaneval",
+                    "params": {"instruction": "{prompt.__class__.__init__.__globals__}"},
+                }
+            },
+            "instruction",
+        ),
+        (
+            {"task": {"name": "humaneval", "params": {"instruction": "{prompt}{prompt.__class__}"}}},
+            "instruction",
+        ),
+        ({"task": {"name": "arithmetic", "params": {"template": "{a.__class__.__mro__} {b}"}}}, "template"),
+        (
+            {
+                "model": {
+                    "source": "smollm2-135m-instruct",
+                    "config_overrides": {"auto_map": {"AutoModel": "x.y"}},
+                }
+            },
+            "config_overrides",
+        ),
+        (
+            {"model": {"source": "random", "config_overrides": {"auto_map": {"AutoModel": "evil.Model"}}}},
+            "auto_map",
+        ),
+        (
+            {"model": {"source": "random", "config_overrides": {"trust_remote_code": True}}},
+            "trust_remote_code",
+        ),
+        ({"name": "../../etc"}, "name"),
+        ({"name": "run\n"}, "name"),
+    ],
+)
 def test_free_form_fields_cannot_read_host_files_or_reach_code(http, api_server, spec, field):
     r = http.post("/v1/jobs?dry_run=true", json=spec, headers=auth(api_server.acme))
     assert r.status_code == 422 and field in r.text, r.text
 
 
 def test_host_paths_and_custom_code_need_an_admin(http, api_server):
-    for spec, field in [({"model": {"source": "/etc"}}, "model.source"),
-                        ({"model": {"tokenizer": "/root"}}, "model.tokenizer"),
-                        ({"task": {"name": "os:system"}}, "task.name"),
-                        ({"task": {"reward": "os:system"}}, "task.reward")]:  # fmt: skip
+    for spec, field in [
+        ({"model": {"source": "/etc"}}, "model.source"),
+        ({"model": {"tokenizer": "/root"}}, "model.tokenizer"),
+        ({"task": {"name": "os:system"}}, "task.name"),
+        ({"task": {"reward": "os:system"}}, "task.reward"),
+    ]:
         r = http.post("/v1/jobs?dry_run=true", json=spec, headers=auth(api_server.acme))
         assert r.status_code == 422 and [d["field"] for d in r.json()["detail"]] == [field], r.text
 
@@ -171,10 +210,16 @@ def test_list_cursor_is_parsed_and_bounded(http, api_server, query):
     assert r.status_code == 422 and r.json()["detail"][0]["field"] == "cursor", r.text
 
 
-@pytest.mark.parametrize("path, field", [
-    ("logs?since={}", "since"), ("metrics?since_step={}", "since_step"), ("metrics?attempt={}", "attempt"),
-    ("logs?source=driver&attempt={}", "attempt"), ("events?follow=false&since={}", "since"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "path, field",
+    [
+        ("logs?since={}", "since"),
+        ("metrics?since_step={}", "since_step"),
+        ("metrics?attempt={}", "attempt"),
+        ("logs?source=driver&attempt={}", "attempt"),
+        ("events?follow=false&since={}", "since"),
+    ],
+)
 @pytest.mark.parametrize("value", [HUGE, "²", "-5", "NaN"])
 def test_job_query_numbers_are_parsed_and_bounded(http, api_server, path, field, value):
     job = http.post("/v1/jobs", json={"steps": 1}, headers=auth(api_server.acme)).json()["id"]
@@ -195,9 +240,13 @@ def test_last_event_id_is_parsed_and_bounded(http, api_server, value):
 @given(value=st.one_of(st.integers(), st.text(max_size=30), st.floats(allow_nan=True)))
 def test_no_query_number_makes_the_server_fail(http, api_server, value):
     job = http.post("/v1/jobs", json={"steps": 1}, headers=auth(api_server.acme)).json()["id"]
-    for path, name in [("/v1/jobs", "cursor"), (f"/v1/jobs/{job}/logs", "since"),
-                       (f"/v1/jobs/{job}/metrics", "since_step"), (f"/v1/jobs/{job}/metrics", "attempt"),
-                       (f"/v1/jobs/{job}/events", "since")]:  # fmt: skip
+    for path, name in [
+        ("/v1/jobs", "cursor"),
+        (f"/v1/jobs/{job}/logs", "since"),
+        (f"/v1/jobs/{job}/metrics", "since_step"),
+        (f"/v1/jobs/{job}/metrics", "attempt"),
+        (f"/v1/jobs/{job}/events", "since"),
+    ]:
         params = {name: str(value), **({"follow": "false"} if path.endswith("/events") else {})}
         r = http.get(path, params=params, headers=auth(api_server.acme))
         assert r.status_code in (200, 422), (path, value, r.status_code, r.text[:300])
@@ -205,14 +254,17 @@ def test_no_query_number_makes_the_server_fail(http, api_server, value):
             assert [d["field"] for d in r.json()["detail"]] == [name], r.text[:300]
 
 
-@pytest.mark.parametrize("path, query", [
-    ("/v1/jobs", "stat=failed"),  # a misspelt filter once listed every job
-    ("/v1/jobs", "limit=5&x-unknown=1"),
-    ("/v1/jobs/{job}/logs", "sicne=5"),
-    ("/v1/jobs/{job}", "follow=false"),
-    ("/v1/datasets", "tenant=globex"),
-    ("/healthz", "x=1"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "path, query",
+    [
+        ("/v1/jobs", "stat=failed"),  # a misspelt filter once listed every job
+        ("/v1/jobs", "limit=5&x-unknown=1"),
+        ("/v1/jobs/{job}/logs", "sicne=5"),
+        ("/v1/jobs/{job}", "follow=false"),
+        ("/v1/datasets", "tenant=globex"),
+        ("/healthz", "x=1"),
+    ],
+)
 def test_unknown_query_parameters_are_refused_naming_them(http, api_server, path, query):
     job = http.post("/v1/jobs", json={"steps": 1}, headers=auth(api_server.acme)).json()["id"]
     r = http.get(path.format(job=job) + "?" + query, headers=auth(api_server.acme))
@@ -267,15 +319,35 @@ JSON_VALUES = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
     max_leaves=12,
 )
-SPEC_PATHS = [("seed",), ("steps",), ("group_size",), ("optim", "lr"), ("optim", "betas"), ("optim", "grad_clip"),
-              ("resources", "cpus_per_learner"), ("resources", "threads_per_actor"), ("sampling", "temperature"),
-              ("task", "params"), ("task", "params", "max_operand"), ("task", "params", "ops"),
-              ("task", "params", "template"), ("model", "config_overrides"), ("objective", "overrides"),
-              ("objective", "overrides", "clip_high"), ("checkpoint", "keep_last"), ("name",)]  # fmt: skip
-TASKS = st.sampled_from([
-    {"name": "arithmetic"}, {"name": "code"}, {"name": "reasoning_gym:basic_arithmetic"},
-    {"name": "arithmetic", "params": {"max_operand": 5}}, {"name": "mod:factory"},
-])  # fmt: skip
+SPEC_PATHS = [
+    ("seed",),
+    ("steps",),
+    ("group_size",),
+    ("optim", "lr"),
+    ("optim", "betas"),
+    ("optim", "grad_clip"),
+    ("resources", "cpus_per_learner"),
+    ("resources", "threads_per_actor"),
+    ("sampling", "temperature"),
+    ("task", "params"),
+    ("task", "params", "max_operand"),
+    ("task", "params", "ops"),
+    ("task", "params", "template"),
+    ("model", "config_overrides"),
+    ("objective", "overrides"),
+    ("objective", "overrides", "clip_high"),
+    ("checkpoint", "keep_last"),
+    ("name",),
+]
+TASKS = st.sampled_from(
+    [
+        {"name": "arithmetic"},
+        {"name": "code"},
+        {"name": "reasoning_gym:basic_arithmetic"},
+        {"name": "arithmetic", "params": {"max_operand": 5}},
+        {"name": "mod:factory"},
+    ]
+)
 
 
 def _finite(v) -> bool:
@@ -314,11 +386,14 @@ def test_any_mutated_spec_is_refused_cleanly_or_accepted_whole(task, path, value
 
 
 # -- the IBPO revision template: literal slots, never str.format -----------------------------------------
-@pytest.mark.parametrize("template", [
-    "{prompt:>2000000000} {response} {references}",  # a 2 GB string for every revision
-    "{prompt:{response}} {response} {references}",  # the width chosen by the model's own output
-    "{prompt!r} {response} {references}",
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{prompt:>2000000000} {response} {references}",  # a 2 GB string for every revision
+        "{prompt:{response}} {response} {references}",  # the width chosen by the model's own output
+        "{prompt!r} {response} {references}",
+    ],
+)
 def test_a_revision_template_with_format_specs_is_refused_naming_the_field(http, api_server, template):
     body = json.dumps({"ibpo": {"revision_template": template}})
     dry, real = post_raw(http, api_server.acme, body, dry_run=True), post_raw(http, api_server.acme, body)

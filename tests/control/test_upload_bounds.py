@@ -21,8 +21,9 @@ from tgc_rl.control.local import LocalControlPlane
 
 
 def _post(server, token: str, name: str, body: bytes, timeout: float = 120) -> httpx.Response:
-    return httpx.post(f"{server.url}/v1/datasets", params={"name": name}, content=body, headers=auth(token),
-                      timeout=timeout)  # fmt: skip
+    return httpx.post(
+        f"{server.url}/v1/datasets", params={"name": name}, content=body, headers=auth(token), timeout=timeout
+    )
 
 
 def _rss_kib(pid: int) -> int:
@@ -71,7 +72,7 @@ BOMBS = {
             pa.table({"prompt": pa.nulls(5_000_000, pa.string())}),
             compression="zstd",
             row_group_size=5_000_000,
-        ),  # fmt: skip
+        ),
         "more than 1,000,000 rows",
     ),
     # every row a new key: rows x keys cells
@@ -125,7 +126,7 @@ CONVERSION = {
                     "when": pa.array([0, 400_000_000_000_000], pa.timestamp("s")),
                 }
             )
-        ),  # fmt: skip
+        ),
         "row 2, column 'when'",
     ),
     "d.parquet": (
@@ -172,8 +173,11 @@ def test_files_no_job_can_use_are_refused_at_upload(api_server, name):
 _TEXT = st.text(st.characters(codec="utf-8"), max_size=20) | st.binary(max_size=20).map(
     lambda b: b.decode("utf-8", "surrogateescape")
 )
-_ROWS = st.lists(st.dictionaries(st.sampled_from(["prompt", "answer", "x"]), _TEXT | st.integers() | st.none()),
-                 min_size=1, max_size=5)  # fmt: skip
+_ROWS = st.lists(
+    st.dictionaries(st.sampled_from(["prompt", "answer", "x"]), _TEXT | st.integers() | st.none()),
+    min_size=1,
+    max_size=5,
+)
 
 
 def _encode(fmt: str, rows: list[dict], noise: bytes) -> bytes:
@@ -185,8 +189,12 @@ def _encode(fmt: str, rows: list[dict], noise: bytes) -> bytes:
         lines = [",".join(cols)] + [",".join(str(r.get(c, "")) for c in cols) for r in rows]
         return "\n".join(lines).encode("utf-8", "surrogateescape") + noise
     cols = sorted({k for r in rows for k in r}) or ["prompt"]
-    arrays = [pa.array([str(r.get(c, "")).encode("utf-8", "surrogateescape") for r in rows], pa.binary())
-              .view(pa.string()) for c in cols]  # fmt: skip
+    arrays = [
+        pa.array([str(r.get(c, "")).encode("utf-8", "surrogateescape") for r in rows], pa.binary()).view(
+            pa.string()
+        )
+        for c in cols
+    ]
     body = _parquet(pa.Table.from_arrays(arrays, names=cols))
     return body[: len(body) - len(noise)] + noise if noise else body
 
@@ -202,9 +210,17 @@ def test_encoded_inputs_never_answer_5xx(api_server, fmt, rows, noise):
 @pytest.fixture(scope="module")
 def tight_server(tmp_path_factory):
     """A server with small quotas, no per-tenant upload limit, one inspection slot that uploads queue for."""
-    cp = LocalControlPlane(tmp_path_factory.mktemp("tight"), ray_address="none", env={
-        "TGC_DATASET_QUOTA_COUNT": "3", "TGC_DATASET_QUOTA_BYTES": "200000", "TGC_DATASET_UPLOADS_PER_TENANT": "0",
-        "TGC_DATASET_INSPECT_CONCURRENCY": "1", "TGC_DATASET_INSPECT_QUEUE_S": "60"})  # fmt: skip
+    cp = LocalControlPlane(
+        tmp_path_factory.mktemp("tight"),
+        ray_address="none",
+        env={
+            "TGC_DATASET_QUOTA_COUNT": "3",
+            "TGC_DATASET_QUOTA_BYTES": "200000",
+            "TGC_DATASET_UPLOADS_PER_TENANT": "0",
+            "TGC_DATASET_INSPECT_CONCURRENCY": "1",
+            "TGC_DATASET_INSPECT_QUEUE_S": "60",
+        },
+    )
     tokens = {t: cp.create_token(t) for t in ("acme", "globex", "initech")}
     with cp:
         yield cp, tokens
@@ -261,8 +277,11 @@ def test_tenant_quotas_name_the_limit_and_a_duplicate_at_the_quota_is_still_the_
 
 
 def test_a_full_inspection_pool_answers_503_and_a_tenant_429_beyond_its_uploads_in_flight(tmp_path):
-    cp = LocalControlPlane(tmp_path / "busy", ray_address="none", env={
-        "TGC_DATASET_INSPECT_CONCURRENCY": "1", "TGC_DATASET_INSPECT_QUEUE_S": "0"})  # fmt: skip
+    cp = LocalControlPlane(
+        tmp_path / "busy",
+        ray_address="none",
+        env={"TGC_DATASET_INSPECT_CONCURRENCY": "1", "TGC_DATASET_INSPECT_QUEUE_S": "0"},
+    )
     acme, globex = cp.create_token("acme"), cp.create_token("globex")
     slow = b"".join(
         json.dumps({"prompt": f"p{i} " * 10, "answer": str(i)}).encode() + b"\n" for i in range(60_000)
@@ -275,8 +294,9 @@ def test_a_full_inspection_pool_answers_503_and_a_tenant_429_beyond_its_uploads_
         try:
             tasks = Path(f"/proc/{cp.proc.pid}/task")
             deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and not any((t / "children").read_text().strip()
-                                                          for t in tasks.iterdir()):  # fmt: skip
+            while time.monotonic() < deadline and not any(
+                (t / "children").read_text().strip() for t in tasks.iterdir()
+            ):
                 time.sleep(0.01)  # until the first upload's inspection child runs
             r = _post(server, acme, "other.jsonl", b'{"prompt": "o", "answer": "1"}\n')
             assert r.status_code == 503 and int(r.headers["Retry-After"]) >= 1
@@ -338,8 +358,12 @@ def test_stale_staging_folders_and_unrecorded_dataset_folders_are_swept_at_start
     engine = db.make_engine(f"sqlite:///{tmp_path / 'tgc.db'}")
     migrate(engine)
     root = tmp_path / "datasets"
-    names = {"stale": ".staging-ds_" + "a" * 32, "orphan": "ds_" + "b" * 32, "fresh": ".staging-ds_" + "c" * 32,
-             "recorded": "ds_" + "d" * 32}  # fmt: skip
+    names = {
+        "stale": ".staging-ds_" + "a" * 32,
+        "orphan": "ds_" + "b" * 32,
+        "fresh": ".staging-ds_" + "c" * 32,
+        "recorded": "ds_" + "d" * 32,
+    }
     for key, name in names.items():
         (root / name).mkdir(parents=True)
         (root / name / "x.jsonl").write_text("{}\n")
@@ -347,8 +371,19 @@ def test_stale_staging_folders_and_unrecorded_dataset_folders_are_swept_at_start
             for p in (root / name / "x.jsonl", root / name):
                 os.utime(p, (time.time() - 7200, time.time() - 7200))
     with engine.begin() as conn:
-        conn.execute(db.datasets.insert().values(id=names["recorded"], tenant="acme", name="x.jsonl", format="jsonl",
-                     size_bytes=3, sha256="0" * 64, rows=1, columns="[]", created_at=time.time()))  # fmt: skip
+        conn.execute(
+            db.datasets.insert().values(
+                id=names["recorded"],
+                tenant="acme",
+                name="x.jsonl",
+                format="jsonl",
+                size_bytes=3,
+                sha256="0" * 64,
+                rows=1,
+                columns="[]",
+                created_at=time.time(),
+            )
+        )
     DatasetStore(engine, root)
     assert sorted(p.name for p in root.iterdir()) == sorted([names["fresh"], names["recorded"]])
     engine.dispose()
