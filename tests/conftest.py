@@ -76,8 +76,11 @@ def api_server(tmp_path_factory):
 
     # One token per tenant serves a whole module's tests, some of them in bursts of hundreds: the request
     # rate and queued-job limits are off here (tests/control/test_limits.py tests them on servers of its own).
-    cp = LocalControlPlane(tmp_path_factory.mktemp("cp"), ray_address="none",
-                           env={"TGC_RATE_LIMIT_PER_S": "0", "TGC_MAX_QUEUED_JOBS": "0"})  # fmt: skip
+    cp = LocalControlPlane(
+        tmp_path_factory.mktemp("cp"),
+        ray_address="none",
+        env={"TGC_RATE_LIMIT_PER_S": "0", "TGC_MAX_QUEUED_JOBS": "0"},
+    )
     acme, globex, admin = (
         cp.create_token("acme"),
         cp.create_token("globex"),

@@ -49,10 +49,18 @@ class BackgroundBuild:
     def start(self) -> None:
         # setsid forks (its caller already leads a session), so the build's parent is init, not this process
         launcher = subprocess.Popen(
-            ["setsid", "bash", "-c", 'echo $$ >"$0/pid"; "${@}" >"$0/out" 2>"$0/err"; echo $? >"$0/rc"',
-             str(self.dir), *BUILD],
-            cwd=ROOT, start_new_session=True, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+            [
+                "setsid",
+                "bash",
+                "-c",
+                'echo $$ >"$0/pid"; "${@}" >"$0/out" 2>"$0/err"; echo $? >"$0/rc"',
+                str(self.dir),
+                *BUILD,
+            ],
+            cwd=ROOT,
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+        )
         launcher.wait()
 
     def started(self) -> bool:

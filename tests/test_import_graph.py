@@ -144,8 +144,10 @@ def test_the_client_modules_import_only_each_other():
     for name, path in client.items():
         if name == "tgc_rl.cli":
             tree = ast.parse(path.read_text())
-            top = ast.Module(body=[n for n in tree.body if not isinstance(n, ast.FunctionDef | ast.ClassDef)],
-                             type_ignores=[])  # fmt: skip
+            top = ast.Module(
+                body=[n for n in tree.body if not isinstance(n, ast.FunctionDef | ast.ClassDef)],
+                type_ignores=[],
+            )
             found = _imports_of(top, modules)
             assert "tgc_rl.trainer.main" in _imports(path, modules, type_checking=True)  # the walk sees them
         else:

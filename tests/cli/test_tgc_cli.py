@@ -22,13 +22,25 @@ from tgc_rl.control.tokens import TokenStore
 
 TINY = {
     "name": "cli-tiny",
-    "model": {"source": "random", "dtype": "float32", "config_overrides": {
-        "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 1,
-        "num_key_value_heads": 1}},
-    "resources": {"rollout_engine": "hf"}, "task": {"reward_workers": 1},
-    "group_size": 2, "prompts_per_step": 2, "sampling": {"max_new_tokens": 8}, "steps": 2,
+    "model": {
+        "source": "random",
+        "dtype": "float32",
+        "config_overrides": {
+            "num_hidden_layers": 2,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_attention_heads": 1,
+            "num_key_value_heads": 1,
+        },
+    },
+    "resources": {"rollout_engine": "hf"},
+    "task": {"reward_workers": 1},
+    "group_size": 2,
+    "prompts_per_step": 2,
+    "sampling": {"max_new_tokens": 8},
+    "steps": 2,
     "checkpoint": {"every_steps": 1},
-}  # fmt: skip
+}
 
 
 @pytest.fixture
@@ -196,8 +208,13 @@ def test_logs_follow_prints_a_running_jobs_lines_until_it_ends(ray_plane):
             job = client.submit({**TINY, "name": "cli-logs", "steps": 500})
             next(e for e in job.stream() if e.type == "step")  # running: its first step is done
             store.log_event(store.get(job.id), "logged before tgc started")
-            proc = subprocess.Popen([str(Path(sys.executable).with_name("tgc")), "logs", job.id, "-f"],
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+            proc = subprocess.Popen(
+                [str(Path(sys.executable).with_name("tgc")), "logs", job.id, "-f"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
             out = _LineReader(proc)
             assert out.wait_for("logged before tgc started", 60), out.lines  # its first read is done
             store.log_event(store.get(job.id), "logged while tgc follows")
@@ -220,8 +237,12 @@ def test_logs_follow_prints_a_running_jobs_lines_until_it_ends(ray_plane):
 def test_train_runs_a_job_locally_without_the_control_plane(tmp_path, spec_file):
     run_dir = tmp_path / "run"
     tgc = Path(sys.executable).with_name("tgc")
-    proc = subprocess.run([str(tgc), "train", str(spec_file), "--run-dir", str(run_dir)], capture_output=True,
-                          text=True, timeout=900)  # fmt: skip
+    proc = subprocess.run(
+        [str(tgc), "train", str(spec_file), "--run-dir", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "cli-tiny: succeeded" in proc.stdout
     assert (run_dir / "checkpoints" / "step_2").is_dir()
@@ -234,8 +255,9 @@ def test_submit_follow_shows_progress_until_success(ray_plane, spec_file):
     cp = ray_plane
     tgc = Path(sys.executable).with_name("tgc")
     env = {**os.environ, "TGC_URL": cp.url, "TGC_TOKEN": cp.create_token("acme")}
-    proc = subprocess.run([str(tgc), "submit", str(spec_file), "--follow"], capture_output=True, text=True,
-                          env=env, timeout=900)  # fmt: skip
+    proc = subprocess.run(
+        [str(tgc), "submit", str(spec_file), "--follow"], capture_output=True, text=True, env=env, timeout=900
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
     assert "state running" in out and "step 2/2" in out and "succeeded" in out.splitlines()[-1]

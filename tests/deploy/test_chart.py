@@ -139,25 +139,54 @@ def test_a_bad_enum_value_fails_the_check():
     assert any("upscalingMode: 'Fast' is not one of" in p for p in check_kuberay(cluster))
 
 
-@pytest.mark.parametrize(("values", "named"), [
-    ({"mode": "rayjobs"}, "mode"),
-    ({"rayJob": {"submissionMode": "K8sJob"}}, "submissionMode"),
-    ({"controlPlane": {"allowUnsafeSandbox": "yes"}}, "allowUnsafeSandbox"),
-    ({"rayCluster": {"workerGroups": [{"name": "CPU", "replicas": 1, "minReplicas": 0, "maxReplicas": 2,
-                                       "resources": {}}]}}, "name"),
-    ({"controlPlane": {"databse": {}}}, "databse"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("values", "named"),
+    [
+        ({"mode": "rayjobs"}, "mode"),
+        ({"rayJob": {"submissionMode": "K8sJob"}}, "submissionMode"),
+        ({"controlPlane": {"allowUnsafeSandbox": "yes"}}, "allowUnsafeSandbox"),
+        (
+            {
+                "rayCluster": {
+                    "workerGroups": [
+                        {"name": "CPU", "replicas": 1, "minReplicas": 0, "maxReplicas": 2, "resources": {}}
+                    ]
+                }
+            },
+            "name",
+        ),
+        ({"controlPlane": {"databse": {}}}, "databse"),
+    ],
+)
 def test_bad_values_fail_with_the_field_named(values, named):
     with pytest.raises(helm.HelmError) as e:
         render(values)
     assert named in str(e.value), str(e.value)
 
 
-@pytest.mark.parametrize(("values", "says"), [
-    ({"rayCluster": {"workerGroups": [{"name": "cpu", "enabled": True, "replicas": 5, "minReplicas": 0,
-                                       "maxReplicas": 4, "resources": {}}]}}, "replicas"),
-    ({"controlPlane": {"replicas": 2}}, "PostgreSQL"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("values", "says"),
+    [
+        (
+            {
+                "rayCluster": {
+                    "workerGroups": [
+                        {
+                            "name": "cpu",
+                            "enabled": True,
+                            "replicas": 5,
+                            "minReplicas": 0,
+                            "maxReplicas": 4,
+                            "resources": {},
+                        }
+                    ]
+                }
+            },
+            "replicas",
+        ),
+        ({"controlPlane": {"replicas": 2}}, "PostgreSQL"),
+    ],
+)
 def test_inconsistent_values_fail_at_render(values, says):
     with pytest.raises(helm.HelmError) as e:
         render(values)
@@ -320,7 +349,18 @@ def test_the_charts_limits_are_the_servers_defaults_and_reach_it():
     assert _env(cp)["TGC_JOB_RETENTION_S"]["value"] == "86400"
 
 
-LIMIT_SETTINGS = ("max_queued_jobs", "rate_limit_per_s", "rate_limit_burst", "max_streams_per_tenant",
-                  "stream_max_s", "stream_reauth_s", "keep_alive_s", "client_header_timeout_s",
-                  "client_body_timeout_s", "job_retention_s", "max_ended_jobs_per_tenant", "retention_sweep_s",
-                  "max_trace_bytes")  # fmt: skip
+LIMIT_SETTINGS = (
+    "max_queued_jobs",
+    "rate_limit_per_s",
+    "rate_limit_burst",
+    "max_streams_per_tenant",
+    "stream_max_s",
+    "stream_reauth_s",
+    "keep_alive_s",
+    "client_header_timeout_s",
+    "client_body_timeout_s",
+    "job_retention_s",
+    "max_ended_jobs_per_tenant",
+    "retention_sweep_s",
+    "max_trace_bytes",
+)

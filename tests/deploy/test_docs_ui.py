@@ -39,10 +39,25 @@ def test_fastapi_cdn_pages_are_off(server):
 )
 def test_headless_chromium_renders_the_job_operations(server, tmp_path):
     # Background networking off: this machine reaches nothing but loopback, like an air-gapped cluster.
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-           "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path}",
-           "--virtual-time-budget=15000", "--dump-dom", f"{server.url}/docs"]  # fmt: skip
+    cmd = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        f"--user-data-dir={tmp_path}",
+        "--virtual-time-budget=15000",
+        "--dump-dom",
+        f"{server.url}/docs",
+    ]
     dom = subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout
     operations = set(re.findall(r'opblock-summary-method">(\w+)</span>.*?data-path="([^"]+)"', dom))
-    assert {("POST", "/v1/jobs"), ("GET", "/v1/jobs"), ("GET", "/v1/jobs/{job_id}"),
-            ("POST", "/v1/jobs/{job_id}/cancel")} <= operations, dom[:2000]  # fmt: skip
+    assert {
+        ("POST", "/v1/jobs"),
+        ("GET", "/v1/jobs"),
+        ("GET", "/v1/jobs/{job_id}"),
+        ("POST", "/v1/jobs/{job_id}/cancel"),
+    } <= operations, dom[:2000]

@@ -60,8 +60,14 @@ def test_only_adapter_parameters_train_and_every_linear_but_the_head_is_adapted(
     trainable = {n for n, p in lm.named_parameters() if p.requires_grad}
     assert trainable and all(lora.is_adapter(n) for n in trainable)
     assert target_modules([peft_name(n) for n in trainable]) == [
-        "down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"
-    ]  # fmt: skip
+        "down_proj",
+        "gate_proj",
+        "k_proj",
+        "o_proj",
+        "q_proj",
+        "up_proj",
+        "v_proj",
+    ]
 
 
 def test_merged_weights_equal_peft_merge_and_unload(wrapped, tiny_model_path):

@@ -22,12 +22,22 @@ DASHBOARD = ROOT / "helm" / "tgc-rl" / "dashboards" / "tgc-rl.json"
 COMPOSE = ROOT / "deploy" / "docker-compose.yaml"
 # What the issue asks to see, and a metric each panel must draw on for it.
 WANTED = {
-    "jobs by state": "tgc_jobs", "reward": rl.REWARD_MEAN, "accuracy": rl.REWARD_ACCURACY, "D1": rl.D1_GCPR,
-    "D2": rl.D2_RESIDUAL, "entropy": rl.ENTROPY, "tokens/s": rl.THROUGHPUT_TOKENS_PER_S,
-    "step phases": rl.TIMING_TRAIN, "verifier timeouts": rl.REWARD_TIMEOUTS, "verifier errors": rl.REWARD_ERRORS,
-    "weight sync": rl.TIMING_SYNC, "sandbox runs": "tgc_sandbox_runs_total", "off-policy mismatch": rl.MISMATCH_K3,
-    "behaviour correction": rl.BEHAVIOUR_CORRECTED_FRAC, "shared-token spread": rl.MISMATCH_SPREAD_MAX,
-}  # fmt: skip
+    "jobs by state": "tgc_jobs",
+    "reward": rl.REWARD_MEAN,
+    "accuracy": rl.REWARD_ACCURACY,
+    "D1": rl.D1_GCPR,
+    "D2": rl.D2_RESIDUAL,
+    "entropy": rl.ENTROPY,
+    "tokens/s": rl.THROUGHPUT_TOKENS_PER_S,
+    "step phases": rl.TIMING_TRAIN,
+    "verifier timeouts": rl.REWARD_TIMEOUTS,
+    "verifier errors": rl.REWARD_ERRORS,
+    "weight sync": rl.TIMING_SYNC,
+    "sandbox runs": "tgc_sandbox_runs_total",
+    "off-policy mismatch": rl.MISMATCH_K3,
+    "behaviour correction": rl.BEHAVIOUR_CORRECTED_FRAC,
+    "shared-token spread": rl.MISMATCH_SPREAD_MAX,
+}
 
 
 def _dashboard() -> dict:

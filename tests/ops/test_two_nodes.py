@@ -30,21 +30,36 @@ ACCEL = "tgc_accel"
 def job_spec(name: str, steps: int) -> dict:
     return {
         "name": name,
-        "model": {"source": "random", "dtype": "float32", "config_overrides": {
-            "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 1,
-            "num_key_value_heads": 1}},
+        "model": {
+            "source": "random",
+            "dtype": "float32",
+            "config_overrides": {
+                "num_hidden_layers": 2,
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_attention_heads": 1,
+                "num_key_value_heads": 1,
+            },
+        },
         "task": {"name": "arithmetic", "reward_workers": 1},
-        "group_size": 2, "prompts_per_step": 2, "steps": steps, "sampling": {"max_new_tokens": 8},
+        "group_size": 2,
+        "prompts_per_step": 2,
+        "steps": steps,
+        "sampling": {"max_new_tokens": 8},
         "optim": {"lr": 1e-3, "micro_batch_size": 4},
         "checkpoint": {"every_steps": 1, "keep_last": 10},
         "resources": {
-            "rollout_engine": "hf", "learner_ranks": 2, "rollout_replicas": 2,
-            "cpus_per_learner": 0.5, "cpus_per_rollout": 0.5,
+            "rollout_engine": "hf",
+            "learner_ranks": 2,
+            "rollout_replicas": 2,
+            "cpus_per_learner": 0.5,
+            "cpus_per_rollout": 0.5,
             # as on GPU nodes: the learner group on one node that has the accelerators, the replicas spread
-            "learner_placement": "strict_pack", "learner_custom_resources": {ACCEL: 1},
+            "learner_placement": "strict_pack",
+            "learner_custom_resources": {ACCEL: 1},
             "rollout_placement": "spread",
         },
-    }  # fmt: skip
+    }
 
 
 class Cluster:

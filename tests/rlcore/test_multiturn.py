@@ -217,6 +217,12 @@ def test_a_token_the_model_sampled_and_one_an_observation_wrote_are_not_copies()
     w = torch.tensor([[1.0, 1.0, 0.5], [-1.0, 0.0, -2.0]], dtype=torch.float64)
     ids = torch.tensor([[1, 2, 3], [1, 2, 4]])
     mask = torch.tensor([[1, 1, 1], [1, 0, 1]])
-    out = shared_node_residual(w, ids, mask, torch.tensor([1.0, -1.0], dtype=torch.float64),
-                               torch.zeros(2, dtype=torch.long), present=torch.ones(2, 3))  # fmt: skip
+    out = shared_node_residual(
+        w,
+        ids,
+        mask,
+        torch.tensor([1.0, -1.0], dtype=torch.float64),
+        torch.zeros(2, dtype=torch.long),
+        present=torch.ones(2, 3),
+    )
     assert out["diag/d2_nodes"] == 1 and out["diag/d2_residual"] == 0  # t=0 only: t=1 has one model copy

@@ -20,8 +20,23 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 CLIENT = tomllib.loads((ROOT / "clients" / "pyproject.toml").read_text())
 # What a client must not load: the engines, the server's stack, and our own server/trainer/spec modules.
-HEAVY = ("torch", "ray", "vllm", "transformers", "numba", "numpy", "fastapi", "starlette", "uvicorn",
-         "sqlalchemy", "rlcore", "tgc_rl.config", "tgc_rl.control", "tgc_rl.trainer", "tgc_rl.tasks")  # fmt: skip
+HEAVY = (
+    "torch",
+    "ray",
+    "vllm",
+    "transformers",
+    "numba",
+    "numpy",
+    "fastapi",
+    "starlette",
+    "uvicorn",
+    "sqlalchemy",
+    "rlcore",
+    "tgc_rl.config",
+    "tgc_rl.control",
+    "tgc_rl.trainer",
+    "tgc_rl.tasks",
+)
 
 
 def _loaded_after(code: str, python: str = sys.executable, **kw) -> list[str]:
@@ -52,8 +67,13 @@ def _client_sources(dest: Path) -> Path:
     return dest / "clients"
 
 
-_NETWORK = ("NewConnectionError", "Temporary failure in name resolution", "Network is unreachable",
-            "No matching distribution found", "Could not find a version")  # fmt: skip
+_NETWORK = (
+    "NewConnectionError",
+    "Temporary failure in name resolution",
+    "Network is unreachable",
+    "No matching distribution found",
+    "Could not find a version",
+)
 
 # Runs in the fresh venv: the SDK and the CLI entry, a submitted and listed job, nothing heavy loaded.
 _SCRIPT = textwrap.dedent(
@@ -78,8 +98,22 @@ _SCRIPT = textwrap.dedent(
 def test_the_client_wheel_installs_alone_and_drives_a_control_plane(api_server, tmp_path):
     project = _client_sources(tmp_path / "src")
     dist = tmp_path / "dist"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q", "-w",
-                    str(dist), str(project)], check=True, timeout=120)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-build-isolation",
+            "--no-deps",
+            "-q",
+            "-w",
+            str(dist),
+            str(project),
+        ],
+        check=True,
+        timeout=120,
+    )
     (wheel,) = dist.glob("tgc_rl_client-*.whl")
 
     venv = tmp_path / "venv"
@@ -88,33 +122,71 @@ def test_the_client_wheel_installs_alone_and_drives_a_control_plane(api_server, 
     # The dependencies at the versions this environment tested (pip's own constraints apply too).
     pins = tmp_path / "pins.txt"
     pins.write_text("".join(f"{d}=={metadata.version(d)}\n" for d in ("httpx", "pydantic", "pyyaml", "rich")))
-    install = subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--retries", "1",
-                              "--timeout", "20", "-c", str(pins), str(wheel)],
-                             capture_output=True, text=True, timeout=300)  # fmt: skip
+    install = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            python,
+            "install",
+            "-q",
+            "--retries",
+            "1",
+            "--timeout",
+            "20",
+            "-c",
+            str(pins),
+            str(wheel),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if install.returncode != 0 and any(s in install.stderr for s in _NETWORK):
         pytest.skip(f"the client's dependencies are not reachable from here: {install.stderr.strip()[-300:]}")
     assert install.returncode == 0, install.stderr
 
     script = tmp_path / "client.py"
     script.write_text(_SCRIPT)
-    out = subprocess.run([python, str(script), api_server.url, api_server.acme], capture_output=True, text=True,
-                         timeout=120, cwd=tmp_path)  # fmt: skip
+    out = subprocess.run(
+        [python, str(script), api_server.url, api_server.acme],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     assert seen["job"] in seen["listed"] and seen["cancelled"] == "cancelled" and seen["status_exit"] == 0
     assert seen["installed"] == []  # not even installed: the client's dependency closure is light
-    assert _loaded_after(f"import sys; sys.argv = ['x', {api_server.url!r}, {api_server.acme!r}]; "
-                         f"exec(open({str(script)!r}).read())", python, cwd=tmp_path) == []  # fmt: skip
+    assert (
+        _loaded_after(
+            f"import sys; sys.argv = ['x', {api_server.url!r}, {api_server.acme!r}]; "
+            f"exec(open({str(script)!r}).read())",
+            python,
+            cwd=tmp_path,
+        )
+        == []
+    )
 
     # `tgc` itself: a remote command answers; a local one names the install it needs
     tgc = str(venv / "bin" / "tgc")
-    jobs = subprocess.run([tgc, "jobs", "--url", api_server.url, "--token", api_server.acme, "--json"],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    jobs = subprocess.run(
+        [tgc, "jobs", "--url", api_server.url, "--token", api_server.acme, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert jobs.returncode == 0 and seen["job"] in {j["id"] for j in json.loads(jobs.stdout)}, jobs.stderr
     train = subprocess.run([tgc, "train", "job.yaml"], capture_output=True, text=True, timeout=60)
     assert train.returncode == 2 and "pip install tgc-rl" in train.stderr, train.stderr
-    schema = subprocess.run([tgc, "schema", "--remote", "--url", api_server.url, "--token", api_server.acme],
-                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    schema = subprocess.run(
+        [tgc, "schema", "--remote", "--url", api_server.url, "--token", api_server.acme],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert schema.returncode == 0 and "objective" in json.loads(schema.stdout)["properties"], schema.stderr
     local = subprocess.run([tgc, "schema"], capture_output=True, text=True, timeout=60)
     assert local.returncode == 2 and "--remote" in local.stderr, local.stderr

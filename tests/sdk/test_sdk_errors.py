@@ -3,11 +3,21 @@ import pytest
 from tgc_rl.sdk import errors
 
 
-@pytest.mark.parametrize("status, cls", [
-    (400, errors.Invalid), (401, errors.Unauthorized), (403, errors.Forbidden), (404, errors.NotFound),
-    (409, errors.Conflict), (413, errors.TooLarge), (422, errors.Invalid), (429, errors.RateLimited),
-    (500, errors.ServerError), (503, errors.ServerError),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "status, cls",
+    [
+        (400, errors.Invalid),
+        (401, errors.Unauthorized),
+        (403, errors.Forbidden),
+        (404, errors.NotFound),
+        (409, errors.Conflict),
+        (413, errors.TooLarge),
+        (422, errors.Invalid),
+        (429, errors.RateLimited),
+        (500, errors.ServerError),
+        (503, errors.ServerError),
+    ],
+)
 def test_each_status_maps_to_its_error_type(status, cls):
     err = errors.error_for(status, {"error": "x", "message": "m"})
     assert type(err) is cls and err.status == status and err.message == "m"

@@ -14,9 +14,15 @@ from tgc_rl.control.local import LocalControlPlane, free_port
 from tgc_rl.sdk import Client, ServerError, Unavailable
 
 RECORD = {
-    "id": "job-1", "name": "x", "tenant": "acme", "state": "queued", "spec": {"steps": 1}, "total_steps": 1,
-    "created_at": "2026-01-01T00:00:00Z", "updated_at": "2026-01-01T00:00:00Z",
-}  # fmt: skip
+    "id": "job-1",
+    "name": "x",
+    "tenant": "acme",
+    "state": "queued",
+    "spec": {"steps": 1},
+    "total_steps": 1,
+    "created_at": "2026-01-01T00:00:00Z",
+    "updated_at": "2026-01-01T00:00:00Z",
+}
 
 
 class Flaky:
@@ -105,8 +111,10 @@ def test_retry_after_is_honoured_on_429(flaky):
 
 
 def test_gives_up_with_unavailable_after_the_retries():
-    with Client(f"http://127.0.0.1:{free_port()}", "tgc_x", retries=2, backoff=0.01) as c, \
-            pytest.raises(Unavailable, match="after 3 tries"):  # fmt: skip
+    with (
+        Client(f"http://127.0.0.1:{free_port()}", "tgc_x", retries=2, backoff=0.01) as c,
+        pytest.raises(Unavailable, match="after 3 tries"),
+    ):
         c.jobs()
 
 

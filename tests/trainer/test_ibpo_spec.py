@@ -112,8 +112,9 @@ def test_an_accepted_template_fills_to_its_slots_values_and_nothing_more(pieces,
     )
     # and it is what a reader expects: split on the slots, join with the values
     pieces = re.split(r"\{(prompt|response|references)\}", template)
-    expected = "".join(p if i % 2 == 0 else dict(zip(REVISION_SLOTS, values, strict=True))[p]
-                       for i, p in enumerate(pieces))  # fmt: skip
+    expected = "".join(
+        p if i % 2 == 0 else dict(zip(REVISION_SLOTS, values, strict=True))[p] for i, p in enumerate(pieces)
+    )
     assert filled == expected
 
 

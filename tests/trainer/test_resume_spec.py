@@ -53,10 +53,13 @@ def test_a_resume_that_changes_what_is_trained_is_refused_naming_the_fields(tmp_
         ({"seed": 7}, "seed (0 -> 7)"),
         ({"model": {**BASE["model"], "dtype": "bfloat16"}}, "model.dtype ('float32' -> 'bfloat16')"),
         ({"task": {**BASE["task"], "name": "code"}}, "task.name ('arithmetic' -> 'code')"),
-        ({"objective": {"name": "cp_grpo", "overrides": {"kl_coef": 0.1}}}, "objective.overrides.kl_coef (None -> 0.1)"),
+        (
+            {"objective": {"name": "cp_grpo", "overrides": {"kl_coef": 0.1}}},
+            "objective.overrides.kl_coef (None -> 0.1)",
+        ),
         ({"prompts_per_step": 4}, "prompts_per_step (2 -> 4)"),
     ],
-)  # fmt: skip
+)
 def test_each_field_that_decides_training_is_compared(tmp_path, fields, named):
     _, checkpoint = _trained(tmp_path)
     with pytest.raises(ResumeMismatch, match="changes what is trained") as e:
@@ -87,6 +90,17 @@ def test_tgc_train_resume_with_a_changed_spec_exits_2_naming_the_field(tmp_path,
 def test_what_may_change_names_spec_fields_and_none_that_decides_training():
     fields = {f.alias or name for name, f in JobSpec.model_fields.items()}
     assert RESUME_MAY_CHANGE <= fields  # a misspelt name would let nothing through and guard nothing
-    trained = {"model", "task", "objective", "sampling", "optim", "async", "ibpo", "group_size", "prompts_per_step",
-               "seed", "dynamic_sampling"}  # fmt: skip
+    trained = {
+        "model",
+        "task",
+        "objective",
+        "sampling",
+        "optim",
+        "async",
+        "ibpo",
+        "group_size",
+        "prompts_per_step",
+        "seed",
+        "dynamic_sampling",
+    }
     assert trained <= fields and trained.isdisjoint(RESUME_MAY_CHANGE)

@@ -20,10 +20,14 @@ def _groups(rewards: list[list[float]], step: int = 1) -> list[Group]:
             index=100 * step + g, item=TaskItem(id=f"p{g}", prompt=f"prompt {step}.{g}"), token_ids=[1]
         )
         comps = [
-            Completion(token_ids=[g, i, 7], logprobs=[-0.5, -1.0, -0.25], finish_reason="stop" if i else "length",
-                       version=step - 1)
+            Completion(
+                token_ids=[g, i, 7],
+                logprobs=[-0.5, -1.0, -0.25],
+                finish_reason="stop" if i else "length",
+                version=step - 1,
+            )
             for i in range(len(rs))
-        ]  # fmt: skip
+        ]
         scores = [Score(r, "ok", f"detail {g}.{i}") for i, r in enumerate(rs)]
         out.append(Group(prompt, comps, scores))
     return out
@@ -63,11 +67,23 @@ def test_each_group_gives_its_best_worst_and_one_random_and_the_first_group_give
         assert kinds["random"] in (2, 3)
     r = next(r for r in rows if (r["group"], r["index"]) == (2, 1))
     assert r == {
-        "step": 1, "group": 2, "index": 1, "prompt_index": 102, "prompt": "prompt 1.2",
-        "response": "response 2 1 7", "reward": 1.0, "advantage": 21.0, "status": "ok", "detail": "detail 2.1",
-        "length": 3, "finish_reason": "stop", "policy_version": 0, "selected": ["best"], "truncated": False,
+        "step": 1,
+        "group": 2,
+        "index": 1,
+        "prompt_index": 102,
+        "prompt": "prompt 1.2",
+        "response": "response 2 1 7",
+        "reward": 1.0,
+        "advantage": 21.0,
+        "status": "ok",
+        "detail": "detail 2.1",
+        "length": 3,
+        "finish_reason": "stop",
+        "policy_version": 0,
+        "selected": ["best"],
+        "truncated": False,
         "logprobs": None,
-    }  # fmt: skip
+    }
 
 
 def test_logprobs_only_on_request_and_everything_only_when_asked(tmp_path):

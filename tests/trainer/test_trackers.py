@@ -21,17 +21,32 @@ from tgc_rl.control.local import free_port
 from tgc_rl.trainer.traces import TraceRecord
 from tgc_rl.trainer.trackers import QUEUE_SIZE, RunEnd, RunInfo, Trackers, flatten
 
-STEPS = {1: {"reward/mean": 0.25, "diag/d2_residual": 1e-9}, 2: {"reward/mean": 0.5, "diag/d2_residual": 2e-9},
-         3: {"reward/mean": 0.75, "diag/d2_residual": 3e-9, "eval/accuracy": 0.5}}  # fmt: skip
+STEPS = {
+    1: {"reward/mean": 0.25, "diag/d2_residual": 1e-9},
+    2: {"reward/mean": 0.5, "diag/d2_residual": 2e-9},
+    3: {"reward/mean": 0.75, "diag/d2_residual": 3e-9, "eval/accuracy": 0.5},
+}
 
 
 def _records(step: int, n: int = 3) -> list[TraceRecord]:
     return [
-        TraceRecord(step=step, group=0, index=i, prompt_index=i, prompt=f"what is {i}+{step}?",
-                    response=f"{i + step}", reward=float(i % 2), advantage=0.5 - i % 2, status="ok", length=2,
-                    finish_reason="stop", policy_version=step - 1, selected=["group"])
+        TraceRecord(
+            step=step,
+            group=0,
+            index=i,
+            prompt_index=i,
+            prompt=f"what is {i}+{step}?",
+            response=f"{i + step}",
+            reward=float(i % 2),
+            advantage=0.5 - i % 2,
+            status="ok",
+            length=2,
+            finish_reason="stop",
+            policy_version=step - 1,
+            selected=["group"],
+        )
         for i in range(n)
-    ]  # fmt: skip
+    ]
 
 
 def _run(tmp_path: Path) -> RunInfo:
@@ -60,9 +75,20 @@ def mlflow_server(tmp_path_factory):
     """`mlflow server` on loopback with a SQLite store and a local artifact root; its URL."""
     root = tmp_path_factory.mktemp("mlflow")
     port = free_port()
-    cmd = [str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
-           "--workers", "1", "--backend-store-uri", f"sqlite:///{root}/mlflow.db",
-           "--artifacts-destination", str(root / "artifacts")]  # fmt: skip
+    cmd = [
+        str(Path(sys.executable).parent / "mlflow"),
+        "server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+        "--backend-store-uri",
+        f"sqlite:///{root}/mlflow.db",
+        "--artifacts-destination",
+        str(root / "artifacts"),
+    ]
     log = open(root / "server.log", "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -97,8 +123,11 @@ def test_mlflow_receives_the_spec_every_metric_the_samples_and_the_end(mlflow_se
     run = _run(tmp_path)
     trackers = Trackers.from_spec([MlflowTrackerSpec(experiment="tgc-tests")], run)
     _feed(trackers, tmp_path)
-    assert trackers.stats() == {"trackers/mlflow/dropped": 0.0, "trackers/mlflow/failed": 0.0,
-                                "trackers/mlflow/off": 0.0}  # fmt: skip
+    assert trackers.stats() == {
+        "trackers/mlflow/dropped": 0.0,
+        "trackers/mlflow/failed": 0.0,
+        "trackers/mlflow/off": 0.0,
+    }
 
     client = MlflowClient(tracking_uri=mlflow_server)
     exp = client.get_experiment_by_name("tgc-tests")
@@ -200,8 +229,11 @@ def test_a_failing_tracker_is_switched_off_after_repeated_failures(tmp_path):
         trackers.log_metrics(step, {"reward/mean": 1.0})
     trackers.close(RunEnd("succeeded", None, []))
     assert failing.steps == [1, 2, 3, 4, 5]  # MAX_FAILURES in a row, then no more calls
-    assert trackers.stats() == {"trackers/failing/dropped": 0.0, "trackers/failing/failed": 5.0,
-                                "trackers/failing/off": 1.0}  # fmt: skip
+    assert trackers.stats() == {
+        "trackers/failing/dropped": 0.0,
+        "trackers/failing/failed": 5.0,
+        "trackers/failing/off": 1.0,
+    }
 
 
 # -- wandb (offline) ---------------------------------------------------------------------------------------------
@@ -277,8 +309,11 @@ def test_a_job_sends_its_metrics_jsonl_rows_to_mlflow_and_wandb(
     from .conftest import read_metrics, tiny_spec
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
-    spec = tiny_spec(name="tracked-job", steps=3, trackers=[{"kind": "mlflow", "experiment": "tgc-job"},
-                                                          {"kind": "wandb", "samples_every": 1}])  # fmt: skip
+    spec = tiny_spec(
+        name="tracked-job",
+        steps=3,
+        trackers=[{"kind": "mlflow", "experiment": "tgc-job"}, {"kind": "wandb", "samples_every": 1}],
+    )
     assert run(spec, tmp_path) == "succeeded"
     rows = {r["step"]: {k: v for k, v in r.items() if k != "step"} for r in read_metrics(tmp_path)}
     assert sorted(rows) == [1, 2, 3]
