@@ -4,7 +4,7 @@ the numbers come from the caller (`ray.cluster_resources()`, a local machine's c
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from tgc_rl.config import JobSpec
 
@@ -29,33 +29,46 @@ def check_resources(spec: JobSpec, available: Mapping[str, float]) -> None:
     r = spec.resources
     check_custom_resources("learner", r.learner_custom_resources, available)
     check_custom_resources("rollout", r.rollout_custom_resources, available)
-    need = required_resources(spec)
-    for kind, field_names in (
-        ("CPU", "cpus_per_learner / cpus_per_rollout"),
-        ("GPU", "gpus_per_learner / gpus_per_rollout"),
-    ):
-        if need[kind] > available.get(kind, 0.0) + 1e-9:
-            raise ResourceError(
-                f"resources: the job needs {need[kind]:g} {kind}s (learner_ranks x {field_names.split(' / ')[0]} "
-                f"+ rollout_replicas x {field_names.split(' / ')[1]}) but the cluster has "
-                f"{available.get(kind, 0.0):g}; lower resources.{field_names} or the counts, or use a bigger cluster"
-            )
+
+    def refusal(kind: str, need: float, have: float) -> str:
+        per = _PER[kind]
+        return (
+            f"resources: the job needs {need:g} {kind}s (learner_ranks x {per}_per_learner + rollout_replicas "
+            f"x {per}_per_rollout) but the cluster has {have:g}; lower resources.{per}_per_learner / "
+            f"{per}_per_rollout or the counts, or use a bigger cluster"
+        )
+
+    _refuse_shortfall(required_resources(spec), available, refusal)
 
 
 def check_learner_fits(spec: JobSpec, available: Mapping[str, float]) -> None:
     """Refuse a learner group the cluster can never place (its actors would wait forever), naming the fields."""
     r = spec.resources
-    for kind, per_rank, name in (
-        ("CPU", r.cpus_per_learner, "cpus_per_learner"),
-        ("GPU", r.gpus_per_learner, "gpus_per_learner"),
-    ):
-        need = r.learner_ranks * per_rank
-        if need > available.get(kind, 0.0) + 1e-9:
-            raise ResourceError(
-                f"resources: {r.learner_ranks} learner ranks x {name} {per_rank:g} need {need:g} {kind}s "
-                f"but the Ray cluster has {available.get(kind, 0.0):g}; lower resources.learner_ranks "
-                f"or resources.{name}"
-            )
+    per_rank = {"CPU": r.cpus_per_learner, "GPU": r.gpus_per_learner}
+
+    def refusal(kind: str, need: float, have: float) -> str:
+        name = f"{_PER[kind]}_per_learner"
+        return (
+            f"resources: {r.learner_ranks} learner ranks x {name} {per_rank[kind]:g} need {need:g} {kind}s "
+            f"but the Ray cluster has {have:g}; lower resources.learner_ranks or resources.{name}"
+        )
+
+    _refuse_shortfall({kind: r.learner_ranks * n for kind, n in per_rank.items()}, available, refusal)
+
+
+# The spec's field prefix of each kind the roles ask for (`cpus_per_learner`, `gpus_per_rollout`, ...).
+_PER = {"CPU": "cpus", "GPU": "gpus"}
+
+
+def _refuse_shortfall(
+    need: Mapping[str, float], available: Mapping[str, float], refusal: Callable[[str, float, float], str]
+) -> None:
+    """Raise ResourceError, worded by `refusal(kind, need, have)`, for the first kind the cluster has less of
+    than needed; a kind it does not list counts as none, and float sums get a rounding margin."""
+    for kind, amount in need.items():
+        have = available.get(kind, 0.0)
+        if amount > have + 1e-9:
+            raise ResourceError(refusal(kind, amount, have))
 
 
 def check_custom_resources(role: str, custom: Mapping[str, float], available: Mapping[str, float]) -> None:
