@@ -15,6 +15,7 @@ import sqlalchemy as sa
 import yaml
 
 from tests.servers import control_plane_with_ray
+from tests.specs import tiny_model
 from tgc_rl.cli import main
 from tgc_rl.control.db import make_engine
 from tgc_rl.control.local import free_port
@@ -22,17 +23,7 @@ from tgc_rl.control.tokens import TokenStore
 
 TINY = {
     "name": "cli-tiny",
-    "model": {
-        "source": "random",
-        "dtype": "float32",
-        "config_overrides": {
-            "num_hidden_layers": 2,
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_attention_heads": 1,
-            "num_key_value_heads": 1,
-        },
-    },
+    "model": tiny_model(),
     "resources": {"rollout_engine": "hf"},
     "task": {"reward_workers": 1},
     "group_size": 2,

@@ -17,6 +17,7 @@ import sqlalchemy as sa
 
 from tests.proc_helpers import wait_for, wait_until
 from tests.servers import control_plane_with_ray
+from tests.specs import tiny_model
 from tgc_rl.control.db import make_engine
 from tgc_rl.control.local import LocalControlPlane
 from tgc_rl.control.migrations import migrate
@@ -31,17 +32,7 @@ JOB_TIMEOUT = 600
 def tiny_spec(name: str, steps: int, every: int = 1) -> dict:
     return {
         "name": name,
-        "model": {
-            "source": "random",
-            "dtype": "float32",
-            "config_overrides": {
-                "num_hidden_layers": 2,
-                "hidden_size": 64,
-                "intermediate_size": 128,
-                "num_attention_heads": 1,
-                "num_key_value_heads": 1,
-            },
-        },
+        "model": tiny_model(),
         "resources": {"rollout_engine": "hf"},
         "group_size": 2,
         "prompts_per_step": 2,

@@ -21,6 +21,7 @@ import yaml
 
 from tests.ops.raynodes import RayNode, make_token, ray_env, state_api
 from tests.proc_helpers import wait_for
+from tests.specs import tiny_model
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,17 +31,7 @@ ACCEL = "tgc_accel"
 def job_spec(name: str, steps: int) -> dict:
     return {
         "name": name,
-        "model": {
-            "source": "random",
-            "dtype": "float32",
-            "config_overrides": {
-                "num_hidden_layers": 2,
-                "hidden_size": 64,
-                "intermediate_size": 128,
-                "num_attention_heads": 1,
-                "num_key_value_heads": 1,
-            },
-        },
+        "model": tiny_model(),
         "task": {"name": "arithmetic", "reward_workers": 1},
         "group_size": 2,
         "prompts_per_step": 2,

@@ -4,20 +4,9 @@ from pathlib import Path
 import pytest
 
 from tests.proc_helpers import local_ray
-from tests.specs import job_spec
+from tests.specs import job_spec, tiny_model
 
-TINY_MODEL = {
-    "source": "random",
-    "dtype": "float32",
-    "config_overrides": {
-        "num_hidden_layers": 2,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_attention_heads": 1,
-        "num_key_value_heads": 1,
-        "max_position_embeddings": 512,
-    },
-}
+TINY_MODEL = tiny_model(max_position_embeddings=512)
 
 
 BASE = {
