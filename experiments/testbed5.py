@@ -785,8 +785,7 @@ def cut_samples(
 
 def dataset_items(path: Path) -> dict[str, Any]:
     """The rows of a study file as the dataset task loads them (the verifier the trainer uses), by row id."""
-    from tgc_rl.tasks.dataset import DatasetTask
-    from tgc_rl.tasks.dataset import DatasetParams
+    from tgc_rl.tasks.dataset import DatasetParams, DatasetTask
 
     task = DatasetTask(role="all", params=DatasetParams(path=str(path), id_column="id"))
     return {item.meta["row"]: item for item in (task.eval_item(i) for i in range(len(task)))}
@@ -968,20 +967,44 @@ class Wording:
 
 FIRST_TEMPLATE = "What is {a} + {b}? Explain your steps briefly, then finish with 'Answer: <number>'."
 EXAMPLE = "Example: for 23 + 45, write: Add the tens: 20 + 40 = 60. Add the ones: 3 + 5 = 8. 60 + 8 = 68. Answer: 68"
-# After the first step 1 failed (the base model rarely ends in "Answer: <right sum>"): a worked example after
-# the question, the same on operands 0-49, and the example first with the question and instruction last.
-PROBE_WORDINGS = (
-    Wording("example", FIRST_TEMPLATE + " " + EXAMPLE, 99),
-    Wording("example-0-49", FIRST_TEMPLATE + " " + EXAMPLE, 49),
-    Wording(
-        "example-first",
-        EXAMPLE + "\nNow do the same for {a} + {b}: explain your steps briefly, then finish with "
-        "'Answer: <number>'.",
-        99,
+# Round 1, after the first step 1 failed (the base model rarely ends in "Answer: <right sum>"): a worked
+# example after the question, the same on operands 0-49, and the example first with the question last.
+# Round 2, after round 1 (the example is copied, "Answer: 68", and adds no right sums): operands 0-49 with the
+# first wording, with an "a + b = <number>" line asked for, and with the instruction repeated at the end.
+PROBE_ROUNDS: dict[int, tuple[Wording, ...]] = {
+    1: (
+        Wording("example", FIRST_TEMPLATE + " " + EXAMPLE, 99),
+        Wording("example-0-49", FIRST_TEMPLATE + " " + EXAMPLE, 49),
+        Wording(
+            "example-first",
+            EXAMPLE + "\nNow do the same for {a} + {b}: explain your steps briefly, then finish with "
+            "'Answer: <number>'.",
+            99,
+        ),
     ),
-)
+    2: (
+        Wording("plain-0-49", FIRST_TEMPLATE, 49),
+        Wording(
+            "equation-0-49",
+            "What is {a} + {b}? Write {a} + {b} = <number>, explain your steps briefly, then finish with "
+            "'Answer: <number>'.",
+            49,
+        ),
+        Wording(
+            "repeat-0-49",
+            "What is {a} + {b}? Explain your steps briefly. End your reply with the line 'Answer: <number>', "
+            "where <number> is {a} + {b}.",
+            49,
+        ),
+    ),
+}
 PROBE_PROMPTS = 32
-PROBE_FILE = "probe_wordings.json"
+
+
+def probe_names(round_: int) -> tuple[str, str]:
+    """(the probe job's name, its result file) for a round."""
+    suffix = "" if round_ == 1 else f"-{round_}"
+    return f"tb5-probe-wordings{suffix}", f"probe_wordings{suffix.replace('-', '_')}.json"
 
 
 def probe_rows(wording: Wording, n: int = PROBE_PROMPTS) -> list[dict[str, Any]]:
@@ -991,7 +1014,8 @@ def probe_rows(wording: Wording, n: int = PROBE_PROMPTS) -> list[dict[str, Any]]
 
 
 def run_probe(
-    wordings: Sequence[Wording] = PROBE_WORDINGS,
+    round_: int,
+    wordings: Sequence[Wording] | None = None,
     cache: Path = CACHE,
     folder: Path = DATA,
     lock: Path | None = None,
@@ -999,12 +1023,18 @@ def run_probe(
 ) -> Path:
     """Exploratory, before a rerun of pilot step 1: each wording's prompts sampled as step 1 samples (one
     eval-only job for all: 8 samples at T = 0.7, 256 tokens) and measured at the candidate caps as step 1
-    measures (`candidate_stats`, `decide_cap`). Decides nothing; writes `results/testbed5/probe_wordings.json`."""
+    measures (`candidate_stats`, `decide_cap`). Decides nothing; writes `results/testbed5/probe_wordings*.json`
+    (`probe_names`). `wordings`: the round's unless given."""
     from tgc_rl.config import ModelSpec
     from tgc_rl.models import load_tokenizer
 
+    if wordings is None:
+        if round_ not in PROBE_ROUNDS:
+            raise ValueError(f"probe round {round_}: unknown (rounds: {', '.join(map(str, PROBE_ROUNDS))})")
+        wordings = PROBE_ROUNDS[round_]
+    job, result = probe_names(round_)
     files = write_data()
-    run_dir = Path(cache) / "testbed5" / "tb5-probe-wordings"
+    run_dir = Path(cache) / "testbed5" / job
     prompts = run_dir.parent / "tb5-probe-wordings-prompts.jsonl"  # outside run_dir: a rerun clears that
     rows = [r for w in wordings for r in probe_rows(w)]
     prompts.parent.mkdir(parents=True, exist_ok=True)
@@ -1033,9 +1063,10 @@ def run_probe(
         log(
             f"probe {w.name}: cap {decision.cap}, accuracy by cap {[round(s.accuracy, 3) for s in decision.stats]}"
         )
-    path = Path(folder) / PROBE_FILE
+    path = Path(folder) / result
     record = {
         "date": _now(),
+        "round": round_,
         "exploratory": "not a pilot step: a wording probe before pilot step 1 is rerun (testbed5_plan.md)",
         "prompts_per_wording": PROBE_PROMPTS,
         "samples_per_prompt": PILOT_SAMPLES,
@@ -1055,5 +1086,6 @@ if __name__ == "__main__":  # the exploratory probe: python -m experiments.testb
     parser.add_argument("action", choices=("probe",), help="probe: the exploratory wording probe")
     parser.add_argument("--lock", type=Path, default=None, help="hold this file's lock while the job runs")
     parser.add_argument("--cache", type=Path, default=CACHE, help="run directories")
+    parser.add_argument("--round", type=int, default=max(PROBE_ROUNDS), help="which round's wordings")
     args = parser.parse_args()
-    print(f"probe: {run_probe(cache=args.cache, lock=args.lock)}")
+    print(f"probe: {run_probe(args.round, cache=args.cache, lock=args.lock)}")

@@ -511,7 +511,9 @@ def test_the_wording_probe_samples_each_wording_as_step_1_does_and_measures_each
         testbed5.Wording("bad", "Add {a} and {b}.", 49),
     )
     args = dict(wordings=wordings, cache=tmp_path / "cache", folder=tmp_path, log=lambda _: None)
-    record = json.loads(testbed5.run_probe(**args).read_text())
+    path = testbed5.run_probe(2, **args)
+    assert path.name == "probe_wordings_2.json"
+    record = json.loads(path.read_text())
     (spec,) = jobs
     assert spec["steps"] == 0 and spec["sampling"] == {"temperature": 0.7, "max_new_tokens": 256}
     assert (
@@ -520,6 +522,7 @@ def test_the_wording_probe_samples_each_wording_as_step_1_does_and_measures_each
     prompts = testbed5.read_rows(Path(spec["eval"]["dataset"]["path"]))
     assert max(max(r["a"], r["b"]) for r in prompts if r["id"].startswith("bad/")) <= 49
     assert prompts[0]["prompt"] == wordings[0].template.format(a=prompts[0]["a"], b=prompts[0]["b"])
+    assert spec["name"] == "tb5-probe-wordings-2" and record["round"] == 2
     assert "exploratory" in record and [w["name"] for w in record["wordings"]] == ["good", "bad"]
     good, bad = (w["decision"] for w in record["wordings"])
     assert all(w["samples"] == testbed5.PROBE_PROMPTS * 8 for w in record["wordings"])
@@ -528,5 +531,5 @@ def test_the_wording_probe_samples_each_wording_as_step_1_does_and_measures_each
     ] * len(testbed5.CANDIDATE_CAPS)
     assert good["cap"] == 48 and good["stats"][0]["residual"] > 0.15  # passes every gate: the smallest cap
     assert bad["cap"] is None and all(s["accuracy"] == 0.0 for s in bad["stats"])
-    testbed5.run_probe(**args)
+    testbed5.run_probe(2, **args)
     assert len(jobs) == 1  # reused: the same spec and prompts
