@@ -83,13 +83,11 @@ class Evaluator:
         metrics: dict[str, float] = {}
         samples: list[dict[str, Any]] = []
         for mode, k, sampling in passes:
-            if self.spec.env is None:
-                pass_metrics, records = self._single_turn(rollout, rewards, tokenizer, k, sampling)
-            else:
-                pass_metrics, records = self._trajectories(rollout, rewards, tokenizer, k, sampling)
+            answer = self._single_turn if self.spec.env is None else self._trajectories
+            pass_metrics, records = answer(rollout, rewards, tokenizer, mode, k, sampling)
             prefix = "eval/greedy/" if len(passes) > 1 and mode == "greedy" else "eval/"
             metrics.update({prefix + key[5:]: v for key, v in pass_metrics.items()})
-            samples += [{"id": r.pop("id"), "row": r.pop("row"), "mode": mode, **r} for r in records]
+            samples += records
         metrics["eval/dropped_too_long"] = float(self.task.dropped_too_long)
         metrics["timing/eval_s"] = time.perf_counter() - t0
         if self.run_dir is not None:
@@ -100,7 +98,7 @@ class Evaluator:
         return metrics
 
     def _single_turn(
-        self, rollout, rewards, tokenizer, k: int, sampling: Sampling
+        self, rollout, rewards, tokenizer, mode: str, k: int, sampling: Sampling
     ) -> tuple[dict[str, float], list[dict[str, Any]]]:
         outs = rollout.generate([p.token_ids for p in self.prompts], k, self.seeds, sampling)
         completions = [c for cs in outs for c in cs]
@@ -108,20 +106,21 @@ class Evaluator:
         items = [p.item for p in self.prompts for _ in range(k)]
         scores = rewards.score(items, texts)
         records = [
-            _record(item, score, len(c.token_ids), text)
+            _record(item, mode, score, len(c.token_ids), text)
             for item, c, text, score in zip(items, completions, texts, scores, strict=True)
         ]
         return summarise(scores, completions, k), records
 
     def _trajectories(
-        self, rollout, rewards, tokenizer, k: int, sampling: Sampling
+        self, rollout, rewards, tokenizer, mode: str, k: int, sampling: Sampling
     ) -> tuple[dict[str, float], list[dict[str, Any]]]:
         """Multi-turn: each prompt's k samples are whole trajectories in the job's environment (its bounds,
         its workers beside the reward workers), run by the training sampler; a trajectory's reward is its
         score, and one that failed (bridge, deadline, env_error) counts as an error."""
         from tgc_rl.trainer.multi_turn import BOUND_REASONS, FAILED, MultiTurnSampler
 
-        assert self.spec.env is not None
+        if self.spec.env is None:
+            raise RuntimeError("Evaluator._trajectories: the job spec has no `env` section")
         sampler = MultiTurnSampler(self.spec.env, self.spec.seed, tokenizer, rollout, rewards)
         # no more environment workers than a training step starts (its slots are reused)
         per_chunk = max(1, self.spec.prompts_per_step * self.spec.group_size // k)
@@ -138,6 +137,7 @@ class Evaluator:
             {
                 **_record(
                     item,
+                    mode,
                     score,
                     t.model_tokens,
                     next((m.content for m in reversed(t.messages) if m.role == "assistant"), ""),
@@ -165,11 +165,12 @@ class Evaluator:
         }, records
 
 
-def _record(item: TaskItem, score: Score, tokens: int, response: str) -> dict[str, Any]:
-    """One sample's line in eval/step_<N>.jsonl (its mode is added by the pass)."""
+def _record(item: TaskItem, mode: str, score: Score, tokens: int, response: str) -> dict[str, Any]:
+    """One sample's line in eval/step_<N>.jsonl."""
     return {
         "id": item.id,
         "row": item.meta.get("row"),
+        "mode": mode,
         "reward": score.reward,
         "status": score.status,
         "detail": score.detail,
