@@ -46,11 +46,16 @@ DATA = RESULTS / "testbed5"
 RUNS = RESULTS / "testbed5_runs"
 PLAN_FILE = Path(__file__).resolve().parent / "testbed5_plan.md"
 MODEL = {"source": "smollm2-135m-instruct", "dtype": "auto"}
-MAX_OPERAND = 99
+MAX_OPERAND = 49  # amended 2026-11-27 (was 99): testbed5_plan.md, Amendments
 HELDOUT_PAIRS = 250  # unordered pairs {a, b}: both orders of a pair are held out together
 EVAL_PROMPTS = 128  # the first rows of the shuffled held-out file: the periodic evaluation set
 DATA_SEED = 5
-TEMPLATE = "What is {a} + {b}? Explain your steps briefly, then finish with 'Answer: <number>'."
+FIRST_TEMPLATE = "What is {a} + {b}? Explain your steps briefly, then finish with 'Answer: <number>'."
+REPEAT_TEMPLATE = (
+    "What is {a} + {b}? Explain your steps briefly. End your reply with the line 'Answer: <number>', "
+    "where <number> is {a} + {b}."
+)
+TEMPLATE = REPEAT_TEMPLATE  # amended 2026-11-27 (was FIRST_TEMPLATE): testbed5_plan.md, Amendments
 # One "Answer:" in the whole response, followed by the right number (not a longer one).
 PATTERN = r"(?is)\A(?!.*answer:.*answer:).*answer:\s*\**\s*<c>(?!\d)"
 
@@ -965,7 +970,6 @@ class Wording:
     max_operand: int
 
 
-FIRST_TEMPLATE = "What is {a} + {b}? Explain your steps briefly, then finish with 'Answer: <number>'."
 EXAMPLE = "Example: for 23 + 45, write: Add the tens: 20 + 40 = 60. Add the ones: 3 + 5 = 8. 60 + 8 = 68. Answer: 68"
 # Round 1, after the first step 1 failed (the base model rarely ends in "Answer: <right sum>"): a worked
 # example after the question, the same on operands 0-49, and the example first with the question last.
@@ -990,12 +994,7 @@ PROBE_ROUNDS: dict[int, tuple[Wording, ...]] = {
             "'Answer: <number>'.",
             49,
         ),
-        Wording(
-            "repeat-0-49",
-            "What is {a} + {b}? Explain your steps briefly. End your reply with the line 'Answer: <number>', "
-            "where <number> is {a} + {b}.",
-            49,
-        ),
+        Wording("repeat-0-49", REPEAT_TEMPLATE, 49),
     ),
 }
 PROBE_PROMPTS = 32
@@ -1035,7 +1034,7 @@ def run_probe(
     job, result = probe_names(round_)
     files = write_data()
     run_dir = Path(cache) / "testbed5" / job
-    prompts = run_dir.parent / "tb5-probe-wordings-prompts.jsonl"  # outside run_dir: a rerun clears that
+    prompts = run_dir.parent / f"{job}-prompts.jsonl"  # outside run_dir: a rerun clears that
     rows = [r for w in wordings for r in probe_rows(w)]
     prompts.parent.mkdir(parents=True, exist_ok=True)
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))

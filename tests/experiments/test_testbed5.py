@@ -15,7 +15,7 @@ from tgc_rl.tasks.dataset import score_row
 
 def test_held_out_pairs_are_held_out_in_both_orders_and_the_committed_files_are_the_draw():
     train, held = testbed5.addition_rows()
-    assert len(train) + len(held) == 100 * 100
+    assert len(train) + len(held) == (testbed5.MAX_OPERAND + 1) ** 2
     held_pairs = {frozenset((r["a"], r["b"])) for r in held}
     assert len(held_pairs) == testbed5.HELDOUT_PAIRS
     assert not held_pairs & {frozenset((r["a"], r["b"])) for r in train}  # commuted training rows too
@@ -24,11 +24,12 @@ def test_held_out_pairs_are_held_out_in_both_orders_and_the_committed_files_are_
     assert len(held) == 2 * testbed5.HELDOUT_PAIRS - doubles and 480 < len(held) <= 500
     assert all(r["verifier"] == "regex" and r["answer"] == testbed5.pattern(r["a"] + r["b"]) for r in held)
     assert train[0]["prompt"] == (
-        "What is 0 + 0? Explain your steps briefly, then finish with 'Answer: <number>'."
+        "What is 0 + 0? Explain your steps briefly. End your reply with the line 'Answer: <number>', "
+        "where <number> is 0 + 0."
     )
     # the periodic evaluation set (the first 128) is a mix of pairs, not one corner of the grid
     first = held[: testbed5.EVAL_PROMPTS]
-    assert len({r["a"] // 10 for r in first}) == 10
+    assert len({r["a"] // 10 for r in first}) == testbed5.MAX_OPERAND // 10 + 1
     assert testbed5.addition_rows() == (train, held)
     pilot = testbed5.pilot_rows(train)
     assert len(pilot) == 64 and {r["id"] for r in pilot} <= {r["id"] for r in train}
@@ -49,7 +50,7 @@ def test_held_out_pairs_are_held_out_in_both_orders_and_the_committed_files_are_
     ],
 )
 def test_the_rows_pattern_through_the_dataset_tasks_loader_and_scorer(tmp_path, response, reward):
-    row = next(r for r in testbed5.addition_rows()[0] if r["id"] == "add-75-58")
+    row = next(r for r in testbed5.addition_rows(99)[0] if r["id"] == "add-75-58")
     path = tmp_path / "rows.jsonl"
     path.write_text(json.dumps(row) + "\n")
     item = testbed5.dataset_items(path)["add-75-58"]
@@ -201,7 +202,7 @@ def test_cut_samples_keep_the_first_tokens_and_rescore_them(tmp_path):
         def decode(self, ids):
             return "".join(map(chr, ids))
 
-    row = next(r for r in testbed5.addition_rows()[0] if r["id"] == "add-75-58")
+    row = next(r for r in testbed5.addition_rows(99)[0] if r["id"] == "add-75-58")
     path = tmp_path / "rows.jsonl"
     path.write_text(json.dumps(row) + "\n")
     items = testbed5.dataset_items(path)
