@@ -158,6 +158,8 @@ if [ -n "$DEBIAN_BASE" ]; then
 fi
 
 args=(build -t "$TAG" -f "$CTX/Dockerfile")
+# The wheelhouse is mounted into the build, not copied: its stamp keys the steps that install from it.
+args+=(--build-arg "WHEELHOUSE=$stamp")
 [ -z "$BASE_IMAGE" ] || args+=(--build-arg "BASE_IMAGE=$BASE_IMAGE")
 # podman writes OCI images by default, which drop HEALTHCHECK; the docker format keeps it.
 [ "$ENGINE" != podman ] || args+=(--format docker)

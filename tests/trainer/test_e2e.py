@@ -51,52 +51,20 @@ def test_tiny_job_runs_with_vllm_and_two_fsdp_ranks(ray_cluster, tmp_path):
     AutoModelForCausalLM.from_pretrained(ckpt / "model")  # HF format
 
 
-def test_dynamic_sampling_replaces_groups_without_signal(ray_cluster, tmp_path):
-    # the same reward without dynamic sampling leaves half the groups without signal: asserted on the plain
-    # grpo job of test_one_step_off_async_trains_on_samples_one_version_old_and_grpo_keeps_groups_without_signal
-    reward = {"task.reward": "tests.trainer.rewards:parity_on_odd_items", "checkpoint.every_steps": 0}
-    dynamic = tmp_path / "dynamic"
-    assert run(tiny_spec(steps=2, dynamic_sampling=True, **reward), dynamic) == "succeeded"
-    for r in read_metrics(dynamic):
-        assert r["rollout/groups_dropped"] >= 1 and r["rollout/informative_groups"] == 1.0
-        assert r["response/tokens"] > 0 and r["grad_norm"] > 0
-        assert r["objective/preserves_cancellation"] == 1.0  # cp_grpo
-
-
-def test_one_step_off_async_trains_on_samples_one_version_old_and_grpo_keeps_groups_without_signal(
+def test_one_step_off_on_vllm_with_broadcast_trains_one_version_old_and_grpo_keeps_groups_without_signal(
     ray_cluster, tmp_path
 ):
-    # one job for two things: the one-step-off schedule, and the plain (not dynamic) sampling of grpo with a
-    # reward that gives the even-indexed prompts all-equal groups (the reference of the dynamic sampling test)
-    spec = tiny_spec(
-        steps=4,
-        objective={"name": "grpo"},
-        **{
-            "task.reward": "tests.trainer.rewards:parity_on_odd_items",
-            "async.mode": "one_step_off",
-            "async.max_staleness": 1,
-            "checkpoint.every_steps": 0,
-        },
-    )
-    assert run(spec, tmp_path) == "succeeded"
-    rows = read_metrics(tmp_path)
-    assert [r["step"] for r in rows] == [1, 2, 3, 4]
-    assert rows[0]["policy/staleness_max"] == 0  # the first rollout is generated before any update
-    # later rollouts were generated while the learner trained the previous step: one version behind
-    assert [r["policy/staleness_max"] for r in rows[1:]] == [1, 1, 1]
-    assert [r["policy/version"] for r in rows] == [1, 2, 3, 4]
-    # without dynamic sampling half of every step's groups (the even-indexed prompts) carry no signal; grpo
-    # does not preserve cancellation: each step says so beside its D2
-    for r in rows:
-        assert r["rollout/informative_groups"] <= 0.5 and r["objective/preserves_cancellation"] == 0.0
-
-
-def test_one_step_off_async_with_broadcast_weights(ray_cluster, tmp_path):
-    # the broadcast waits for the replica's in-flight generation of the next step, as an object-store load does
+    """One job for three things: the one-step-off schedule (k_step, its generalisation, runs on the HF engine
+    in test_async.py), broadcast weights while the replica generates the next step (the broadcast waits for
+    that in-flight generation, as an object-store load does), and the plain (not dynamic) sampling of grpo
+    with a reward that gives the even-indexed prompts all-equal groups (the reference of the dynamic sampling
+    test)."""
     spec = tiny_spec(
         steps=4,
         name="async-bcast",
+        objective={"name": "grpo"},
         **{
+            "task.reward": "tests.trainer.rewards:parity_on_odd_items",
             "resources.rollout_engine": "vllm",
             "resources.weight_sync": "broadcast",
             "async.mode": "one_step_off",
@@ -106,8 +74,16 @@ def test_one_step_off_async_with_broadcast_weights(ray_cluster, tmp_path):
     )
     assert run(spec, tmp_path) == "succeeded"
     rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert [r["sync/broadcast"] for r in rows] == [0.0, 1.0, 1.0, 1.0]
-    assert [r["policy/staleness_max"] for r in rows] == [0, 1, 1, 1]
+    assert rows[0]["policy/staleness_max"] == 0  # the first rollout is generated before any update
+    # later rollouts were generated while the learner trained the previous step: one version behind
+    assert [r["policy/staleness_max"] for r in rows[1:]] == [1, 1, 1]
+    assert [r["policy/version"] for r in rows] == [1, 2, 3, 4]
+    # without dynamic sampling half of every step's groups (the even-indexed prompts) carry no signal; grpo
+    # does not preserve cancellation: each step says so beside its D2
+    for r in rows:
+        assert r["rollout/informative_groups"] <= 0.5 and r["objective/preserves_cancellation"] == 0.0
 
 
 def test_a_trainer_killed_mid_step_resumes_exactly_and_drops_what_it_logged_after_its_last_checkpoint(
@@ -205,8 +181,23 @@ def test_cancel_file_stops_at_a_step_boundary_with_a_checkpoint(ray_cluster, tmp
     _assert_no_job_actors(ray_cluster, "tiny")
 
 
-def test_killed_rollout_replica_is_restarted_and_the_run_finishes(ray_cluster, tmp_path):
-    spec = tiny_spec(steps=6, name="faulty", **{"resources.rollout_replicas": 2})
+def test_dynamic_sampling_replaces_groups_without_signal_and_a_killed_replica_is_restarted(
+    ray_cluster, tmp_path
+):
+    """One job (two replicas, 6 steps) for both: dynamic sampling replaces the groups without signal at every
+    step, also across a replica killed after step 2, which is restarted while the run finishes."""
+    # the same reward without dynamic sampling leaves half the groups without signal: asserted on the plain
+    # grpo job of test_one_step_off_on_vllm_with_broadcast_trains_one_version_old_and_grpo_keeps_groups_without_signal
+    spec = tiny_spec(
+        steps=6,
+        name="faulty",
+        dynamic_sampling=True,
+        **{
+            "task.reward": "tests.trainer.rewards:parity_on_odd_items",
+            "checkpoint.every_steps": 0,
+            "resources.rollout_replicas": 2,
+        },
+    )
     result = {}
     thread = threading.Thread(target=lambda: result.setdefault("state", run(spec, tmp_path)))
     thread.start()
@@ -217,6 +208,10 @@ def test_killed_rollout_replica_is_restarted_and_the_run_finishes(ray_cluster, t
     rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
     assert rows[-1]["rollout/restarts"] >= 1
+    for r in rows:
+        assert r["rollout/groups_dropped"] >= 1 and r["rollout/informative_groups"] == 1.0
+        assert r["response/tokens"] > 0 and r["grad_norm"] > 0
+        assert r["objective/preserves_cancellation"] == 1.0  # cp_grpo
 
 
 def test_impossible_resources_fail_before_any_actor_starts(ray_cluster, tmp_path):

@@ -11,11 +11,12 @@ from .conftest import read_metrics
 pytestmark = pytest.mark.slow
 
 
-# ~10 min on an AVX2-only 2-core machine (float32, 1 thread), ~6 with 2 threads; a noisy neighbour can double it
+# A step takes ~33 s on an AVX2-only 2-core machine (float32; generation ~15 s, the learner's step ~16 s) and
+# about twice that beside another test; 5 steps is ~4 min alone. The reward rises from the first update on.
 @pytest.mark.timeout(2400)
 def test_default_job_raises_reward(ray_cluster, tmp_path):
     spec = JobSpec.from_yaml("examples/default.yaml")
-    spec.steps = 7
+    spec.steps = 5
     spec.checkpoint.every_steps = 0
     spec.checkpoint.save_optimizer = (
         False  # the final save: 0.5 GB of weights instead of 2 GB with AdamW's moments
@@ -25,4 +26,4 @@ def test_default_job_raises_reward(ray_cluster, tmp_path):
     assert run(spec, tmp_path) == "succeeded"
     rewards = [r["reward/mean"] for r in read_metrics(tmp_path)]
     first, last = sum(rewards[:2]) / 2, sum(rewards[-2:]) / 2
-    assert last > first + 0.1, rewards  # measured here: 0.30 -> 0.69 over 7 steps
+    assert last > first + 0.1, rewards  # measured here (AMD EPYC, fp32): steps 1-3 0.20, 0.42, 0.61
