@@ -225,23 +225,6 @@ def test_logs_follow_prints_a_running_jobs_lines_until_it_ends(ray_plane):
 
 
 @pytest.mark.slow
-def test_train_runs_a_job_locally_without_the_control_plane(tmp_path, spec_file):
-    run_dir = tmp_path / "run"
-    tgc = Path(sys.executable).with_name("tgc")
-    proc = subprocess.run(
-        [str(tgc), "train", str(spec_file), "--run-dir", str(run_dir)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "cli-tiny: succeeded" in proc.stdout
-    assert (run_dir / "checkpoints" / "step_2").is_dir()
-    steps = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
-    assert [e["step"] for e in steps if e["type"] == "step"] == [1, 2]
-
-
-@pytest.mark.slow
 def test_submit_follow_shows_progress_until_success(ray_plane, spec_file):
     cp = ray_plane
     tgc = Path(sys.executable).with_name("tgc")

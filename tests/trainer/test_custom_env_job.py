@@ -1,8 +1,8 @@
 """Issue 30's "Done when": a custom environment written from docs/multi_turn.md alone (tests/envs/doc_env.py) runs
-over REST with the custom-code grant (refused without it, field named) and through the `tgc train` CLI, with
-`eval:` evaluating whole trajectories. One control plane and its one managed Ray head serve both: the REST job
-first (it starts the head), then `tgc train` as a driver on that head; two short jobs, the transformers engine and
-a tiny random model."""
+over REST with the custom-code grant (refused without it, field named) and through the `tgc train` CLI without
+the control plane, on its own local Ray, with `eval:` evaluating whole trajectories (this is also the test of
+`tgc train` itself: its exit code, its last line, its checkpoint and step events); two short jobs, the
+transformers engine and a tiny random model."""
 
 import json
 import os
@@ -16,7 +16,6 @@ import yaml
 
 from tests.servers import auth, control_plane_with_ray
 from tests.trainer.conftest import BASE, read_metrics
-from tgc_rl.control.ray_cluster import LocalRayCluster
 from tgc_rl.sdk import Client
 
 pytestmark = pytest.mark.slow
@@ -61,29 +60,27 @@ def test_a_custom_environment_written_from_the_doc_runs_over_rest_with_the_grant
         assert point.step == 1
         assert point.metrics["multi_turn/trajectories"] == 8 and point.metrics["multi_turn/tool_calls"] > 0
 
-        # `tgc train` on the plane's head (its first job started it): a local run, so the operator's grants
-        rows = tmp_path / "rows.jsonl"
-        rows.write_text("".join(json.dumps({"prompt": p, "answer": "4"}) + "\n" for p in ROWS))
-        spec_file = tmp_path / "job.yaml"
-        evaluation = {"dataset": {"path": str(rows)}, "at_start": False}
-        spec_file.write_text(yaml.safe_dump(job("doc-env-cli", steps=2, eval=evaluation)))
-        head = LocalRayCluster(data_dir)
-        assert head.gcs_address, "the REST job ran, so the managed head is up"
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("TGC_", "RAY_"))}
-        env.update(
-            RAY_ADDRESS=head.gcs_address, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(head.token_file)
-        )
-        run_dir = tmp_path / "run"
-        tgc = Path(sys.executable).with_name("tgc")
-        proc = subprocess.run(
-            [str(tgc), "train", str(spec_file), "--run-dir", str(run_dir)],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=JOB_TIMEOUT,
-        )
+    # `tgc train` without the control plane, on its own local Ray (a local run: the operator's grants)
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": p, "answer": "4"}) + "\n" for p in ROWS))
+    spec_file = tmp_path / "job.yaml"
+    evaluation = {"dataset": {"path": str(rows)}, "at_start": False}
+    spec_file.write_text(yaml.safe_dump(job("doc-env-cli", steps=2, eval=evaluation)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TGC_", "RAY_"))}
+    run_dir = tmp_path / "run"
+    tgc = Path(sys.executable).with_name("tgc")
+    proc = subprocess.run(
+        [str(tgc), "train", str(spec_file), "--run-dir", str(run_dir)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=JOB_TIMEOUT,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "doc-env-cli: succeeded" in proc.stdout
+    assert (run_dir / "checkpoints" / "step_2").is_dir()
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in events if e["type"] == "step"] == [1, 2]
 
     rows_ = read_metrics(run_dir)
     steps = [r for r in rows_ if "multi_turn/trajectories" in r]
