@@ -223,7 +223,7 @@ def endpoints(base: float) -> tuple[Endpoint, ...]:
             f"steps to train acc {base:.2f} + {S1_GAIN}",
             +1,
             lambda r: steps_to_gain(r, base),
-        ),  # fmt: skip
+        ),
         Endpoint("S2", "S2 late held-out accuracy", "greedy, 60/80/final", -1, late_accuracy),
         Endpoint("S3", "S3 entropy at shared nodes", "d7_entropy_shared, steps 10-40", -1, shared_entropy),
         Endpoint("S4", "S4 learning tax", "probe KL / max(gain, 0.05), last step", +1, learning_tax),

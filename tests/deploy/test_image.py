@@ -42,16 +42,23 @@ def _engine_env() -> dict[str, str]:
 
 
 def engine(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run([ENGINE, *args], capture_output=True, text=True, timeout=timeout, check=check,
-                          env=_engine_env())  # fmt: skip
+    return subprocess.run(
+        [ENGINE, *args], capture_output=True, text=True, timeout=timeout, check=check, env=_engine_env()
+    )
 
 
 def sandbox_options() -> list[str]:
     """What the chart's sandbox securityContext grants, in this engine's words (deploy/README.md)."""
     if ENGINE == "podman":
         return ["--security-opt", "unmask=/proc/*", "--security-opt", "seccomp=unconfined"]
-    return ["--security-opt", "systempaths=unconfined", "--security-opt", "seccomp=unconfined",
-            "--security-opt", "apparmor=unconfined"]  # fmt: skip
+    return [
+        "--security-opt",
+        "systempaths=unconfined",
+        "--security-opt",
+        "seccomp=unconfined",
+        "--security-opt",
+        "apparmor=unconfined",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +77,20 @@ def image() -> str:
 def container(image: str):
     name = f"tgc-test-{uuid.uuid4().hex[:8]}"
     port = free_port()
-    engine("run", "-d", "--name", name, "-p", f"127.0.0.1:{port}:8080", "--shm-size", "1g",
-           "-e", "TGC_RAY_NUM_CPUS=4", *sandbox_options(), image)  # fmt: skip
+    engine(
+        "run",
+        "-d",
+        "--name",
+        name,
+        "-p",
+        f"127.0.0.1:{port}:8080",
+        "--shm-size",
+        "1g",
+        "-e",
+        "TGC_RAY_NUM_CPUS=4",
+        *sandbox_options(),
+        image,
+    )
     try:
         yield name, f"http://127.0.0.1:{port}"
     finally:
@@ -102,16 +121,24 @@ def test_image_runs_as_an_unprivileged_user_with_tini_and_a_healthcheck(image):
         config.get("Healthcheck") or config.get("HealthCheck") or cfg.get("Healthcheck")
     )  # podman | docker
     assert health and "/healthz" in " ".join(health["Test"]), config.keys()
-    tools = engine("run", "--rm", "--entrypoint", "sh", image, "-c",
-                   "for t in bwrap tini gcc cc; do command -v $t || true; done; id -u").stdout.split()  # fmt: skip
+    tools = engine(
+        "run",
+        "--rm",
+        "--entrypoint",
+        "sh",
+        image,
+        "-c",
+        "for t in bwrap tini gcc cc; do command -v $t || true; done; id -u",
+    ).stdout.split()
     assert tools == ["/usr/bin/bwrap", "/usr/bin/tini", "1000"], tools  # no compiler in the runtime image
 
 
 def test_control_plane_answers_health_and_readiness(container):
     _, url = container
     _until(lambda: httpx.get(f"{url}/healthz", timeout=5).status_code == 200, 120, "/healthz")
-    ready = _until(lambda: (r := httpx.get(f"{url}/readyz", timeout=10)).status_code == 200 and r.json(), 300,
-                   "/readyz")  # fmt: skip
+    ready = _until(
+        lambda: (r := httpx.get(f"{url}/readyz", timeout=10)).status_code == 200 and r.json(), 300, "/readyz"
+    )
     assert ready["checks"] == {"db": "ok", "ray": "ok"}
     if ENGINE == "podman":  # the image's own HEALTHCHECK, run once by hand (no systemd timers here)
         assert engine("healthcheck", "run", container[0], check=False).returncode == 0
@@ -119,10 +146,12 @@ def test_control_plane_answers_health_and_readiness(container):
 
 def test_sandbox_isolates_code_inside_the_container(container):
     name, _ = container
-    probe = ("from tgc_rl.sandbox import Sandbox\n"
-             "r = Sandbox().run('import os, socket\\n"
-             "print(os.getuid(), len(socket.if_nameindex()), sorted(os.listdir(\"/\")))')\n"
-             "print(r.ok, r.stdout.strip())")  # fmt: skip
+    probe = (
+        "from tgc_rl.sandbox import Sandbox\n"
+        "r = Sandbox().run('import os, socket\\n"
+        'print(os.getuid(), len(socket.if_nameindex()), sorted(os.listdir("/")))\')\n'
+        "print(r.ok, r.stdout.strip())"
+    )
     out = engine("exec", name, "python", "-c", probe, timeout=120).stdout.strip()
     ok, uid, interfaces, *_ = out.split(" ", 3)
     assert ok == "True" and uid == "65534", out
@@ -142,8 +171,13 @@ def test_the_tiny_example_with_the_code_task_succeeds_in_the_container(container
     client = Client(url, _token(name))
     tiny = yaml.safe_load((ROOT / "examples" / "tiny.yaml").read_text())
     assert client.validate(tiny)["name"] == "tiny"
-    code = {**tiny, "name": "tiny-code", "task": {"name": "code", "reward_workers": 1},
-            "sampling": {"max_new_tokens": 16}, "steps": 2}  # fmt: skip
+    code = {
+        **tiny,
+        "name": "tiny-code",
+        "task": {"name": "code", "reward_workers": 1},
+        "sampling": {"max_new_tokens": 16},
+        "steps": 2,
+    }
     job = client.submit(code).wait(timeout=600)
     assert job.state == "succeeded", (job.state, job.reason, job.driver_log()[-3000:])
     assert [p.step for p in job.metrics()] == [1, 2]

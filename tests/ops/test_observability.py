@@ -48,15 +48,27 @@ VARIABLES = {"$job_id": ".*", "$__rate_interval": "20s"}
 def job_spec() -> dict:
     return {
         "name": JOB,
-        "model": {"source": "random", "dtype": "float32", "config_overrides": {
-            "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 1,
-            "num_key_value_heads": 1}},
+        "model": {
+            "source": "random",
+            "dtype": "float32",
+            "config_overrides": {
+                "num_hidden_layers": 2,
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_attention_heads": 1,
+                "num_key_value_heads": 1,
+            },
+        },
         "resources": {"rollout_engine": "hf"},
         # near-greedy: a group's responses share openings, so D2 has nodes to measure (random text has none)
-        "group_size": 2, "prompts_per_step": 2, "sampling": {"max_new_tokens": 8, "temperature": 0.02},
+        "group_size": 2,
+        "prompts_per_step": 2,
+        "sampling": {"max_new_tokens": 8, "temperature": 0.02},
         # long enough to look at while it runs; the fixture cancels it once the tests are done
-        "steps": 200, "checkpoint": {"every_steps": 0, "keep_last": 1}, "task": {"reward_workers": 1},
-    }  # fmt: skip
+        "steps": 200,
+        "checkpoint": {"every_steps": 0, "keep_last": 1},
+        "task": {"reward_workers": 1},
+    }
 
 
 # A panel whose description starts so is fed only by jobs of that kind (this module's job is a plain
@@ -280,8 +292,13 @@ def test_ray_dashboard_actors_page_shows_the_job_s_actors(stack, tmp_path):
     with Browser(tmp_path / "chromium-profile", width=1600) as browser:
         # what a person does once: paste the head's Ray token, which the dashboard keeps as this cookie
         browser.cdp("Network.enable")
-        browser.cdp("Network.setCookie", name="ray-authentication-token", value=stack.head.token,
-                    url=stack.head.dashboard_url, httpOnly=True)  # fmt: skip
+        browser.cdp(
+            "Network.setCookie",
+            name="ray-authentication-token",
+            value=stack.head.token,
+            url=stack.head.dashboard_url,
+            httpOnly=True,
+        )
         browser.navigate(f"{stack.head.dashboard_url}/#/actors")
         text = ""
         try:
@@ -363,8 +380,14 @@ def test_the_browser_console_follows_the_running_job_and_cancels_it(stack, tmp_p
         browser.wait(f"document.querySelector('tr[data-job=\"{job}\"]') !== null", 60, "the job in the list")
         browser.js(f"location.hash = '#/jobs/{job}'; true")
         points = int(browser.wait(f"{curve} && {curve}.dataset.points", 60, "the reward curve"))
-        traced = int(browser.wait("document.querySelectorAll('#samples .sample').length && "
-                                  "document.getElementById('sample-step').max", 60, "samples"))  # fmt: skip
+        traced = int(
+            browser.wait(
+                "document.querySelectorAll('#samples .sample').length && "
+                "document.getElementById('sample-step').max",
+                60,
+                "samples",
+            )
+        )
         # live: later steps reach the page without a reload
         browser.wait(f"Number({curve}.dataset.points) > {points}", 300, "a later step on the curve")
         browser.wait(

@@ -50,13 +50,18 @@ def test_the_prescan_is_linear_on_a_deep_row():
 
 def test_the_loader_refuses_what_an_upload_refuses(tmp_path):
     """The trainer reads with the same caps: a bomb is a DataError, not gigabytes."""
-    pq.write_table(pa.table({"prompt": pa.array(["x" * (1 << 20)] * 256).dictionary_encode()}),
-                   tmp_path / "dict.parquet", compression="zstd")  # fmt: skip
+    pq.write_table(
+        pa.table({"prompt": pa.array(["x" * (1 << 20)] * 256).dictionary_encode()}),
+        tmp_path / "dict.parquet",
+        compression="zstd",
+    )
     (tmp_path / "deep.jsonl").write_text('{"prompt": ' + "[" * 20_000 + "]" * 20_000 + "}\n")
     (tmp_path / "keys.jsonl").write_text("".join(json.dumps({f"k{i}": 1}) + "\n" for i in range(300)))
-    for name, why in [("dict.parquet", "decodes to more than 67,108,864 bytes"),
-                      ("deep.jsonl", "row 1: JSON nested 20001 levels deep, more than 64"),
-                      ("keys.jsonl", "more than 256, this server's limit (dataset_max_columns)")]:  # fmt: skip
+    for name, why in [
+        ("dict.parquet", "decodes to more than 67,108,864 bytes"),
+        ("deep.jsonl", "row 1: JSON nested 20001 levels deep, more than 64"),
+        ("keys.jsonl", "more than 256, this server's limit (dataset_max_columns)"),
+    ]:
         with pytest.raises(DataError, match=f"{name}: .*{re.escape(why)}"):
             DatasetTask(path=str(tmp_path / name)).rows  # noqa: B018
 
@@ -81,10 +86,14 @@ def test_json_held_in_a_csv_cell_is_prescanned_before_it_is_parsed(tmp_path):
 
 
 def test_jsonl_is_strict_json(tmp_path):
-    for text, why in [('{"prompt": "a", "answer": NaN}', "row 1: not valid JSON (NaN is not a JSON value"),
-                      ('{"prompt": "a", "answer": "1", "prompt": "b"}', "row 1: the key 'prompt' appears twice"),
-                      ('\ufeff{"prompt": "a", "answer": "1"}\n{"prompt": "\\ud800", "answer": "2"}',
-                       "row 2, column 'prompt': text that is not valid UTF-8")]:  # fmt: skip
+    for text, why in [
+        ('{"prompt": "a", "answer": NaN}', "row 1: not valid JSON (NaN is not a JSON value"),
+        ('{"prompt": "a", "answer": "1", "prompt": "b"}', "row 1: the key 'prompt' appears twice"),
+        (
+            '\ufeff{"prompt": "a", "answer": "1"}\n{"prompt": "\\ud800", "answer": "2"}',
+            "row 2, column 'prompt': text that is not valid UTF-8",
+        ),
+    ]:
         (tmp_path / "s.jsonl").write_text(text)
         with pytest.raises(DataError, match=re.escape(why)):
             read_rows(tmp_path / "s.jsonl", "jsonl", DataLimits())
@@ -113,8 +122,16 @@ _CELL = st.one_of(
 _ROWS = st.lists(
     st.dictionaries(st.sampled_from(["prompt", "answer", "meta"]), _CELL, max_size=3), max_size=6
 )
-_ARROW_TYPES = st.sampled_from([pa.timestamp("ms"), pa.timestamp("us", "UTC"), pa.timestamp("ns"), pa.date32(),
-                                pa.duration("ms"), pa.time64("us")])  # fmt: skip
+_ARROW_TYPES = st.sampled_from(
+    [
+        pa.timestamp("ms"),
+        pa.timestamp("us", "UTC"),
+        pa.timestamp("ns"),
+        pa.date32(),
+        pa.duration("ms"),
+        pa.time64("us"),
+    ]
+)
 
 
 def _write(path: Path, fmt: str, rows: list[dict], noise: bytes, ints: list[int], kind: pa.DataType) -> None:
@@ -132,8 +149,12 @@ def _write(path: Path, fmt: str, rows: list[dict], noise: bytes, ints: list[int]
         values = [v % (2 ** (bits - 1)) * (1 if v >= 0 else -1) for v in (ints * n)[:n]] if ints else [0] * n
         if pa.types.is_time(kind):
             values = [abs(v) % 86_400_000_000 for v in values]
-        table = pa.table({"prompt": pa.array(texts, pa.binary()).view(pa.string()),
-                          "when": pa.array(values, pa.int64() if bits == 64 else pa.int32()).cast(kind)})  # fmt: skip
+        table = pa.table(
+            {
+                "prompt": pa.array(texts, pa.binary()).view(pa.string()),
+                "when": pa.array(values, pa.int64() if bits == 64 else pa.int32()).cast(kind),
+            }
+        )
         path.write_bytes(_parquet_bytes(table, noise))
 
 
@@ -145,8 +166,13 @@ def _parquet_bytes(table: pa.Table, noise: bytes) -> bytes:
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(fmt=st.sampled_from(["jsonl", "csv", "parquet"]), rows=_ROWS, noise=st.binary(max_size=6),
-       ints=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=4), kind=_ARROW_TYPES)  # fmt: skip
+@given(
+    fmt=st.sampled_from(["jsonl", "csv", "parquet"]),
+    rows=_ROWS,
+    noise=st.binary(max_size=6),
+    ints=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=4),
+    kind=_ARROW_TYPES,
+)
 def test_any_encoding_is_a_shape_or_a_data_error_and_an_accepted_file_reads(
     tmp_path, fmt, rows, noise, ints, kind
 ):
