@@ -56,8 +56,11 @@ REPEAT_TEMPLATE = (
     "where <number> is {a} + {b}."
 )
 TEMPLATE = REPEAT_TEMPLATE  # amended 2026-11-27 (was FIRST_TEMPLATE): testbed5_plan.md, Amendments
-# One "Answer:" in the whole response, followed by the right number (not a longer one).
-PATTERN = r"(?is)\A(?!.*answer:.*answer:).*answer:\s*\**\s*<c>(?!\d)"
+# The right sum is the response's last number: no digit after it, and not the tail of a longer number or a
+# decimal. Amended 2026-11-27 (was: one "Answer:" in the whole response, followed by the right number,
+# FIRST_PATTERN): testbed5_plan.md, Amendments. Only the last number counts, so listing candidates earns nothing.
+FIRST_PATTERN = r"(?is)\A(?!.*answer:.*answer:).*answer:\s*\**\s*<c>(?!\d)"
+PATTERN = r"(?s)(?<![\d.])<c>(?!.*\d)"
 
 
 @dataclass(frozen=True)

@@ -43,10 +43,16 @@ def test_held_out_pairs_are_held_out_in_both_orders_and_the_committed_files_are_
         ("70 + 50 = 120, 5 + 8 = 13. Answer: 133", 1.0),
         ("75 + 58\n\n**Answer:** 133.", 1.0),
         ("answer: 133", 1.0),
-        ("Answer: 12 Answer: 133", 0.0),  # several candidates earn nothing
+        ("133", 1.0),
+        ("75 + 58 = 133", 1.0),  # the asked-for "Answer:" line is not needed: the last number counts
+        ("Answer: 133 Answer: 12", 0.0),  # several candidates: only the last counts
+        ("Answer: 12 or 133", 1.0),
         ("First, 70 + 50 = 120. Then 5 + 8 = 13, so the total", 0.0),  # cut off before its answer
         ("Answer: 1330", 0.0),
-        ("133", 0.0),
+        ("Answer: 2133", 0.0),  # the tail of a longer number
+        ("Answer: 0.133", 0.0),
+        ("Answer: 133.5", 0.0),
+        ("Answer: 133 (checked in 2 steps)", 0.0),
     ],
 )
 def test_the_rows_pattern_through_the_dataset_tasks_loader_and_scorer(tmp_path, response, reward):
@@ -206,9 +212,10 @@ def test_cut_samples_keep_the_first_tokens_and_rescore_them(tmp_path):
     path = tmp_path / "rows.jsonl"
     path.write_text(json.dumps(row) + "\n")
     items = testbed5.dataset_items(path)
-    text = "75 + 58 = 133. Answer: 133"
+    text = "70 + 50 = 120, 5 + 8 = 13. Answer: 133"
     samples = [{"row": "add-75-58", "tokens": len(text) + 1, "response": text}]  # + the end-of-turn token
-    assert testbed5.cut_samples(samples, 40, items, Chars()) == [CutSample("add-75-58", 27, False, True)]
+    assert testbed5.cut_samples(samples, 40, items, Chars()) == [CutSample("add-75-58", 39, False, True)]
+    # cut after "70 + 50 = 120, 5 + 8": its last number is 8
     assert testbed5.cut_samples(samples, 20, items, Chars()) == [CutSample("add-75-58", 20, True, False)]
 
 
