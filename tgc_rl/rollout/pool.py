@@ -4,6 +4,11 @@ A replica that dies (its process killed, its node lost) is started again under t
 latest published weights, and the prompts it was working on are sent to it again; `stats()["restarts"]`
 counts these. Prompts are split whole (all n samples of a prompt on one replica) and in order, so a given
 replica count always sends the same prompts to the same replica.
+
+With `resources.rollout_sharing: shared` the one replica is the job's tenant on a shared LoRA engine
+(tgc_rl/rollout/shared.py): the same calls, tagged with the tenant; a dead shared engine is replaced the same
+way (created again, or found where another job already did, and loaded with this job's latest adapter), and
+shutting down detaches the job instead of killing the engine.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ class RolloutPool:
         self.model_path = str(model_path)
         self.job_name = job_name
         self.kind = engine_kind(self.replica_spec)  # fails here, before any actor starts, if vLLM is missing
+        self.shared = self.replica_spec.shared
         self.replicas = r.rollout_replicas
         self.threads = spec.actor_threads("rollout")
         self.version = 0
@@ -71,7 +77,8 @@ class RolloutPool:
         self.actors: list[Any] = [self._create(i) for i in range(self.replicas)]
         try:
             for i, info in enumerate(ray.get([a.ready.remote() for a in self.actors])):
-                self._pids[i] = [info["pid"], *info["children"]]
+                if not self.shared:  # a shared engine is not this job's process: it outlives the job
+                    self._pids[i] = [info["pid"], *info["children"]]
         except Exception:
             self.shutdown()
             raise
@@ -79,6 +86,13 @@ class RolloutPool:
     # -- placement ----------------------------------------------------------------------------------
     def _create(self, i: int):
         r = self.resources
+        if self.shared:
+            from tgc_rl.rollout.shared import EngineResources, attach
+
+            need = EngineResources(
+                r.cpus_per_rollout, r.gpus_per_rollout, dict(r.rollout_custom_resources), self.threads
+            )
+            return attach(self.replica_spec, self.model_path, self.job_name, need)
         cls = ray.remote(RolloutActor)
         name = f"{self.job_name}-rollout-{i}"
         deadline = time.monotonic() + _NAME_WAIT_S
@@ -104,7 +118,8 @@ class RolloutPool:
                 return self.actors[i]
             log.warning("rollout replica %s-rollout-%d died; restarting it", self.job_name, i)
             try:
-                ray.kill(dead, no_restart=True)
+                if not self.shared:  # a shared engine's death is seen by every tenant; nothing to kill
+                    ray.kill(dead, no_restart=True)
             except Exception:  # already gone
                 pass
             actor = self._create(i)
@@ -113,7 +128,8 @@ class RolloutPool:
                 self._weights, self._weights_version = self.weights_source(), self.version
             if self._weights is not None:
                 ray.get(actor.update_weights.remote([self._weights], self.version))
-            self._pids[i] = [info["pid"], *info["children"]]
+            if not self.shared:
+                self._pids[i] = [info["pid"], *info["children"]]
             self.actors[i] = actor
             self.restarts += 1
             return actor
@@ -217,11 +233,13 @@ class RolloutPool:
         return out
 
     def pids(self) -> list[int]:
-        """Processes of the replicas (actor workers and anything they started), for leak checks."""
+        """Processes of the replicas (actor workers and anything they started), for leak checks; none for a
+        shared engine, which outlives the job by its idle grace."""
         return [p for ps in self._pids.values() for p in ps]
 
     def shutdown(self) -> None:
-        """Close every engine and kill its actor; the replicas' processes exit."""
+        """Close every engine and kill its actor; the replicas' processes exit. A shared engine's tenant
+        detaches instead (its adapter is dropped; the engine exits after its idle grace if no job remains)."""
         actors, self.actors = self.actors, []
         closing = []
         for a in actors:
@@ -230,12 +248,14 @@ class RolloutPool:
             except Exception:
                 pass
         try:
-            ray.wait(closing, num_returns=len(closing), timeout=60)
+            # a tenant's detach waits for the other tenants' calls queued before it on the shared engine
+            ray.wait(closing, num_returns=len(closing), timeout=300 if self.shared else 60)
         except Exception:
             pass
-        for a in actors:
-            try:
-                ray.kill(a, no_restart=True)
-            except Exception:  # already dead
-                pass
+        if not self.shared:  # a tenant's close detached it; the shared engine lives on for the others
+            for a in actors:
+                try:
+                    ray.kill(a, no_restart=True)
+                except Exception:  # already dead
+                    pass
         self.placement.remove()

@@ -21,6 +21,9 @@ class RolloutSpec:
     broadcast: bool  # resources.weight_sync is `broadcast` (only vLLM can receive one)
     gpus: float  # resources.gpus_per_rollout
     memory_fraction: float  # resources.vllm_memory_fraction
+    shared: bool = (
+        False  # resources.rollout_sharing is `shared`: the adapter goes to a shared engine (shared.py)
+    )
 
     @classmethod
     def of(cls, job: JobSpec) -> RolloutSpec:
@@ -33,4 +36,5 @@ class RolloutSpec:
             broadcast=r.weight_sync == "broadcast",
             gpus=r.gpus_per_rollout,
             memory_fraction=r.vllm_memory_fraction,
+            shared=r.rollout_sharing == "shared",
         )

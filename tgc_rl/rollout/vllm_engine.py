@@ -8,6 +8,7 @@ instead of pickling 100s of MB per sync (the torch.save-bytes route cost 2.9 s f
 from __future__ import annotations
 
 import gc
+import itertools
 import logging
 import os
 import shutil
@@ -59,8 +60,9 @@ def uses_cuda(spec: RolloutSpec) -> bool:
     return spec.gpus > 0 and torch.cuda.is_available()
 
 
-def engine_args(spec: RolloutSpec, model_path: Path | str) -> dict:
-    """The `vllm.LLM(...)` arguments of a rollout engine (benchmarks build a bare LLM from the same)."""
+def engine_args(spec: RolloutSpec, model_path: Path | str, max_loras: int = 1) -> dict:
+    """The `vllm.LLM(...)` arguments of a rollout engine (benchmarks build a bare LLM from the same);
+    `max_loras`: adapters served at once (a shared engine's tenants, tgc_rl/rollout/shared.py)."""
     s = spec.sampling
     args: dict = dict(
         model=str(model_path),
@@ -77,7 +79,9 @@ def engine_args(spec: RolloutSpec, model_path: Path | str) -> dict:
 
     if spec.model.lora is not None:  # the policy is the base plus one adapter, replaced at every sync
         rank = spec.model.lora.rank
-        args.update(enable_lora=True, max_loras=1, max_lora_rank=next(r for r in LORA_RANKS if r >= rank))
+        args.update(
+            enable_lora=True, max_loras=max_loras, max_lora_rank=next(r for r in LORA_RANKS if r >= rank)
+        )
     if uses_cuda(spec):
         args.update(
             gpu_memory_utilization=spec.memory_fraction,
@@ -162,16 +166,20 @@ def in_process_llm(args: dict):
 
 
 class VLLMEngine(RolloutEngine):
-    def __init__(self, spec: RolloutSpec, model_path: Path | str):
+    adapter_prefix = "policy"  # adapter names are `<prefix>-v<version>-<n>`
+
+    def __init__(self, spec: RolloutSpec, model_path: Path | str, max_loras: int = 1):
         self.spec = spec
         self.version = 0
         self.eos_id = int(load_tokenizer(spec.model).eos_token_id)
         self.cuda = uses_cuda(spec)
         self.model_path = str(model_path)
-        self.llm = in_process_llm(engine_args(spec, model_path))
+        self.llm = in_process_llm(engine_args(spec, model_path, max_loras))
         self._closed = False
         self._lora: LoRARequest | None = None  # the served adapter (model.lora); None: the base model
         self._lora_loads = 0
+        # vLLM's adapter ids, unique in this engine (shared with its tenants: no two adapters share an id)
+        self.next_lora_id = itertools.count(1).__next__
         self._lora_dir = Path(tempfile.mkdtemp(prefix="tgc-lora-")) if spec.model.lora is not None else None
 
     # -- generation -------------------------------------------------------------------------------
@@ -217,7 +225,9 @@ class VLLMEngine(RolloutEngine):
             raise ValueError("an adapter reached an engine started without model.lora (enable_lora is off)")
         self._lora_loads += 1
         path = weights.write(self._lora_dir / f"{self._lora_loads}", self.model_path)
-        request = LoRARequest(f"policy-v{version}-{self._lora_loads}", self._lora_loads, str(path))
+        request = LoRARequest(
+            f"{self.adapter_prefix}-v{version}-{self._lora_loads}", self.next_lora_id(), str(path)
+        )
         previous, self._lora = self._lora, request
         engine = self.llm.llm_engine
         if previous is not None:
@@ -282,3 +292,48 @@ class VLLMEngine(RolloutEngine):
         # the in-process worker initialised torch.distributed (world of 1); later users of this process
         # (another engine, a learner rank in the same test session) need it gone
         cleanup_dist_env_and_memory()
+
+
+class LoraTenant(VLLMEngine):
+    """One job's adapter on a shared engine (tgc_rl/rollout/shared.py): the engine's vLLM instance, the job's
+    own spec (sampling, lengths), adapter, version and adapter directory. Adapter names start with the
+    tenant's id and ids come from the engine's counter, so no tenant can name or reach another's adapter."""
+
+    def __init__(
+        self, base: VLLMEngine, spec: RolloutSpec, tenant: str
+    ):  # no super(): it would start an engine
+        if spec.model.lora is None:
+            raise ValueError(
+                f"tenant {tenant}: a shared engine serves LoRA jobs only (model.lora is not set)"
+            )
+        self.spec, self.version, self.adapter_prefix = spec, 0, tenant
+        self.eos_id, self.cuda, self.model_path, self.llm = base.eos_id, base.cuda, base.model_path, base.llm
+        self.next_lora_id = base.next_lora_id
+        self._closed = False
+        self._lora = None
+        self._lora_loads = 0
+        self._lora_dir = Path(tempfile.mkdtemp(prefix="tgc-lora-tenant-"))
+
+    def update_weights(self, weights: Weights, version: int) -> float:
+        if not isinstance(weights, AdapterWeights):  # full weights would replace every tenant's base
+            raise TypeError(
+                f"tenant {self.adapter_prefix}: a shared engine takes adapters only, got {type(weights).__name__}"
+            )
+        return super().update_weights(weights, version)
+
+    def weight_transfer(self, op: str, payload: dict | None = None, version: int | None = None) -> None:
+        raise RuntimeError(
+            f"tenant {self.adapter_prefix}: a shared engine receives adapters through the object store only; "
+            "resources.weight_sync 'broadcast' cannot be used with rollout_sharing 'shared'"
+        )
+
+    def close(self) -> None:
+        """Drop this tenant's adapter and files; the engine, shared with other tenants, stays."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._lora is not None:
+            self.llm.llm_engine.remove_lora(self._lora.lora_int_id)
+            self._lora = None
+        if self._lora_dir is not None:
+            shutil.rmtree(self._lora_dir, ignore_errors=True)
