@@ -3,12 +3,21 @@ time on a fixed synthetic batch, peak RSS above the process's baseline after imp
 publishes (bytes, and the seconds to gather + pack them into the object-store buffer).
 
     flock /tmp/tgc-heavy.lock .venv/bin/python benchmarks/lora.py [--model tiny|smollm2] [--steps 3]
+
+`--tenants 2`: the rollout side of two LoRA jobs on one base, side by side, each rollout mode in a fresh process
+with its own local Ray: `own` (each job its own vLLM replica) vs `shared` (one shared engine serving both jobs'
+adapters, resources.rollout_sharing). Each job loads a random adapter, generates and scores the canary sequence
+twice (two syncs); the peak summed RSS and PSS of the rollout processes (psutil, sampled every 0.2 s) and the
+seconds to start both jobs' rollout.
+
+    flock /tmp/tgc-heavy.lock .venv/bin/python benchmarks/lora.py --model smollm2 --tenants 2
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -80,29 +89,189 @@ def one_variant(model: str, lora: bool, steps: int) -> dict[str, float]:
     }
 
 
+def _adapter(path: Path, rank: int, alpha: int, seed: int):
+    """A random all-linear adapter for the Llama at `path` with non-zero B (what a trained one looks like)."""
+    import torch
+
+    from tgc_rl.weight_sync.adapter import AdapterWeights, peft_name
+
+    cfg = json.loads((path / "config.json").read_text())
+    hidden, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    head = cfg.get("head_dim") or hidden // cfg["num_attention_heads"]
+    kv = cfg["num_key_value_heads"] * head
+    shapes = {
+        "self_attn.q_proj": (hidden, hidden),
+        "self_attn.k_proj": (hidden, kv),
+        "self_attn.v_proj": (hidden, kv),
+        "self_attn.o_proj": (hidden, hidden),
+        "mlp.gate_proj": (hidden, inter),
+        "mlp.up_proj": (hidden, inter),
+        "mlp.down_proj": (inter, hidden),
+    }
+    g = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for layer in range(cfg["num_hidden_layers"]):
+        for module, (fan_in, fan_out) in shapes.items():
+            stem = f"model.layers.{layer}.{module}"
+            tensors[peft_name(f"{stem}.lora_A.default.weight")] = (
+                torch.randn(rank, fan_in, generator=g) * 0.01
+            )
+            tensors[peft_name(f"{stem}.lora_B.default.weight")] = (
+                torch.randn(fan_out, rank, generator=g) * 0.01
+            )
+    return AdapterWeights.pack(tensors, rank, alpha)
+
+
+def _tree_memory(pids: list[int]) -> tuple[float, float]:
+    """Summed RSS and PSS (MiB) of `pids` and their descendants."""
+    import psutil
+
+    procs: dict[int, psutil.Process] = {}
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            procs[pid] = p
+            procs.update({c.pid: c for c in p.children(recursive=True)})
+        except psutil.NoSuchProcess:
+            pass
+    rss = pss = 0
+    for p in procs.values():
+        try:
+            info = p.memory_full_info()
+        except psutil.NoSuchProcess:
+            continue
+        rss, pss = rss + info.rss, pss + info.pss
+    return rss / 2**20, pss / 2**20
+
+
+def one_tenants_mode(model: str, mode: str, tenants: int) -> dict[str, float]:
+    """`tenants` LoRA jobs' rollout (RolloutPool) side by side in `mode` (own / shared), in a local Ray."""
+    import threading
+
+    import ray
+
+    from tgc_rl.config import JobSpec
+    from tgc_rl.models import model_dir
+    from tgc_rl.rollout import RolloutPool
+    from tgc_rl.rollout.shared import GRACE_ENV, NAME_PREFIX, NAMESPACE
+    from tgc_rl.weight_sync.sync import CANARY_TOKENS
+
+    os.environ[GRACE_ENV] = "0"
+    specs = [
+        JobSpec.parse(
+            {
+                "name": f"tenant-{i}",
+                "model": {**MODELS[model], "lora": LORA},
+                "group_size": 4,
+                "prompts_per_step": 4,
+                "sampling": {"max_new_tokens": 32, "max_prompt_tokens": 96},
+                "resources": {
+                    "rollout_engine": "vllm",
+                    "rollout_sharing": mode,
+                    "vllm_memory_fraction": 0.02,
+                    "cpus_per_rollout": 1,
+                    "threads_per_actor": 1,
+                },
+            }
+        )
+        for i in range(tenants)
+    ]
+    path = model_dir(specs[0].model, 0)
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    peak = {"rss": 0.0, "pss": 0.0}
+    pids: list[int] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            rss, pss = _tree_memory(list(pids))
+            peak["rss"], peak["pss"] = max(peak["rss"], rss), max(peak["pss"], pss)
+            stop.wait(0.2)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    t0 = time.perf_counter()
+    pools = [RolloutPool(s, path, s.name) for s in specs]
+    start_s = time.perf_counter() - t0
+    if mode == "shared":
+        names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
+        engine = ray.get_actor(next(n for n in names if n.startswith(NAME_PREFIX)), namespace=NAMESPACE)
+        pids.append(ray.get(engine.describe.remote())["pid"])
+    else:
+        pids.extend(p for pool in pools for p in pool.pids())
+    prompts = [[1, *range(100 + 7 * i, 140 + 7 * i)] for i in range(4)]
+    t0 = time.perf_counter()
+    canary = []
+    for version in (1, 2):
+        for i, pool in enumerate(pools):
+            pool.update_weights(_adapter(path, LORA["rank"], LORA["alpha"], seed=10 * i + version), version)
+            pool.generate(prompts, 4, list(range(len(prompts))))
+            canary.append(pool.score([CANARY_TOKENS], 8)[0])
+    work_s = time.perf_counter() - t0
+    rss, pss = _tree_memory(pids)
+    stop.set()
+    sampler.join()
+    for pool in pools:
+        pool.shutdown()
+    ray.shutdown()
+    differ = sum(abs(a - b) for a, b in zip(canary[-2], canary[-1], strict=True)) / len(canary[-1])
+    return {
+        "start_s": start_s,
+        "work_s": work_s,
+        "processes": float(len(pids)),
+        "rss_mib": rss,
+        "pss_mib": pss,
+        "peak_rss_mib": peak["rss"],
+        "peak_pss_mib": peak["pss"],
+        "canary_tenants_differ": differ,
+    }
+
+
+def _child(*args: str) -> dict[str, float]:
+    """Run this script with `args` in a fresh process; its last stdout line is a JSON row."""
+    out = subprocess.run([sys.executable, __file__, *args], cwd=ROOT, capture_output=True, text=True)
+    if out.returncode:
+        sys.exit(f"{' '.join(args)} failed:\n{out.stderr[-4000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def tenants_main(model: str, tenants: int) -> None:
+    rows = {m: _child("--model", model, "--tenants", str(tenants), "--mode", m) for m in ("own", "shared")}
+    print(
+        f"model {model}, {tenants} LoRA jobs (rank {LORA['rank']}), rollout side, vllm_memory_fraction 0.02 each"
+    )
+    print(
+        f"{'mode':7s} {'procs':>5s} {'start s':>8s} {'work s':>7s} {'peak RSS':>9s} {'peak PSS':>9s} {'differ':>7s}"
+    )
+    for name, r in rows.items():
+        print(
+            f"{name:7s} {int(r['processes']):5d} {r['start_s']:8.1f} {r['work_s']:7.1f} {r['peak_rss_mib']:9.0f} "
+            f"{r['peak_pss_mib']:9.0f} {r['canary_tenants_differ']:7.3f}"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", choices=sorted(MODELS), default="tiny")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--variant", choices=["full", "lora"], help=argparse.SUPPRESS)  # one child process
+    ap.add_argument("--tenants", type=int, default=0, help="LoRA jobs' rollout side by side, own vs shared")
+    ap.add_argument("--mode", choices=["own", "shared"], help=argparse.SUPPRESS)  # one child process
     args = ap.parse_args()
+    if args.tenants:
+        if args.tenants < 2:
+            sys.exit("--tenants: give 2 or more jobs (sharing needs several)")
+        if args.mode:
+            print(json.dumps(one_tenants_mode(args.model, args.mode, args.tenants)))
+        else:
+            tenants_main(args.model, args.tenants)
+        return
     if args.variant:
         print(json.dumps(one_variant(args.model, args.variant == "lora", args.steps)))
         return
-    rows = {}
-    for variant in ("full", "lora"):
-        cmd = [
-            sys.executable,
-            __file__,
-            "--model",
-            args.model,
-            "--steps",
-            str(args.steps),
-            "--variant",
-            variant,
-        ]
-        out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True)
-        rows[variant] = json.loads(out.stdout.strip().splitlines()[-1])
+    rows = {
+        v: _child("--model", args.model, "--steps", str(args.steps), "--variant", v) for v in ("full", "lora")
+    }
     print(
         f"model {args.model}, LoRA rank {LORA['rank']} alpha {LORA['alpha']} all-linear, {args.steps} steps"
     )
