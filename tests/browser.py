@@ -19,6 +19,25 @@ import httpx
 from tests.proc_helpers import wait_for
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def headless_chromium(profile: Path) -> list[str]:
+    """Chromium without a display, a sandbox of its own, or any network but loopback (like an air-gapped
+    cluster), with its profile in `profile`; callers add what to do."""
+    assert CHROMIUM is not None, "Debian's chromium is not installed (scripts/setup.sh installs it)"
+    return [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        f"--user-data-dir={profile}",
+    ]
+
+
 ARTIFACTS_ENV = "TGC_TEST_ARTIFACTS"  # a folder: screenshots are copied there too (kept after a passing run)
 
 
@@ -26,19 +45,10 @@ class Browser:
     """One headless Chromium with one page; `cdp(method, **params)` calls the DevTools protocol on it."""
 
     def __init__(self, profile: Path, width: int = 1400, height: int = 1000):
-        assert CHROMIUM is not None, "Debian's chromium is not installed (scripts/setup.sh installs it)"
         self.profile = profile
         self.proc = subprocess.Popen(
             [
-                CHROMIUM,
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--no-first-run",
-                f"--user-data-dir={profile}",
+                *headless_chromium(profile),
                 "--remote-debugging-port=0",
                 f"--window-size={width},{height}",
                 "about:blank",

@@ -4,15 +4,13 @@
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 
 import httpx
 import pytest
 
+from tests.browser import CHROMIUM, headless_chromium
 from tgc_rl.control.local import LocalControlPlane
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 @pytest.fixture(scope="module")
@@ -38,17 +36,8 @@ def test_fastapi_cdn_pages_are_off(server):
     CHROMIUM is None, reason="Debian's chromium is not installed (scripts/setup.sh installs it)"
 )
 def test_headless_chromium_renders_the_job_operations(server, tmp_path):
-    # Background networking off: this machine reaches nothing but loopback, like an air-gapped cluster.
     cmd = [
-        CHROMIUM,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--no-first-run",
-        f"--user-data-dir={tmp_path}",
+        *headless_chromium(tmp_path),
         "--virtual-time-budget=15000",
         "--dump-dom",
         f"{server.url}/docs",

@@ -30,6 +30,7 @@ import yaml
 from tests.browser import CHROMIUM, Browser, log_in_to_console
 from tests.ops.raynodes import state_api
 from tests.proc_helpers import wait_for
+from tests.specs import tiny_model
 from tgc_rl.control.local import LocalControlPlane, free_port
 from tgc_rl.control.ray_cluster import LocalRayCluster
 from tgc_rl.sdk import Client
@@ -48,17 +49,7 @@ VARIABLES = {"$job_id": ".*", "$__rate_interval": "20s"}
 def job_spec() -> dict:
     return {
         "name": JOB,
-        "model": {
-            "source": "random",
-            "dtype": "float32",
-            "config_overrides": {
-                "num_hidden_layers": 2,
-                "hidden_size": 64,
-                "intermediate_size": 128,
-                "num_attention_heads": 1,
-                "num_key_value_heads": 1,
-            },
-        },
+        "model": tiny_model(),
         "resources": {"rollout_engine": "hf"},
         # near-greedy: a group's responses share openings, so D2 has nodes to measure (random text has none)
         "group_size": 2,
