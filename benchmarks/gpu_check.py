@@ -5,7 +5,8 @@ Parts, each with its own time budget (the defaults keep the whole under 8 minute
   matmul_peak         the measured matmul peak in the learner's compute dtype (bf16 on a GPU): MFU's denominator
   learner_0.5b/1.5b   tgc_rl.learner.Learner (FSDP2, NCCL, world size 1) on a random Qwen2 of that shape in
                       bf16: step time, tokens/s, MFU (model FLOPs / step time / peak), peak memory
-  shared_prompt       the shared-prompt forward (one token tree per group; the block tree kernel above 1024 nodes)
+  shared_prompt       the shared-prompt forward (one token tree per group; above 1024 nodes FlexAttention on
+                      CUDA, the block kernel on CPU)
                       vs one forward per row at prompt 2k / response 2k: log-probs and gradients equal (float32),
                       speedup (bf16)
   chunked_logprobs    the chunked log-prob head at vocab 151936 vs whole logits: values and gradients equal,

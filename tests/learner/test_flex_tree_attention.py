@@ -10,9 +10,10 @@ import torch.nn.functional as F
 
 from tests.learner.test_prefix_tree import _logprobs_and_grads, _one_thread, _tiny_lm, multi_turn  # noqa: F401
 from tgc_rl.learner import Learner
+from tgc_rl.learner import tree_attention as tree_module
 from tgc_rl.learner.logprobs import DENSE_TREE_MAX_TOKENS, PolicyLogprobs
 from tgc_rl.learner.prefix_tree import pack_trees
-from tgc_rl.learner.tree_attention import tree_attention
+from tgc_rl.learner.tree_attention import flex_tree_attention, tree_attention, tree_ends_mask
 
 
 def _trees(make_batch, seed=1):
@@ -43,6 +44,34 @@ def test_block_kernel_equals_sdpa_with_the_dense_tree_mask(make_batch, block):
     torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
     for got, want in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_flex_path_masks_as_the_block_kernel_and_builds_one_block_mask_per_tree(make_batch, monkeypatch):
+    """The CUDA path (compiled FlexAttention; its backward needs CUDA) checked here for its mask: eager
+    FlexAttention's forward on ragged trees (lengths not a multiple of its 128-block, grouped-query heads)
+    equals the block kernel's; the block mask is built once per tree mask and reused by every layer."""
+    from torch.nn.attention import flex_attention as flex_module
+
+    monkeypatch.setattr(tree_module, "_flex", flex_module.flex_attention)  # eager: no CPU compile
+    monkeypatch.setattr(tree_module, "_flex_mask", None)
+    built = []
+    real_create = flex_module.create_block_mask
+    monkeypatch.setattr(
+        flex_module, "create_block_mask", lambda *a, **k: built.append(1) or real_create(*a, **k)
+    )
+    trees = _trees(make_batch, seed=3)
+    k_, L = trees.input_ids.shape
+    assert L % tree_module.FLEX_BLOCK
+    gen = torch.Generator().manual_seed(2)
+    q = torch.randn(k_, 4, L, 8, generator=gen)
+    k, v = (torch.randn(k_, 2, L, 8, generator=gen) for _ in range(2))
+    mask = tree_ends_mask(trees.subtree_end)
+    want = tree_attention(q, k, v, trees.subtree_end, scale=0.3)
+    for _layer in range(2):
+        torch.testing.assert_close(flex_tree_attention(q, k, v, mask, 0.3), want, rtol=1e-5, atol=1e-5)
+    assert len(built) == 1
+    flex_tree_attention(q, k, v, tree_ends_mask(trees.subtree_end), 0.3)  # the next tree: a new mask
+    assert len(built) == 2
 
 
 def test_block_kernel_gathers_only_ancestor_keys(make_batch):

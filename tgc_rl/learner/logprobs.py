@@ -194,7 +194,8 @@ class PolicyLogprobs(nn.Module):
         self.dense_tree_max_tokens = dense_tree_max_tokens
         # The block kernel needs the model on the `tgc_tree` dispatcher (SDPA models); eager ones stay dense.
         self.tree_kernel = self.prefix_tree and tree_attention.enable(lm)
-        self.last_tree_attention: str | None = None  # "dense" or "block": the latest tree forward's choice
+        # "dense", "block" (the CPU kernel) or "flex" (FlexAttention on CUDA): the latest tree forward's choice
+        self.last_tree_attention: str | None = None
         self._logged: set[str] = set()
         self.last_nodes = 0  # tokens the latest forward computed (its rows' tokens, or its trees' nodes)
 
@@ -237,7 +238,10 @@ class PolicyLogprobs(nn.Module):
     def _tree_mask(self, trees: PackedTrees) -> Tensor:
         """The dense (k, 1, L, L) mask up to dense_tree_max_tokens nodes, above it the block kernel's subtree ends."""
         L = trees.input_ids.shape[1]
-        choice = "block" if self.tree_kernel and L > self.dense_tree_max_tokens else "dense"
+        choice = "dense"
+        if self.tree_kernel and L > self.dense_tree_max_tokens:
+            # The dispatcher's rule (tree_attention.py): FlexAttention on CUDA, the block kernel elsewhere.
+            choice = "flex" if trees.input_ids.is_cuda else "block"
         if choice not in self._logged:  # once per path and policy: which attention long trees get
             self._logged.add(choice)
             log.info(
@@ -248,7 +252,7 @@ class PolicyLogprobs(nn.Module):
                 "" if self.tree_kernel else ", the block kernel needs SDPA attention",
             )
         self.last_tree_attention = choice
-        if choice == "block":
+        if choice != "dense":
             return tree_attention.tree_ends_mask(trees.subtree_end)
         return trees.attention_mask(eager=self.lm.config._attn_implementation == "eager")
 

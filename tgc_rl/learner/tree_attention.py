@@ -12,7 +12,10 @@ keys as its row in the full forward: the work is the plain forward's and nothing
 The autograd function saves q, k, v, the output and the log-sum-exp (linear in L) and recomputes each block's
 probabilities in backward (flash-attention style). FlexAttention (torch.nn.attention.flex_attention) would do
 the same with a block mask, but torch 2.13 has no FlexAttention backward on CPU ("FlexAttention does not
-support backward on CPU"), so this kernel is plain torch ops and runs wherever the learner runs.
+support backward on CPU"), so this kernel is plain torch ops and runs wherever the learner runs. On a CUDA
+device the tree goes to compiled FlexAttention instead: the first GPU check (H200, benchmarks/gpu/) measured
+this kernel 5x slower than the plain forward at prompt 2k / response 2k (a Python loop of small matmuls and a
+host sync per block), while a block mask skips the same key blocks inside one fused kernel.
 
 It plugs into Hugging Face models through their attention interface: `enable(lm)` registers the `tgc_tree`
 implementation (a dispatcher) and switches an SDPA model to it. The dispatcher sends a tree (its attention
@@ -118,6 +121,33 @@ class _TreeAttention(torch.autograd.Function):
         return dq, dk.to(k.dtype), dv.to(v.dtype), None, None, None
 
 
+# One compiled FlexAttention for every shape (dynamic: a new tree length must not recompile), built on first use.
+_flex: Any = None
+# The block mask of the latest tree: every layer (and a checkpointed layer's re-run) gets the same mask tensor.
+_flex_mask: tuple[Tensor, Any] | None = None
+FLEX_BLOCK = 128  # FlexAttention's block size: the subtree ends are padded to a multiple of it
+
+
+def flex_tree_attention(q: Tensor, k: Tensor, v: Tensor, ends_mask: Tensor, scale: float) -> Tensor:
+    """tree_attention through FlexAttention (CUDA): query a sees key b iff b <= a < subtree_end[b]. ends_mask is
+    the model's (B, 1, 1, L) mask from tree_ends_mask; its block mask is built once and reused by every layer."""
+    global _flex, _flex_mask
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    if _flex is None:
+        _flex = torch.compile(flex_attention, dynamic=True)
+    if _flex_mask is None or _flex_mask[0] is not ends_mask:
+        B, L = ends_mask.shape[0], ends_mask.shape[-1]
+        # Padded keys get end 0, so no query sees them (create_block_mask evaluates whole blocks).
+        ends = torch.nn.functional.pad(ends_mask[:, 0, 0], (0, -L % FLEX_BLOCK))
+
+        def ancestor_or_self(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return (kv_idx <= q_idx) & (q_idx < ends[b, kv_idx])
+
+        _flex_mask = (ends_mask, create_block_mask(ancestor_or_self, B, None, L, L, device=q.device))
+    return _flex(q, k, v, block_mask=_flex_mask[1], scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+
+
 def tree_attention(
     q: Tensor, k: Tensor, v: Tensor, subtree_end: Tensor, scale: float, block: int = DEFAULT_BLOCK
 ) -> Tensor:
@@ -149,7 +179,10 @@ def _dispatch(
     if dropout:
         raise ValueError("tree attention has no dropout; the learner trains with attention_dropout 0")
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    out = tree_attention(query, key, value, attention_mask[:, 0, 0], scale)
+    if query.is_cuda:
+        out = flex_tree_attention(query, key, value, attention_mask, scale)
+    else:
+        out = tree_attention(query, key, value, attention_mask[:, 0, 0], scale)
     return out.transpose(1, 2).contiguous(), None  # (B, L, H, d), as the other implementations return
 
 
