@@ -13,6 +13,20 @@ from tgc_rl.envs.python_tool import PythonToolEnv, PythonToolParams
 IM_END = 2
 
 
+def _run_turns(env, ctx, template, tokenizer, texts: list[str]):
+    """Drive `env` with model turns of these texts (each closed by <|im_end|>); the finished trajectory."""
+    turns = iter(texts)
+
+    def engine(request):
+        text = next(turns)
+        ids = tuple(tokenizer.encode(text, add_special_tokens=False) + [IM_END])
+        return Sample(ids, tuple([-0.1] * len(ids)), text)
+
+    run = run_of(env, ctx, template)
+    drive(run, engine)
+    return run.result()
+
+
 @pytest.mark.parametrize(
     "expression,value",
     [
@@ -66,18 +80,8 @@ def test_calculator_bounds_are_fast():
 def test_calculator_environment_turns(template, tokenizer):
     ctx = context(EnvBounds(max_turns=3), answer="121932631112635269")
     env = CalculatorEnv(ctx, CalculatorParams())
-    turns = iter(
-        ["Let me check. <calc>123456789*987654321</calc> <calc>1/0</calc>", "It is 121932631112635269"]
-    )
-
-    def engine(request):
-        text = next(turns)
-        ids = tuple(tokenizer.encode(text, add_special_tokens=False) + [IM_END])
-        return Sample(ids, tuple([-0.1] * len(ids)), text)
-
-    run = run_of(env, ctx, template)
-    drive(run, engine)
-    t = run.result()
+    turns = ["Let me check. <calc>123456789*987654321</calc> <calc>1/0</calc>", "It is 121932631112635269"]
+    t = _run_turns(env, ctx, template, tokenizer, turns)
     assert (t.end_reason, t.reward, t.turns, t.tool_calls, t.tool_errors) == ("done", 1.0, 2, 2, 1)
     tool = next(m for m in t.messages if m.role == "tool")
     assert tool.content == "123456789*987654321 = 121932631112635269\n1/0: error: division by zero"
@@ -170,3 +174,29 @@ def test_calculator_worked_examples_are_real_chat_turns(template, tokenizer):
 def test_a_worked_example_that_does_not_evaluate_is_refused_by_name():
     with pytest.raises(ValueError, match=r"examples\[0\].expression"):
         CalculatorParams(examples=[{"question": "q", "expression": "2^", "answer": "a"}])
+
+
+def test_the_calculator_with_the_tool_off_plays_examples_without_it_and_runs_no_call(template, tokenizer):
+    """`tool: false`, the baseline the tool is measured against: the examples are question and answer only,
+    and a model turn is the final answer even if it writes a call (nothing is run, nothing counted)."""
+    example = {"question": "What is 12 * 34?", "expression": "12*34", "answer": "408"}
+    ctx = context(EnvBounds(max_turns=3), answer="5")
+    env = CalculatorEnv(ctx, CalculatorParams(examples=[example], tool=False))
+    assert env.reset() == [
+        Message("user", "What is 12 * 34?"),
+        Message("assistant", "408"),
+        Message("user", "What is 2 + 3?"),
+    ]
+    text = "<calc>2+3</calc> 5"
+    t = _run_turns(env, ctx, template, tokenizer, [text])
+    assert (t.end_reason, t.reward, t.turns, t.tool_calls, t.tool_errors) == ("done", 1.0, 1, 0, 0)
+    assert not any(m.role == "tool" for m in t.messages)
+    # the same turn with the tool on is a call, and the run goes on to another turn
+    on = CalculatorEnv(context(), CalculatorParams(examples=[example]))
+    assert on.step(text).observation == (Message("tool", "2+3 = 5"),)
+
+
+def test_the_calculator_with_the_tool_off_refuses_a_system_prompt_that_describes_it():
+    with pytest.raises(ValueError, match=r"system_prompt describes the calculator .* tool is false"):
+        CalculatorParams(tool=False, system_prompt="Write <calc>EXPRESSION</calc> to use the calculator.")
+    assert CalculatorParams(tool=False, system_prompt="Answer with the number.").tool is False

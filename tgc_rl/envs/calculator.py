@@ -4,7 +4,9 @@ Expressions are parsed by a small recursive-descent parser over exact rationals 
 integers and decimals, + - * / ^ (or **), unary minus, parentheses. Input size, nesting depth, exponent
 size and the size of every intermediate result are bounded, so a call costs microseconds to milliseconds
 whatever the model writes. A turn with calls gets one tool message with a line per call; a turn without
-a call is the final answer, scored by the task's verifier.
+a call is the final answer, scored by the task's verifier. `tool: false` is the same environment without the
+tool (the baseline a tool is measured against): examples are played as question and answer, and every model
+turn is the final answer.
 """
 
 from __future__ import annotations
@@ -46,6 +48,12 @@ class CalculatorParams(BaseModel):
     examples: list[WorkedExample] = Field(
         [], max_length=4, description="Worked examples played as chat turns before the question."
     )
+    tool: bool = Field(
+        True,
+        description="Offer the calculator. false: the same job without it, to measure what the tool adds: "
+        "each example is played as its question and answer only (no call, no result), and every model turn "
+        "is the final answer (a <calc> in it is not run); the system prompt must not mention <calc>.",
+    )
 
     @model_validator(mode="after")
     def _examples_evaluate(self) -> CalculatorParams:
@@ -54,6 +62,12 @@ class CalculatorParams(BaseModel):
                 evaluate(example.expression, self)
             except CalcError as e:
                 raise ValueError(f"examples[{i}].expression {example.expression!r}: {e}") from None
+        if not self.tool and self.system_prompt and "<calc>" in self.system_prompt:
+            # the tools-off baseline must not describe the tool it does not run
+            raise ValueError(
+                "system_prompt describes the calculator (<calc>) but tool is false: drop the system prompt "
+                "or write one without the tool"
+            )
         return self
 
 
@@ -195,16 +209,17 @@ class CalculatorEnv:
     def reset(self) -> list[Message]:
         out = [Message("system", self.params.system_prompt)] if self.params.system_prompt else []
         for example in self.params.examples:
-            out += [
-                Message("user", example.question),
-                Message("assistant", f"<calc>{example.expression}</calc>"),
-                Message("tool", _result_line(example.expression, self.params)[0]),
-                Message("assistant", example.answer),
-            ]
+            out.append(Message("user", example.question))
+            if self.params.tool:
+                out += [
+                    Message("assistant", f"<calc>{example.expression}</calc>"),
+                    Message("tool", _result_line(example.expression, self.params)[0]),
+                ]
+            out.append(Message("assistant", example.answer))
         return [*out, Message("user", self.ctx.item.prompt)]
 
     def step(self, model_text: str) -> StepResult:
-        calls = _CALL.findall(model_text)
+        calls = _CALL.findall(model_text) if self.params.tool else []
         if not calls:
             score = self.ctx.verify(model_text)
             return StepResult(None, score.reward, True, StepInfo(detail=score.detail))
