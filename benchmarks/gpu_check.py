@@ -9,6 +9,8 @@ Parts, each with its own time budget (the defaults keep the whole under 8 minute
                       CUDA, the block kernel on CPU)
                       vs one forward per row at prompt 2k / response 2k: log-probs and gradients equal (float32),
                       speedup (bf16)
+  tree_threshold      the dense L x L tree mask vs the tree kernel (FlexAttention on CUDA, the block kernel on CPU)
+                      on the 0.5B model by tree size: where the kernel starts to win (optim.dense_tree_max_tokens)
   chunked_logprobs    the chunked log-prob head at vocab 151936 vs whole logits: values and gradients equal,
                       peak memory of each
   rlcore              every objective's loss, its token gradients and the cancellation diagnostics on the device
@@ -89,6 +91,8 @@ class Sizes:
     tree_group: int = 4
     tree_groups: int = 1
     tree_eq_layers: int = 4  # layers of the float32 equality model (the speed model has all of them)
+    threshold_prompt: int = 128  # tree_threshold: one group of `group_size` responses per tree size
+    threshold_responses: tuple[int, ...] = (32, 64, 128, 256, 512)  # longest response; trees ~0.75x 8R nodes
     head_tokens: int = 8192  # chunked log-probs: hidden rows through the 152k head
     chunk_tokens: int = 1024
     rl_groups: int = 16  # rlcore: groups x group_size rows of rl_tokens
@@ -112,6 +116,8 @@ TINY = Sizes(
     tree_group=4,
     tree_groups=2,
     tree_eq_layers=2,
+    threshold_prompt=8,
+    threshold_responses=(8, 32),
     head_tokens=64,
     chunk_tokens=16,
     rl_groups=4,
@@ -130,6 +136,7 @@ BUDGETS = {
     "learner_0.5b": 70,
     "learner_1.5b": 110,
     "shared_prompt": 70,
+    "tree_threshold": 60,
     "chunked_logprobs": 30,
     "rlcore": 40,
     "rollout_hf": 40,
@@ -181,7 +188,7 @@ class OptimSettings:
     mini_batches: int = 1
     activation_checkpointing: bool = False
     shared_prompt_forward: bool = True
-    dense_tree_max_tokens: int = 1024
+    dense_tree_max_tokens: int | None = None  # by device
 
 
 # -- helpers ---------------------------------------------------------------------------------------------
@@ -530,7 +537,7 @@ def part_shared_prompt(ctx: Context, part: Part) -> None:
     for i in range(s.steps + 1):
         for k, p in policies.items():
             reset_peak(dev)
-            dt = timed(lambda p=p: _policy_pass(p, batch, coef, dev), dev)
+            dt = timed(lambda p=p, b=batch, c=coef: _policy_pass(p, b, c, dev), dev)
             lm.zero_grad(set_to_none=True)
             if i:
                 times[k].append(dt)
@@ -551,6 +558,59 @@ def part_shared_prompt(ctx: Context, part: Part) -> None:
         f"{r['grad_max_rel_err']:.1e}; fwd+bwd {full_s:.3f} s full vs {tree_s:.3f} s tree = {r['speedup']:.2f}x "
         f"({r['full_tokens']} vs {r['tree_nodes']} tokens), peak {peaks['full']:.1f} vs {peaks['tree']:.1f} GiB"
     )
+
+
+def part_tree_threshold(ctx: Context, part: Part) -> None:
+    """Forward + backward of the shared-prompt pass with the dense tree mask and with the tree kernel, alternating,
+    at growing tree sizes (the whole 0.5B model in the compute dtype): the measured crossover is where
+    `optim.dense_tree_max_tokens` belongs on this device."""
+    from tgc_rl.learner.logprobs import PolicyLogprobs
+
+    s, dev = ctx.sizes, ctx.device
+    from transformers import AutoModelForCausalLM
+
+    lm = AutoModelForCausalLM.from_pretrained(model_path(ctx, "0.5b"), dtype=compute_dtype(dev)).to(dev)
+    policies = {
+        "dense": PolicyLogprobs(lm, s.chunk_tokens, prefix_tree=True, dense_tree_max_tokens=2**20),
+        "kernel": PolicyLogprobs(lm, s.chunk_tokens, prefix_tree=True, dense_tree_max_tokens=0),
+    }
+    rows: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    for i, response in enumerate(s.threshold_responses):
+        batch = make_batch(1, s.group_size, s.threshold_prompt, response, s.vocab, seed=11 + i, common=4)
+        coef = batch.response_mask.to(dev).float()
+        times: dict[str, list[float]] = {k: [] for k in policies}
+        for rep in range(4):  # one untimed pass each (the kernel's first pass compiles on CUDA), then 3 timed
+            for k, p in policies.items():
+                dt = timed(lambda p=p, b=batch, c=coef: _policy_pass(p, b, c, dev), dev)
+                lm.zero_grad(set_to_none=True)
+                if rep:
+                    times[k].append(dt)
+        dense_s, kernel_s = statistics.median(times["dense"]), statistics.median(times["kernel"])
+        nodes = policies["kernel"].last_nodes
+        rows.append({"nodes": nodes, "dense_s": dense_s, "kernel_s": kernel_s, "ratio": dense_s / kernel_s})
+        part.checks[f"kernel_path_ran_{nodes}"] = policies["kernel"].last_tree_attention in ("block", "flex")
+        if part.over_budget(t0):
+            break
+    wins = [r["nodes"] for r in rows if r["ratio"] >= 1.0]
+    r = part.results
+    r["kernel"] = policies["kernel"].last_tree_attention
+    r["points"] = rows
+    # the smallest measured tree at which the kernel is at least as fast, and every larger one too
+    r["kernel_wins_from_nodes"] = next(
+        (n for j, n in enumerate(x["nodes"] for x in rows) if all(y["ratio"] >= 1.0 for y in rows[j:])), None
+    )
+    part.summary = (
+        f"{r['kernel']} vs dense, dense/kernel time: "
+        + ", ".join(f"{x['nodes']} nodes {x['ratio']:.2f}x" for x in rows)
+        + (
+            f"; the kernel wins from {r['kernel_wins_from_nodes']} nodes"
+            if wins
+            else "; the dense mask wins throughout"
+        )
+    )
+    del lm, policies
+    free(dev)
 
 
 def part_chunked_logprobs(ctx: Context, part: Part) -> None:
@@ -818,6 +878,7 @@ PARTS: dict[str, tuple[Callable[[Context, Part], None], tuple[str, ...]]] = {
         ("tgc_rl.learner.learner", "rlcore.diagnostics", "learner_flops"),
     ),
     "shared_prompt": (part_shared_prompt, ("tgc_rl.learner.logprobs", "rlcore.objective")),
+    "tree_threshold": (part_tree_threshold, ("tgc_rl.learner.logprobs",)),
     "chunked_logprobs": (part_chunked_logprobs, ("tgc_rl.learner.logprobs",)),
     "rlcore": (part_rlcore, ("rlcore.objective", "rlcore.diagnostics")),
     "rollout_hf": (part_rollout_hf, ("tgc_rl.rollout.hf_engine",)),
@@ -885,6 +946,10 @@ def text_report(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def int_list(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(","))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu")
@@ -902,8 +967,9 @@ def main(argv: list[str] | None = None) -> int:
     for f in dataclasses.fields(Sizes):
         ap.add_argument(
             f"--{f.name.replace('_', '-')}",
-            type=int,
-            help=f"default {f.default}, tiny {getattr(TINY, f.name)}",
+            type=int_list if isinstance(f.default, tuple) else int,
+            help=f"default {f.default}, tiny {getattr(TINY, f.name)}"
+            + (" (comma-separated)" * isinstance(f.default, tuple)),
         )
     args = ap.parse_args(argv)
 

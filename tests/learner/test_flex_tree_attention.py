@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from tests.learner.test_prefix_tree import _logprobs_and_grads, _one_thread, _tiny_lm, multi_turn  # noqa: F401
 from tgc_rl.learner import Learner
 from tgc_rl.learner import tree_attention as tree_module
-from tgc_rl.learner.logprobs import DENSE_TREE_MAX_TOKENS, PolicyLogprobs
+from tgc_rl.learner.logprobs import DENSE_TREE_MAX_TOKENS, DENSE_TREE_MAX_TOKENS_CUDA, PolicyLogprobs
 from tgc_rl.learner.prefix_tree import pack_trees
 from tgc_rl.learner.tree_attention import flex_tree_attention, tree_attention, tree_ends_mask
 
@@ -159,6 +159,24 @@ def test_attention_is_chosen_by_tree_length_and_logged_once(tiny_model_path, mak
     assert len(chosen) == 2 and "dense" in chosen[0] and "block" in chosen[1]
 
 
+def test_the_default_threshold_is_the_devices(tiny_model_path, make_batch, monkeypatch):
+    """optim.dense_tree_max_tokens null: each forward takes its device's measured threshold (the CPU's here)."""
+    from tgc_rl.learner import logprobs
+
+    batch = make_batch(n_groups=2, seed=5)
+    args = batch.input_ids, batch.attention_mask, batch.prompt_len, batch.response_mask
+    L = pack_trees(*args).input_ids.shape[1]
+    policy = PolicyLogprobs(_tiny_lm(tiny_model_path), chunk_tokens=8, prefix_tree=True)
+    assert policy.dense_tree_max_tokens is None and DENSE_TREE_MAX_TOKENS_CUDA > DENSE_TREE_MAX_TOKENS
+    with torch.no_grad():
+        monkeypatch.setattr(logprobs, "DENSE_TREE_MAX_TOKENS", L)
+        policy(*args)
+        assert policy.last_tree_attention == "dense"
+        monkeypatch.setattr(logprobs, "DENSE_TREE_MAX_TOKENS", L - 1)
+        policy(*args)
+        assert policy.last_tree_attention == "block"
+
+
 def test_eager_models_keep_the_dense_mask(tiny_model_path, make_batch):
     from transformers import AutoModelForCausalLM
 
@@ -178,6 +196,6 @@ def test_threshold_knob_default_and_bounds():
 
     from tgc_rl.config import OptimSpec
 
-    assert OptimSpec().dense_tree_max_tokens == DENSE_TREE_MAX_TOKENS
+    assert OptimSpec().dense_tree_max_tokens is None  # by device: the policy resolves it per forward
     with pytest.raises(ValidationError, match="dense_tree_max_tokens"):
         OptimSpec(dense_tree_max_tokens=-1)

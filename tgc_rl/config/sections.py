@@ -136,13 +136,15 @@ class OptimSpec(_Strict):
         "the model supports it (Llama/Mistral/Qwen2/Qwen3 with SDPA or eager attention, no sliding window); "
         "false: one forward per row.",
     )
-    dense_tree_max_tokens: int = Field(
-        1024,
+    dense_tree_max_tokens: int | None = Field(
+        None,
         ge=0,
         le=1_048_576,
         description="With shared_prompt_forward: token trees of at most this many nodes (per micro-batch, padded) "
-        "use a dense L x L attention mask; longer ones a block kernel whose memory grows linearly "
-        "(tgc_rl/learner/tree_attention.py; SDPA models). 0: always the kernel; 1048576: always dense.",
+        "use a dense L x L attention mask; longer ones a tree kernel whose memory grows linearly "
+        "(tgc_rl/learner/tree_attention.py; SDPA models: a block kernel on CPU, FlexAttention on CUDA). "
+        "null: by device, where each was measured faster (1024 on a CPU, 8192 on CUDA); 0: always the kernel; "
+        "1048576: always dense.",
     )
 
 

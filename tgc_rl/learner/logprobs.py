@@ -27,11 +27,16 @@ from tgc_rl.learner.prefix_tree import PackedTrees, pack_trees, supports_prefix_
 
 log = logging.getLogger(__name__)
 
-# Trees of at most this many nodes (padded, per micro-batch) use the dense L x L mask, longer ones the block
-# kernel (tgc_rl/learner/tree_attention.py). Measured on a 2-core AVX2 CPU, attention forward + backward,
-# 4 heads of 64, one group of 8: the same time at 512 nodes, the kernel 1.4x faster at 768, 3.7x at 2304 and
-# 4.2x at 4352, while the dense mask (and SDPA's float copy of it) grows as L^2. Operators: optim.dense_tree_max_tokens.
+# Trees of at most this many nodes (padded, per micro-batch) use the dense L x L mask, longer ones the tree
+# kernel (tgc_rl/learner/tree_attention.py), by device unless optim.dense_tree_max_tokens says otherwise.
+# CPU (the block kernel), measured on a 2-core AVX2 CPU, attention forward + backward, 4 heads of 64, one group of
+# 8: the same time at 512 nodes, the kernel 1.4x faster at 768, 3.7x at 2304 and 4.2x at 4352, while the dense
+# mask (and SDPA's float copy of it) grows as L^2.
 DENSE_TREE_MAX_TOKENS = 1024
+# CUDA (FlexAttention), the GPU check's tree_threshold part on an H200 (the 0.5B shape, bf16, whole forward +
+# backward, one group of 8): the dense mask is faster up to 6212 nodes (dense/flex time 0.66-0.92x), FlexAttention
+# from 11054 (1.25x; 1.84x at 23640). The dense mask at 8192 nodes is 64 MB of booleans a tree.
+DENSE_TREE_MAX_TOKENS_CUDA = 8192
 
 
 def position_ids(attention_mask: Tensor) -> Tensor:
@@ -168,7 +173,8 @@ class PolicyLogprobs(nn.Module):
 
     With `prefix_tree` (and a model that supports it) adjacent rows with the same prompt are computed as one
     token tree (tgc_rl/learner/prefix_tree.py): each shared token once, the same values and gradients. A tree
-    longer than `dense_tree_max_tokens` nodes runs the block kernel instead of a dense mask (SDPA models)."""
+    longer than `dense_tree_max_tokens` nodes (None: by device, DENSE_TREE_MAX_TOKENS or _CUDA) runs the tree
+    kernel instead of a dense mask (SDPA models)."""
 
     lm: PreTrainedModel
 
@@ -178,7 +184,7 @@ class PolicyLogprobs(nn.Module):
         chunk_tokens: int,
         temperature: float = 1.0,
         prefix_tree: bool = False,
-        dense_tree_max_tokens: int = DENSE_TREE_MAX_TOKENS,
+        dense_tree_max_tokens: int | None = None,
     ):
         super().__init__()
         if chunk_tokens < 1:
@@ -189,7 +195,7 @@ class PolicyLogprobs(nn.Module):
         self.chunk_tokens = chunk_tokens
         self.inv_temperature = 1.0 / temperature  # the sampling policy is softmax(logits / temperature)
         self.prefix_tree = prefix_tree and supports_prefix_tree(lm)
-        if dense_tree_max_tokens < 0:
+        if dense_tree_max_tokens is not None and dense_tree_max_tokens < 0:
             raise ValueError(f"optim.dense_tree_max_tokens must be >= 0, got {dense_tree_max_tokens}")
         self.dense_tree_max_tokens = dense_tree_max_tokens
         # The block kernel needs the model on the `tgc_tree` dispatcher (SDPA models); eager ones stay dense.
@@ -238,17 +244,21 @@ class PolicyLogprobs(nn.Module):
     def _tree_mask(self, trees: PackedTrees) -> Tensor:
         """The dense (k, 1, L, L) mask up to dense_tree_max_tokens nodes, above it the block kernel's subtree ends."""
         L = trees.input_ids.shape[1]
+        on_cuda = trees.input_ids.is_cuda
+        threshold = self.dense_tree_max_tokens
+        if threshold is None:
+            threshold = DENSE_TREE_MAX_TOKENS_CUDA if on_cuda else DENSE_TREE_MAX_TOKENS
         choice = "dense"
-        if self.tree_kernel and L > self.dense_tree_max_tokens:
+        if self.tree_kernel and L > threshold:
             # The dispatcher's rule (tree_attention.py): FlexAttention on CUDA, the block kernel elsewhere.
-            choice = "flex" if trees.input_ids.is_cuda else "block"
+            choice = "flex" if on_cuda else "block"
         if choice not in self._logged:  # once per path and policy: which attention long trees get
             self._logged.add(choice)
             log.info(
                 "shared-prompt forward: %s tree attention (%d nodes; dense up to optim.dense_tree_max_tokens=%d%s)",
                 choice,
                 L,
-                self.dense_tree_max_tokens,
+                threshold,
                 "" if self.tree_kernel else ", the block kernel needs SDPA attention",
             )
         self.last_tree_attention = choice
