@@ -241,6 +241,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         from tgc_rl.config import JobSpec, SpecError
         from tgc_rl.resources import ResourceError
         from tgc_rl.tasks import GrantError
+        from tgc_rl.trainer.evaluation import CheckpointModel
         from tgc_rl.trainer.main import run
 
         try:
@@ -248,6 +249,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
         except (SpecError, OSError) as e:
             print(f"error: {e}", file=sys.stderr)
             return EXIT_INVALID
+        if args.checkpoint is not None:  # refused here, before Ray and the replicas start
+            try:
+                checkpoint = CheckpointModel.read(args.checkpoint)
+                checkpoint.eval_spec(spec)  # an adapter's model section must fit the rest of the spec
+            except ValueError as e:
+                print(f"error: --checkpoint: {e}", file=sys.stderr)
+                return EXIT_INVALID
+            print(f"evaluating {args.checkpoint}: {_CHECKPOINT_KINDS[checkpoint.kind]}")
         run_dir = Path(args.run_dir or f"runs/{spec.name}-eval-{time.strftime('%Y%m%d-%H%M%S')}")
         try:
             state = run(spec, run_dir, args.checkpoint)
@@ -261,6 +270,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(f"run dir {run_dir} (each sample's verdict: {run_dir}/eval/step_0.jsonl)")
     print(_eval_table(metrics))
     return EXIT_OK
+
+
+_CHECKPOINT_KINDS = {
+    "full": "its full weights",
+    "merged": "its merged LoRA weights",
+    "adapter": "its LoRA adapter on the job's base model",
+}
 
 
 def _eval_table(metrics: dict[str, Any]) -> str:
@@ -487,7 +503,11 @@ def _local_commands(sub, api: argparse.ArgumentParser, train: bool) -> None:
     )
     ev.add_argument("spec", type=Path)
     ev.add_argument(
-        "--checkpoint", type=Path, default=None, help="a checkpoint dir (default: the spec's model)"
+        "--checkpoint",
+        type=Path,
+        default=None,
+        help="a checkpoint dir: full weights, a LoRA job's merged weights or its adapter on the job's base "
+        "(default: the spec's model)",
     )
     ev.add_argument("--run-dir", type=Path, default=None, help="default runs/<name>-eval-<time>")
     ev.add_argument(

@@ -8,7 +8,9 @@ verdict, mode and token count go to `eval/step_<N>.jsonl` in the run dir.
 A multi-turn job (`env:`) evaluates whole trajectories in its environment, run by the training sampler
 (tgc_rl/trainer/multi_turn.py): pass@k over trajectories, scored by each one's reward; its records keep the
 transcript, turns, tool calls and end reason.
-`run_eval_only` evaluates a model or checkpoint without training (`tgc eval`, a job with `steps: 0`).
+`run_eval_only` evaluates a model or checkpoint without training (`tgc eval`, a job with `steps: 0`): a full
+fine-tuning checkpoint's or a LoRA job's merged weights as they are, an adapter-only LoRA checkpoint as its
+adapter on the base it was trained on (`CheckpointModel`, docs/lora.md).
 """
 
 from __future__ import annotations
@@ -16,12 +18,13 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tgc_rl.config import JobSpec
+from tgc_rl.config import JobSpec, ModelSpec
 from tgc_rl.rollout.engine import Sampling
-from tgc_rl.run_layout import EVAL_ACCURACY
+from tgc_rl.run_layout import EVAL_ACCURACY, TRAINER_STATE_FILE
 from tgc_rl.tasks import Score, TaskItem
 from tgc_rl.tasks.dataset import DatasetParams, DatasetTask
 from tgc_rl.trainer.data import Prompt, derive_seed, encode_item
@@ -213,22 +216,110 @@ def _summary(scores: list[Score], lengths: list[int], truncated: list[bool], k: 
     }
 
 
+@dataclass(frozen=True)
+class CheckpointModel:
+    """The policy a checkpoint holds, as an evaluation loads it: full weights in `model/` (a full fine-tuning
+    job's, or a LoRA job's merged weights with `model.lora.save_merged`), else the LoRA adapter in `adapter/` on
+    the base model of the job's stored spec."""
+
+    checkpoint: Path
+    adapter: Path | None  # None: `model/` holds the whole policy
+    base: ModelSpec | None  # an adapter's job's model section (base, tokenizer, rank); None for full weights
+    seed: int  # the job's seed (a `random` base is built from it)
+    version: int  # the policy version the checkpoint was saved at
+
+    @property
+    def kind(self) -> str:
+        if self.adapter is not None:
+            return "adapter"
+        return "merged" if (self.checkpoint / "adapter").is_dir() else "full"
+
+    @classmethod
+    def read(cls, checkpoint: Path) -> CheckpointModel:
+        """Raises ValueError saying what is missing when `checkpoint` holds no loadable policy."""
+        checkpoint = Path(checkpoint)
+        state_file = checkpoint / TRAINER_STATE_FILE
+        if not state_file.is_file():
+            raise ValueError(
+                f"{checkpoint} is not a checkpoint (no {TRAINER_STATE_FILE}); pass a complete checkpoint "
+                "directory, e.g. runs/<job>/checkpoints/step_<N>"
+            )
+        state = json.loads(state_file.read_text())
+        version = int(state.get("version", 0))
+        stored = state.get("spec")
+        seed = int(stored.get("seed", 0)) if isinstance(stored, dict) else 0
+        if (checkpoint / "model" / "config.json").is_file():  # merged weights win: no adapter support needed
+            return cls(checkpoint, None, None, seed, version)
+        adapter = checkpoint / "adapter"
+        if not (adapter / "adapter_config.json").is_file():
+            raise ValueError(
+                f"{checkpoint} holds neither model weights (model/config.json) nor a LoRA adapter "
+                "(adapter/adapter_config.json); pass a checkpoint written by a training job"
+            )
+        if not isinstance(stored, dict) or not isinstance(stored.get("model"), dict):
+            raise ValueError(
+                f"{checkpoint}: an adapter-only checkpoint without its job's spec in {TRAINER_STATE_FILE}: the "
+                "base model it adapts is unknown; evaluate a checkpoint saved with model.lora.save_merged: true"
+            )
+        base = ModelSpec.model_validate(stored["model"])
+        if base.lora is None:
+            raise ValueError(f"{checkpoint}: holds an adapter but its job's spec has no model.lora")
+        return cls(checkpoint, adapter, base, seed, version)
+
+    def eval_spec(self, spec: JobSpec) -> JobSpec:
+        """`spec` with the adapter's job's model section: its base and tokenizer, and the LoRA settings that
+        make the engine serve an adapter of its rank (a spec naming another base would misapply it)."""
+        if self.base is None or spec.model == self.base:
+            return spec
+        log.info("evaluating %s's adapter on its job's model (%s)", self.checkpoint, self.base.source)
+        return JobSpec.parse(
+            {**spec.to_dict(), "model": self.base.model_dump(mode="json")}, "evaluation spec"
+        )
+
+
+def _load_adapter(rollout, spec: JobSpec, ck: CheckpointModel, base: Path) -> None:
+    """Put the checkpoint's adapter into the replicas the way a training sync does: vLLM serves it as a LoRA
+    adapter; the transformers engine, which has no adapters, gets the base with it merged by peft."""
+    from tgc_rl.rollout import RolloutSpec, engine_kind
+    from tgc_rl.weight_sync.adapter import merged_model_state, read_peft_dir
+
+    if ck.adapter is None:
+        raise ValueError(f"{ck.checkpoint} holds no adapter to load")
+    if engine_kind(RolloutSpec.of(spec)) == "vllm":
+        rollout.update_weights(read_peft_dir(ck.adapter), ck.version)
+        how = "served by vLLM as a LoRA adapter"
+    else:
+        rollout.update_weights(merged_model_state(base, ck.adapter), ck.version)
+        how = "merged into the base by peft (the transformers engine has no adapters)"
+    log.info("evaluation: the adapter of %s on %s, %s", ck.checkpoint, base, how)
+
+
 def run_eval_only(
     spec: JobSpec, run_dir: Path, model_path: Path | None = None, reporter=None
 ) -> dict[str, float]:
-    """Evaluate a model (the spec's, or `model_path`, e.g. a checkpoint's `model` dir) without training: rollout
-    replicas and a reward pool only, no learner. Writes metrics.jsonl (step 0) and eval/step_0.jsonl."""
+    """Evaluate a model (the spec's, `model_path`, or the policy of the checkpoint whose `model` dir
+    `model_path` is) without training: rollout replicas and a reward pool only, no learner. Writes
+    metrics.jsonl (step 0) and eval/step_0.jsonl."""
     from tgc_rl.models import load_tokenizer, model_dir
     from tgc_rl.trainer.actors import JobActors
     from tgc_rl.trainer.metrics import MetricsSink
 
+    ck = None
+    if model_path is not None and (model_path.parent / TRAINER_STATE_FILE).is_file():
+        ck = CheckpointModel.read(model_path.parent)
+        spec = ck.eval_spec(spec)
+    if ck is not None and ck.base is not None:
+        path = model_dir(ck.base, ck.seed)
+    else:
+        path = model_path or model_dir(spec.model, spec.seed)
     tokenizer = load_tokenizer(spec.model)
     evaluator = Evaluator(spec, lambda item: encode_item(tokenizer, spec.model, item), run_dir)
-    path = model_path or model_dir(spec.model, spec.seed)
     sink = MetricsSink(run_dir, spec.name, 1, progress=False)
     actors = None
     try:
         actors = JobActors.start(spec, path, learner=False)
+        if ck is not None and ck.adapter is not None:
+            _load_adapter(actors.rollout, spec, ck, path)
         metrics = evaluator.run(actors.rollout, actors.rewards, 0, tokenizer)
         sink.log(0, metrics)
         if reporter is not None:

@@ -8,6 +8,7 @@ checkpoint holds are one format (docs/lora.md).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from tgc_rl.weight_sync.flat import FlatWeights
 
 PEFT_PREFIX = "base_model.model."  # PeftModel's prefix before the wrapped model's own names
 WEIGHTS_FILE = "adapter_model.safetensors"
+CONFIG_FILE = "adapter_config.json"
 _LORA_PARTS = (".lora_A.", ".lora_B.")
 
 
@@ -83,3 +85,37 @@ class AdapterWeights(FlatWeights):
 
     def write(self, out: Path, base_model: str) -> Path:
         return write_peft_dir(out, self.to_state_dict(), self.rank, self.alpha, base_model)
+
+
+def read_peft_dir(path: Path) -> AdapterWeights:
+    """A PEFT adapter directory (what `write_peft_dir` and a LoRA checkpoint's `adapter/` hold) as the
+    AdapterWeights a sync sends, so that an engine loads it exactly as it loads the learner's adapter."""
+    from safetensors.torch import load_file
+
+    config_file, weights_file = path / CONFIG_FILE, path / WEIGHTS_FILE
+    if not config_file.is_file() or not weights_file.is_file():
+        raise ValueError(
+            f"{path} is not a PEFT adapter directory (it needs {CONFIG_FILE} and {WEIGHTS_FILE})"
+        )
+    config = json.loads(config_file.read_text())
+    rank, alpha = config.get("r"), config.get("lora_alpha")
+    if not isinstance(rank, int) or not isinstance(alpha, int) or rank < 1 or alpha < 1:
+        raise ValueError(
+            f"{config_file}: `r` and `lora_alpha` must be positive integers (got {rank!r}, {alpha!r})"
+        )
+    # AdapterWeights.write keeps only r and lora_alpha: an adapter scaled otherwise would be served wrongly
+    if other := [k for k in ("use_rslora", "use_dora") if config.get(k)]:
+        raise ValueError(f"{config_file}: {', '.join(other)} is not supported (plain LoRA only)")
+    return AdapterWeights.pack(load_file(str(weights_file)), rank, alpha)
+
+
+def merged_model_state(base: Path, adapter: Path) -> dict[str, torch.Tensor]:
+    """The base model's full float32 state dict with the PEFT adapter folded in by `peft` itself
+    (merge_and_unload), under the base model's own names: what an engine without adapters (transformers) loads
+    as full weights, casting them to its own dtype."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    lm = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    merged = PeftModel.from_pretrained(lm, str(adapter)).merge_and_unload()
+    return {k: v.detach() for k, v in merged.state_dict().items()}
