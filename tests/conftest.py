@@ -17,6 +17,10 @@ def pytest_collection_modifyitems(items):
 
 def pytest_configure(config):
     global _durations
+    # xdist's controller hands files out in the collection's order (tests/scheduling.py), not re-sorted by their
+    # number of tests (xdist's default, which scheduling.xdist_order follows but for the two longest files).
+    # Set in every process, so a test sees what the controller uses.
+    config.option.loadscopereorder = False
     if not hasattr(config, "workerinput"):  # the session's first process, before any xdist worker starts
         image_build.prepare()
         _durations = scheduling.recorder_from_environment()
