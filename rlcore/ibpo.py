@@ -6,6 +6,7 @@ The trainer generates, for each incorrect response y_i of a group with a correct
     phi = comparison_signal(correct, revised_correct, attempted, rho)        # rho * 1[r(y)=0 and r(y^)=1]
     adv = shaped_advantages(cfg, rewards, group_ids, mask, phi, lam)         # R' = R + lam*phi, then centring
     edits = edit_mask(y_ids, revision_ids)                                   # Levenshtein over token ids
+    edits = segment_edit_mask(y_ids, rev_ids, y_model, rev_model)            # multi-turn: model tokens only
     naive = naive_credit_mask(edits_per_row, mask)                           # the edit mask on its rows only
     sym = symmetric_credit_mask(naive, token_ids, mask, group_ids)           # one decision per shared node
     adv_tok = adv[:, None] * sym                                             # (B, T) advantages for the loss
@@ -33,7 +34,7 @@ import torch
 from torch import Tensor
 
 from rlcore.advantages import group_advantages
-from rlcore.config import ObjectiveConfig, cancellation_verdict
+from rlcore.config import ObjectiveConfig, TrajectoryCredit, cancellation_verdict
 from rlcore.shared_nodes import SharedPrefixes, compiled, to_host
 
 MASKS = ("none", "naive", "symmetric")
@@ -58,12 +59,20 @@ def comparison_signal(
 
 
 def shaped_advantages(
-    cfg: ObjectiveConfig, rewards: Tensor, group_ids: Tensor, mask: Tensor, phi: Tensor, lam: float
+    cfg: ObjectiveConfig,
+    rewards: Tensor,
+    group_ids: Tensor,
+    mask: Tensor,
+    phi: Tensor,
+    lam: float,
+    keep: Tensor | None = None,
 ) -> Tensor:
     """(B,) advantages of R' = R + lam * phi, centred (and scaled) per group like the objective's own: the
-    shaping comes before centring, so every group's A' still sums to 0 (rlcore.advantages' bonus hook)."""
+    shaping comes before centring, so every group's A' still sums to 0 (rlcore.advantages' bonus hook).
+    keep: (B,) bool, the responses that enter the centring (multi-turn: failed trajectories are filtered
+    before centring, never after; the others get A' = 0)."""
     return group_advantages(
-        rewards, group_ids, mask, dataclasses.replace(cfg, bonus_coef=float(lam)), bonus=phi
+        rewards, group_ids, mask, dataclasses.replace(cfg, bonus_coef=float(lam)), bonus=phi, keep=keep
     )
 
 
@@ -139,6 +148,37 @@ def _align(a: np.ndarray, b: np.ndarray) -> np.ndarray:
             edited[i] = True
             j -= 1
     return edited
+
+
+def segment_edit_mask(
+    response: Sequence[int],
+    revision: Sequence[int],
+    response_model: Sequence[bool] | None = None,
+    revision_model: Sequence[bool] | None = None,
+) -> np.ndarray:
+    """(len(response),) bool: `edit_mask` of a multi-turn response against a multi-turn revision, aligned
+    over model tokens only. response_model / revision_model say which tokens the model sampled (None: all,
+    a single-turn response); observation tokens (tool output, feedback, template tokens) are dropped from
+    both sides before the alignment and come back False: they were never the policy's choice, so they never
+    get credit, and an observation that differs (a tool's other output) is not an edit. On one segment this
+    is `edit_mask` itself. Model turns are aligned as one sequence, so an insertion at a turn's end is charged
+    to the next turn's first model token."""
+    a = np.asarray(response, dtype=np.int64).reshape(-1)
+    b = np.asarray(revision, dtype=np.int64).reshape(-1)
+    keep_a = _model_positions("response_model", response_model, a.size)
+    keep_b = _model_positions("revision_model", revision_model, b.size)
+    out = np.zeros(a.size, dtype=bool)
+    out[keep_a] = edit_mask(a[keep_a], b[keep_b])
+    return out
+
+
+def _model_positions(name: str, model: Sequence[bool] | None, n: int) -> np.ndarray:
+    if model is None:
+        return np.ones(n, dtype=bool)
+    m = np.asarray(model, dtype=bool).reshape(-1)
+    if m.size != n:
+        raise ValueError(f"{name}: {m.size} entries for {n} token ids (one per token, True where sampled)")
+    return m
 
 
 def levenshtein(a: Sequence[int], b: Sequence[int]) -> int:
@@ -219,12 +259,23 @@ def credit_mask(
     return naive if variant == "naive" else symmetric_credit_mask(naive, token_ids, mask, group_ids, present)
 
 
-def verdict(cfg: ObjectiveConfig, variant: str) -> tuple[bool, list[str]]:
+def verdict(
+    cfg: ObjectiveConfig, variant: str, credit: TrajectoryCredit | None = None
+) -> tuple[bool, list[str]]:
     """`cancellation_verdict` of the objective with IBPO's credit mask `variant` on top. Shaping alone keeps
-    the objective's verdict (it comes before centring); the naive edit mask breaks it."""
+    the objective's verdict (it comes before centring); the naive edit mask breaks it.
+
+    credit: the multi-turn credit rule (None: single-turn). With the default `TrajectoryCredit()` IBPO keeps
+    cancellation across turns exactly where it keeps it in one turn: phi is one number per trajectory, added
+    to its reward before the group is centred (failed trajectories filtered before that), and the centred A'
+    is broadcast to every model token with the objective's step-constant normaliser, so every copy of a node
+    still carries the same coefficient; the symmetric mask is decided per node of the whole history
+    (observations included), so copies of a node share its decision. A per-turn or per-trajectory
+    normaliser, a per-turn split of R + lam*phi, or a filter after centring breaks it, and the reasons say
+    which (`TrajectoryCredit.reasons`)."""
     if variant not in MASKS:
         raise ValueError(f"mask: {variant!r} is not one of {', '.join(MASKS)}")
-    ok, reasons = cancellation_verdict(cfg)
+    ok, reasons = cancellation_verdict(cfg, credit)
     reasons = list(reasons)
     if variant == "naive":
         reasons.append(

@@ -37,11 +37,12 @@ def test_every_turn_must_fit_the_engines_prompt_limit():
         JobSpec.parse({"env": {"name": "calculator"}})
 
 
-def test_a_multi_turn_job_may_evaluate_but_not_run_ibpo_and_bad_eval_fields_are_named():
+def test_a_multi_turn_job_may_evaluate_and_run_ibpo_and_bad_eval_fields_are_named():
     spec = JobSpec.parse({**multi_turn(name="calculator"), "eval": {"dataset": {"hub_id": "o/n"}}})
     assert spec.env is not None and spec.eval is not None  # held-out trajectories: trainer/evaluation.py
-    with pytest.raises(SpecError, match=r"ibpo: not supported with `env` \(multi-turn\) yet"):
-        JobSpec.parse({**multi_turn(name="calculator"), "ibpo": {"mask": "symmetric"}})
+    for mask in ("none", "naive", "symmetric"):  # every IBPO option runs on trajectories (docs/ibpo.md)
+        spec = JobSpec.parse({**multi_turn(name="calculator"), "ibpo": {"mask": mask}})
+        assert spec.env is not None and spec.ibpo is not None and spec.ibpo.mask == mask
     with pytest.raises(SpecError, match=r"eval\.dataset: name the evaluation rows"):
         JobSpec.parse(
             {**multi_turn(name="calculator"), "eval": {}}

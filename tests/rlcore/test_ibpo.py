@@ -7,7 +7,7 @@ import torch
 import rlcore
 from rlcore import ibpo
 
-from .batches import make_batch
+from .batches import make_batch, multi_turn_batch
 
 # -- phi and shaping ----------------------------------------------------------------------------------
 
@@ -218,3 +218,115 @@ def test_masks_respect_the_response_mask():
     assert sym.tolist() == [[1, 1, 0], [1, 1, 1]]
     with pytest.raises(ValueError, match="edits\\[0\\]"):
         ibpo.naive_credit_mask([np.array([1, 0, 1], bool), None], mask)
+
+
+# -- multi-turn: alignment over model tokens, credit on a real multi-turn batch ------------------------------
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_segment_alignment_on_one_segment_is_todays_edit_mask(seed):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randint(0, 6, (int(torch.randint(1, 30, (1,), generator=g)),), generator=g).tolist()
+    b = torch.randint(0, 6, (int(torch.randint(0, 30, (1,), generator=g)),), generator=g).tolist()
+    expected = ibpo.edit_mask(a, b)
+    assert (ibpo.segment_edit_mask(a, b) == expected).all()
+    assert (ibpo.segment_edit_mask(a, b, [True] * len(a), [True] * len(b)) == expected).all()
+
+
+def test_segment_alignment_skips_observations_on_both_sides():
+    # response: model [1 2 3], observation [7 7], model [4 5]; revision: model [1 2 3], another observation
+    # [8 8 8] (the tool answered otherwise), model [4 6]
+    resp, resp_model = [1, 2, 3, 7, 7, 4, 5], [True] * 3 + [False] * 2 + [True] * 2
+    rev, rev_model = [1, 2, 3, 8, 8, 8, 4, 6], [True] * 3 + [False] * 3 + [True] * 2
+    out = ibpo.segment_edit_mask(resp, rev, resp_model, rev_model)
+    assert out.tolist() == [False, False, False, False, False, False, True]  # only 5 -> 6
+    # aligned as the model's tokens: equal to the one-segment mask of the model tokens, False on observations
+    assert (out[np.asarray(resp_model)] == ibpo.edit_mask([1, 2, 3, 4, 5], [1, 2, 3, 4, 6])).all()
+    # an insertion at the end of a turn is charged to the next turn's first model token, never to an observation
+    out = ibpo.segment_edit_mask(
+        resp, [1, 2, 3, 9, 7, 7, 4, 5], resp_model, [True] * 4 + [False] * 2 + [True] * 2
+    )
+    assert out.tolist() == [False, False, False, False, False, True, False]
+    with pytest.raises(ValueError, match="response_model: 2 entries for 7 token ids"):
+        ibpo.segment_edit_mask(resp, rev, [True, False], rev_model)
+
+
+def _row_segments(batch, i):
+    """Row i of a collated multi-turn batch: its tokens after the prompt and which of them the model sampled."""
+    n = int(batch.history_mask[i].sum())
+    return batch.response_ids[i, :n].tolist(), batch.response_mask[i, :n].bool().tolist()
+
+
+def _multi_turn_ibpo(seed: int, variant: str, present: bool = True):
+    """One IBPO step of ibpo_cp on a real multi-turn batch (tests/rlcore/batches.py: deep prefixes shared through
+    a deterministic tool's output): every other incorrect trajectory is 'repaired' by a revision that rewrites
+    its last model turn and, in the revision's own environment, gets a longer tool output; the deadline-hit
+    trajectory of each group is filtered before centring. Returns (batch, credit mask, diagnostics)."""
+    m = multi_turn_batch(seed)
+    b = m.batch
+    obj = rlcore.get_objective("ibpo_cp")
+    g = torch.Generator().manual_seed(100 + seed)
+    correct = b.rewards >= 1.0
+    keep = torch.ones(len(b), dtype=torch.bool)
+    keep[3::4] = False
+    attempted = ~correct & keep
+    revised = attempted & (torch.rand(len(b), generator=g) < 0.7)
+    phi = ibpo.comparison_signal(correct, revised, attempted, 0.5)
+    edits: list = [None] * len(b)
+    for i in revised.nonzero().flatten().tolist():
+        ids, model = _row_segments(b, i)
+        last = max(t for t, x in enumerate(model) if x)
+        rev_ids = ids[:last] + torch.randint(10, 200, (3,), generator=g).tolist()
+        rev_model = model[:last] + [True] * 3
+        # the revision's tool answered with one more token: observations are not aligned
+        first_obs = model.index(False)
+        rev_ids.insert(first_obs, 1)
+        rev_model.insert(first_obs, False)
+        full = ibpo.segment_edit_mask(ids, rev_ids, model, rev_model)
+        assert not full[~np.asarray(model)].any()  # no observation token is ever edited
+        edits[i] = full[np.asarray(model)]
+    adv = ibpo.shaped_advantages(obj.config, b.rewards, b.group_ids, b.response_mask, phi, 0.6, keep)
+    hist = b.history_mask if present else None  # where the mask finds its nodes; the diagnostics: the history
+    credit = ibpo.credit_mask(variant, edits, b.response_ids, b.response_mask, b.group_ids, hist)
+    diag = ibpo.mask_diagnostics(
+        obj, adv, credit, b.rollout_logprobs, b.response_ids, b.response_mask, b.group_ids, b.history_mask
+    )
+    return b, adv, credit, diag
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_cp_grpo_with_ibpo_keeps_d2_at_rounding_on_a_real_multi_turn_batch(seed):
+    b, adv, credit, sym = _multi_turn_ibpo(seed, "symmetric")
+    assert bool((credit[b.response_mask == 0] == 0).all())  # observations never get credit
+    assert bool((adv[3::4] == 0).all())  # filtered before centring: no credit
+    for gid in b.group_ids.unique():
+        assert abs(float(adv[b.group_ids == gid].sum())) < 1e-6  # and every group still sums to 0
+    assert sym["d2_nodes"] > 0 and sym["d1_groups_measured"] == 3
+    assert sym["d2_residual"] < 1e-9 and sym["d1_gcpr"] < 1e-9
+    _, _, _, none = _multi_turn_ibpo(seed, "none")
+    assert none["d2_residual"] < 1e-9
+    _, _, naive_credit, naive = _multi_turn_ibpo(seed, "naive")
+    assert (naive_credit != credit).any() and naive["d2_residual"] > 1e-3  # the naive mask does not cancel
+
+
+def test_the_symmetric_mask_must_find_nodes_on_the_history_not_on_the_loss_mask():
+    """Decided on the loss mask (holes at observations), the nodes past the first tool output are not seen as
+    shared: their naive decision stays and copies differ."""
+    residuals = [_multi_turn_ibpo(seed, "symmetric", present=False)[3]["d2_residual"] for seed in range(3)]
+    assert max(residuals) > 1e-3
+
+
+def test_verdict_across_turns_keeps_the_single_turn_one_and_names_what_breaks_it():
+    from rlcore.config import TrajectoryCredit
+
+    cfg = rlcore.get_objective("ibpo_cp").config
+    assert ibpo.verdict(cfg, "symmetric", TrajectoryCredit()) == ibpo.verdict(cfg, "symmetric") == (True, [])
+    for credit, word in (
+        (TrajectoryCredit(reward="per_turn"), "per_turn"),
+        (TrajectoryCredit(normaliser="turn"), "normaliser='turn'"),
+        (TrajectoryCredit(filter="after_centring"), "after_centring"),
+    ):
+        ok, reasons = ibpo.verdict(cfg, "symmetric", credit)
+        assert not ok and any(word in r for r in reasons), reasons
+    ok, reasons = ibpo.verdict(cfg, "naive", TrajectoryCredit())
+    assert not ok and any("mask='naive'" in r for r in reasons)

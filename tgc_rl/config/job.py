@@ -180,9 +180,8 @@ class JobSpec(_Strict):
         return self
 
     def _check_env(self, env: EnvSpec) -> None:
-        """What a multi-turn job cannot combine yet, and the engines' prompt limit on every turn."""
-        if self.ibpo is not None:
-            raise ValueError("ibpo: not supported with `env` (multi-turn) yet; remove one of them")
+        """The engines' prompt limit on every turn. `ibpo` combines with it: every option works on trajectories
+        (docs/ibpo.md, "Multi-turn")."""
         if env.bounds.max_total_tokens > self.sampling.max_prompt_tokens:
             raise ValueError(
                 f"env.bounds.max_total_tokens ({env.bounds.max_total_tokens}) exceeds sampling.max_prompt_tokens "

@@ -11,22 +11,28 @@ token counters, and are reported on their own as `ibpo/...`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from rlcore import ibpo as core
-from tgc_rl.batch import SampledBatch, TrainBatch
+from rlcore.config import TrajectoryCredit
+from tgc_rl.batch import Completion, SampledBatch, TrainBatch
 from tgc_rl.config import JobSpec
 from tgc_rl.rollout.engine import Sampling
-from tgc_rl.tasks import TaskItem
+from tgc_rl.run_layout import TIMING_ENV
+from tgc_rl.tasks import Score, TaskItem
 from tgc_rl.tasks.params import fill_template
 from tgc_rl.trainer.data import derive_seed, encode_item
 from tgc_rl.trainer.groups import Group
+
+if TYPE_CHECKING:
+    from tgc_rl.trainer.multi_turn import MultiTurnSampler
 
 log = logging.getLogger("tgc.trainer")
 
@@ -52,9 +58,38 @@ class GroupRevisions:
 class _Job:
     group: int
     row: int
-    prompt_ids: list[int]
+    prompt_ids: list[
+        int
+    ]  # the revision prompt through the chat template (single turn: what is generated from)
+    text: str  # the revision prompt's text (multi-turn: the first user message of the revision's trajectory)
     item: TaskItem
     seed: int
+
+
+@dataclass
+class _Revision:
+    """One revision's outcome: `status` ok | timeout | error (its score's, or its trajectory's failure) |
+    too_long (a trajectory whose first prompt filled its context); its tokens after the prompt and, for a
+    trajectory, which of them the model sampled."""
+
+    correct: bool
+    status: str
+    token_ids: list[int]
+    model_mask: list[bool] | None
+    turns: int
+
+    @property
+    def model_tokens(self) -> int:
+        return len(self.token_ids) if self.model_mask is None else sum(self.model_mask)
+
+
+def _model_edits(response: Completion, revision: _Revision) -> np.ndarray:
+    """The edit mask of a repaired response, one entry per model token (what `rlcore.ibpo.naive_credit_mask`
+    takes): aligned over model tokens only, observations set aside on both sides."""
+    full = core.segment_edit_mask(
+        response.token_ids, revision.token_ids, response.model_mask, revision.model_mask
+    )
+    return full if response.model_mask is None else full[np.asarray(response.model_mask, dtype=bool)]
 
 
 class Reviser:
@@ -67,7 +102,11 @@ class Reviser:
         self.lam = self.cfg.lambda_ if self.cfg.lambda_ is not None else objective.config.bonus_coef
         s = spec.sampling
         self.sampling = Sampling(s.temperature, s.top_p, self.cfg.max_new_tokens or s.max_new_tokens)
-        self.preserves, self.reasons = core.verdict(objective.config, self.cfg.mask)
+        # multi-turn: phi is per trajectory, before centring, broadcast with the step's normaliser (the
+        # default TrajectoryCredit): the verdict is the single-turn one, said across turns
+        credit = TrajectoryCredit() if spec.env is not None else None
+        self.preserves, self.reasons = core.verdict(objective.config, self.cfg.mask, credit)
+        self._sampler: MultiTurnSampler | None = None  # multi-turn revisions: made on first use
         log.info(
             "IBPO: rho %.3g, lambda %.3g, %d reference(s), mask %s: %s",
             self.cfg.rho,
@@ -78,96 +117,161 @@ class Reviser:
         )
 
     # -- generation -----------------------------------------------------------------------------------
-    def revision_prompt(self, item: TaskItem, response: str, references: list[str]) -> list[int]:
-        """Token ids of the revision prompt: the template as the user turn, through the model's chat template
-        (and system prompt) like a task prompt."""
-        text = fill_template(
+    def revision_text(self, item: TaskItem, response: str, references: list[str]) -> str:
+        """The revision prompt's text: the template filled with the task prompt, the response and references."""
+        return fill_template(
             self.cfg.revision_template,
             prompt=item.prompt,
             response=response,
             references=_REFERENCE_SEPARATOR.join(references),
         )
+
+    def revision_prompt(self, item: TaskItem, response: str, references: list[str]) -> list[int]:
+        """Token ids of the revision prompt: the template as the user turn, through the model's chat template
+        (and system prompt) like a task prompt."""
+        text = self.revision_text(item, response, references)
         return encode_item(self.tokenizer, self.spec.model, TaskItem(id=item.id, prompt=text))
 
     def after_rollout(
         self, groups: list[Group], rollout: Any, rewards: Any, metrics: dict[str, float]
     ) -> None:
         """Revise and score the incorrect responses of `groups` (each gets its GroupRevisions as `.credit`); adds
-        `ibpo/...` to `metrics` and the pass's seconds to its `timing/generate_s` and `timing/reward_s`."""
+        `ibpo/...` to `metrics` and the pass's seconds to its `timing/generate_s` and `timing/reward_s` (and,
+        multi-turn, `timing/env_s`)."""
         t0 = time.perf_counter()
         jobs, eligible, skipped = self._jobs(groups)
-        outs, scores = [], []
-        t1 = time.perf_counter()
-        if jobs:
-            outs = [
-                cs[0]
-                for cs in rollout.generate(
-                    [j.prompt_ids for j in jobs], 1, [j.seed for j in jobs], self.sampling
-                )
-            ]
-        t2 = time.perf_counter()
-        if jobs:
-            texts = [self.tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in outs]
-            scores = rewards.score([j.item for j in jobs], texts)
-        t3 = time.perf_counter()
-        repaired, edited = 0, []
-        for j, out, score in zip(jobs, outs, scores, strict=True):
+        prep_s = time.perf_counter() - t0
+        if self.spec.env is None:
+            outs, gen_s, reward_s, env_s = self._revise(jobs, rollout, rewards)
+        else:
+            outs, gen_s, reward_s, env_s = self._revise_in_env(jobs, rollout, rewards)
+        repaired, edited, attempted = 0, [], []
+        for j, out in zip(jobs, outs, strict=True):
+            if out.status == "too_long":  # the environment's first prompt left no room for a model token
+                skipped += 1
+                continue
+            attempted.append(out)
             rec = _revisions(groups[j.group])
-            ok = score.correct
+            ok = out.correct
             rec.attempted[j.row], rec.revised_correct[j.row] = True, ok
             if ok:
                 repaired += 1
                 rec.phi[j.row] = self.cfg.rho
                 if self.cfg.mask != "none":
-                    edit = core.edit_mask(groups[j.group].completions[j.row].token_ids, out.token_ids)
+                    edit = _model_edits(groups[j.group].completions[j.row], out)
                     rec.edits[j.row] = edit
                     edited.append(float(edit.mean()) if edit.size else 0.0)
         phis = [p for g in groups for p in _revisions(g).phi]
-        gen_s, reward_s = t2 - t1, t3 - t2
-        metrics["timing/generate_s"] = metrics.get("timing/generate_s", 0.0) + gen_s + (t1 - t0)
+        tokens = [out.model_tokens for out in attempted]
+        metrics["timing/generate_s"] = metrics.get("timing/generate_s", 0.0) + gen_s + prep_s
         metrics["timing/reward_s"] = metrics.get("timing/reward_s", 0.0) + reward_s
+        if self.spec.env is not None:
+            metrics[TIMING_ENV] = metrics.get(TIMING_ENV, 0.0) + env_s
+            metrics["ibpo/env_s"] = env_s
+            turns = [out.turns for out in attempted]
+            metrics["ibpo/revision_turns_mean"] = sum(turns) / len(turns) if turns else 0.0
         metrics.update(
             {
                 "ibpo/eligible_groups": float(eligible),
-                "ibpo/revisions": float(len(jobs)),
+                "ibpo/revisions": float(len(attempted)),
                 "ibpo/skipped_too_long": float(skipped),
                 "ibpo/repaired": float(repaired),
-                "ibpo/success_rate": repaired / len(jobs) if jobs else 0.0,
+                "ibpo/success_rate": repaired / len(attempted) if attempted else 0.0,
                 "ibpo/phi_mean": sum(phis) / max(len(phis), 1),
-                "ibpo/tokens": float(sum(len(c.token_ids) for c in outs)),
-                "ibpo/revision_length_mean": sum(len(c.token_ids) for c in outs) / max(len(outs), 1),
-                "ibpo/generate_s": gen_s + (t1 - t0),
+                "ibpo/tokens": float(sum(tokens)),
+                "ibpo/revision_length_mean": sum(tokens) / max(len(tokens), 1),
+                "ibpo/generate_s": gen_s + prep_s,
                 "ibpo/reward_s": reward_s,
-                "ibpo/reward_timeouts": float(sum(s.status == "timeout" for s in scores)),
-                "ibpo/reward_errors": float(sum(s.status == "error" for s in scores)),
+                "ibpo/reward_timeouts": float(sum(out.status == "timeout" for out in attempted)),
+                "ibpo/reward_errors": float(sum(out.status == "error" for out in attempted)),
                 "ibpo/edited_frac_mean": sum(edited) / len(edited) if edited else 0.0,
             }
         )
 
+    def _revise(
+        self, jobs: list[_Job], rollout: Any, rewards: Any
+    ) -> tuple[list[_Revision], float, float, float]:
+        """Single turn: one batched generate() of the revision prompts, scored by the reward pool."""
+        if not jobs:
+            return [], 0.0, 0.0, 0.0
+        t0 = time.perf_counter()
+        outs = [
+            cs[0]
+            for cs in rollout.generate([j.prompt_ids for j in jobs], 1, [j.seed for j in jobs], self.sampling)
+        ]
+        t1 = time.perf_counter()
+        texts = [self.tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in outs]
+        scores = rewards.score([j.item for j in jobs], texts)
+        t2 = time.perf_counter()
+        revisions = [
+            _Revision(s.correct, s.status, list(c.token_ids), None, 1)
+            for c, s in zip(outs, scores, strict=True)
+        ]
+        return revisions, t1 - t0, t2 - t1, 0.0
+
+    def _revise_in_env(
+        self, jobs: list[_Job], rollout: Any, rewards: Any
+    ) -> tuple[list[_Revision], float, float, float]:
+        """Multi-turn: each revision is a new trajectory in the job's environment, its first user message the
+        revision prompt (the task item's prompt replaced; its answer, and so its verifier, kept), run to its
+        end by the job's own multi-turn sampler: the same bounds, environment workers, rounds of batched
+        generate() calls and per-turn seeds. Its reward is its score; a failed one (bridge, deadline,
+        env_error) repairs nothing."""
+        if not jobs:
+            return [], 0.0, 0.0, 0.0
+        from tgc_rl.trainer.multi_turn import FAILED, MultiTurnSampler
+
+        assert self.spec.env is not None  # the caller's branch
+        if self._sampler is None:
+            self._sampler = MultiTurnSampler(self.spec.env, self.spec.seed, self.tokenizer, rollout, rewards)
+        self._sampler.rollout, self._sampler.rewards = rollout, rewards
+        items = [dataclasses.replace(j.item, prompt=j.text) for j in jobs]
+        run = self._sampler.run_trajectories(items, [j.seed for j in jobs], 1, self.sampling)
+        out = []
+        for t in run.trajectories:
+            if t.model_tokens == 0 and t.end_reason == "max_total_tokens":
+                status = "too_long"
+            elif t.end_reason in FAILED:
+                status = "timeout" if t.end_reason == "deadline" else "error"
+            else:
+                status = "ok"
+            comp = t.completion(0)
+            correct = status == "ok" and Score(t.reward).correct
+            out.append(_Revision(correct, status, comp.token_ids, comp.model_mask, t.turns))
+        return out, run.generate_s, 0.0, run.env_s
+
     def _jobs(self, groups: list[Group]) -> tuple[list[_Job], int, int]:
         jobs: list[_Job] = []
         eligible = skipped = 0
+        # single turn: the engines' prompt limit; multi-turn: the trajectory's context, which its first prompt
+        # must leave room in (the environment's own messages come on top: `_revise_in_env` counts the rest)
         limit = self.spec.sampling.max_prompt_tokens
+        if self.spec.env is not None:
+            limit = self.spec.env.bounds.max_total_tokens - 1
         for gi, g in enumerate(groups):
             g.credit = GroupRevisions.empty(len(g.completions))
+            kept = g.keep or [True] * len(
+                g.completions
+            )  # a failed trajectory is neither revised nor a reference
             correct = [s.correct for s in g.scores]
-            refs = [j for j, c in enumerate(correct) if c]
-            if not refs or len(refs) == len(correct):
+            refs = [j for j, c in enumerate(correct) if c and kept[j]]
+            wrong = [i for i, c in enumerate(correct) if not c and kept[i]]
+            if not refs or not wrong:
                 continue
             eligible += 1
+            # a multi-turn response is the whole trajectory after its prompt: model turns and observations
             texts = [self.tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in g.completions]
             k = min(self.cfg.references, len(refs))
-            for i, ok in enumerate(correct):
-                if ok:
-                    continue
+            for i in wrong:
                 # rotate through the correct siblings, so the incorrect responses of a group see different ones
                 chosen = [texts[refs[(i + r) % len(refs)]] for r in range(k)]
-                ids = self.revision_prompt(g.prompt.item, texts[i], chosen)
+                text = self.revision_text(g.prompt.item, texts[i], chosen)
+                ids = encode_item(self.tokenizer, self.spec.model, TaskItem(id=g.prompt.item.id, prompt=text))
                 if len(ids) > limit:
                     skipped += 1
                     continue
                 seed = derive_seed(self.spec.seed, g.prompt.index, i * 104_729 + _SEED_SALT)
-                jobs.append(_Job(gi, i, ids, g.prompt.item, seed))
+                jobs.append(_Job(gi, i, ids, text, g.prompt.item, seed))
         return jobs, eligible, skipped
 
     # -- the batch ------------------------------------------------------------------------------------
@@ -178,7 +282,12 @@ class Reviser:
         phi = torch.tensor([p for r in recs for p in r.phi], dtype=torch.float32)
         edits = [e for r in recs for e in r.edits]
         mask, gids, tokens = batch.response_mask, batch.group_ids, batch.response_ids
-        adv = core.shaped_advantages(self.objective.config, batch.rewards, gids, mask, phi, self.lam)
+        # multi-turn: shared nodes live on the whole history (observations too), measured on model tokens; on a
+        # single turn the history is the response mask itself
+        present = batch.history_mask
+        keep = [k for g in groups for k in (g.keep or [True] * len(g.completions))]
+        kept = None if all(keep) else torch.tensor(keep)  # failed trajectories: filtered before centring
+        adv = core.shaped_advantages(self.objective.config, batch.rewards, gids, mask, phi, self.lam, kept)
         variants = ("none", "naive", "symmetric") if self.cfg.mask != "none" else ("none",)
         metrics: dict[str, float] = {
             "ibpo/lambda": float(self.lam),
@@ -186,8 +295,10 @@ class Reviser:
         }
         credit = None
         for variant in variants:
-            c = core.credit_mask(variant, edits, tokens, mask, gids)
-            diag = core.mask_diagnostics(self.objective, adv, c, batch.rollout_logprobs, tokens, mask, gids)
+            c = core.credit_mask(variant, edits, tokens, mask, gids, present)
+            diag = core.mask_diagnostics(
+                self.objective, adv, c, batch.rollout_logprobs, tokens, mask, gids, present
+            )
             if variant == self.cfg.mask:
                 credit = c
                 metrics.update({f"ibpo/{k}": v for k, v in diag.items()})
