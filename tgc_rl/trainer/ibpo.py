@@ -7,6 +7,10 @@ reward pool. A revision the verifier accepts gives its response phi = rho; the b
 R' = R + lambda * phi, centred per group (rlcore.ibpo), optionally with the edit mask. Revisions are not trained
 on. Time and tokens of the pass count in the step's `timing/generate_s` / `timing/reward_s` and the replicas'
 token counters, and are reported on their own as `ibpo/...`.
+
+Multi-turn (`env:`): a revision is a new trajectory in the job's environment, started from the revision prompt
+and run by the job's multi-turn sampler; its edit mask is aligned over model tokens only, and failed
+trajectories are filtered before centring (docs/ibpo.md, "Multi-turn").
 """
 
 from __future__ import annotations
