@@ -1,7 +1,8 @@
 """A multi-turn job end to end (issue 30): Ray, the vLLM engine, environments in worker processes beside the
 reward workers, the learner, a checkpoint, and a resume that continues where the run stopped. The trained
 sequences are the engine's, token for token. The same job is a LoRA job (issue 35): FSDP2 learner with a frozen
-base, vLLM serving the adapter, the canary per sync (one job and one resume for both features)."""
+base, vLLM serving the adapter, the canary per sync, and an IBPO job (issue 30, item 4): incorrect trajectories are
+revised as new trajectories in the environment (one job and one resume for all three)."""
 
 import pytest
 
@@ -12,10 +13,11 @@ from tgc_rl.trainer.multi_turn import MultiTurnSampler
 pytestmark = pytest.mark.slow
 
 # `feedback`: a wrong answer (odd text length, tests.trainer.rewards:text_parity) gets a user message and another
-# try, so trajectories have 1 to 3 model turns with observations between them, whatever a random model writes
+# try, so trajectories have 1 or 2 model turns with observations between them, whatever a random model writes;
+# two tries leave a quarter of the trajectories wrong, so most groups hold a right and a wrong one (IBPO's)
 ENV = {
     "name": "feedback",
-    "params": {"tries": 3},
+    "params": {"tries": 2},
     "bounds": {"max_turns": 3, "max_total_tokens": 256, "max_observation_tokens": 32, "deadline_s": 120},
 }
 MULTI_TURN_METRICS = (
@@ -32,6 +34,15 @@ MULTI_TURN_METRICS = (
     "multi_turn/dropped_trajectories",
     "multi_turn/dropped_groups",
     "timing/env_s",
+)
+# the revision prompt kept short: a trajectory's transcript and a reference must fit the 256-token context
+IBPO = {"mask": "symmetric", "revision_template": "{prompt}\n{response}\n{references}"}
+IBPO_METRICS = (
+    "ibpo/revisions",
+    "ibpo/repaired",
+    "ibpo/env_s",
+    "ibpo/revision_turns_mean",
+    "ibpo/d2_residual",
 )
 
 
@@ -106,12 +117,12 @@ def _check_token_exact(batch, calls) -> int:
 LORA = {"rank": 4, "alpha": 8, "canary_tolerance": 1e-3}  # fp32 on both sides: agreement to ~1e-6
 
 
-def test_a_multi_turn_lora_job_on_vllm_trains_token_exact_syncs_only_the_adapter_checks_every_sync_and_resumes(
+def test_a_multi_turn_lora_ibpo_job_on_vllm_trains_token_exact_revises_in_the_env_syncs_the_adapter_and_resumes(
     ray_cluster, tmp_path, monkeypatch
 ):
-    """One job and its resume for two features (one run and resume cover both):
-    multi-turn trajectories trained token-exact, and LoRA (FSDP2 learner with a frozen base, vLLM serving the
-    adapter, the canary checking every sync)."""
+    """One job and its resume for three features (one run and resume cover them all):
+    multi-turn trajectories trained token-exact, LoRA (FSDP2 learner with a frozen base, vLLM serving the
+    adapter, the canary checking every sync), and IBPO's revisions run as trajectories in the environment."""
     import torch
     from peft import PeftModel
     from safetensors.torch import load_file
@@ -128,6 +139,7 @@ def test_a_multi_turn_lora_job_on_vllm_trains_token_exact_syncs_only_the_adapter
         "optim.lr": 5e-2,  # LoRA's larger learning rate: the adapter moves the policy within a few steps
         "resources.rollout_engine": "vllm",
         "checkpoint.every_steps": 1,
+        "ibpo": IBPO,
     }
     assert run(tiny_spec(steps=2, **spec), tmp_path) == "succeeded"
     assert run(tiny_spec(steps=3, **spec), tmp_path, resume="latest") == "succeeded"
@@ -143,6 +155,14 @@ def test_a_multi_turn_lora_job_on_vllm_trains_token_exact_syncs_only_the_adapter
     assert sum(r["multi_turn/observation_tokens"] for r in rows) > 0  # some trajectories took another turn
     turns = sum(_check_token_exact(b, recorder.calls) for b in recorder.batches)
     assert turns > sum(len(b) for b in recorder.batches)  # more model turns than trajectories were checked
+
+    # IBPO: revisions ran as trajectories in the environment workers and the credit kept cancellation
+    for r in rows:
+        assert all(name in r for name in IBPO_METRICS), sorted(set(IBPO_METRICS) - set(r))
+        assert r["ibpo/preserves_cancellation"] == 1.0 and r["ibpo/d2_residual"] < 1e-6
+        assert r["ibpo/reward_errors"] == 0 and r["ibpo/skipped_too_long"] == 0
+    assert sum(r["ibpo/revisions"] for r in rows) > 0
+    assert all(r["ibpo/revision_turns_mean"] >= 1 for r in rows if r["ibpo/revisions"])
 
     # LoRA: every sync was checked by the canary (step 3's after the resume's own sync of the checkpoint) and
     # agreed
