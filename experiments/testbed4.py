@@ -195,10 +195,11 @@ class Prober:
         heldout: Sequence[dict[str, Any]],
         phrase_prompts: int = PHRASE_PROMPTS,
         probe_prompts: Sequence[str] = PROBE_PROMPTS,
+        probe_tokens: int = PROBE_TOKENS,
     ):
         import torch
 
-        self.torch, self.tok = torch, tokenizer
+        self.torch, self.tok, self.probe_tokens = torch, tokenizer, probe_tokens
         self.rows = {r["id"]: r for r in heldout}
         self.phrase_rows = list(heldout)[:phrase_prompts]
         self.end = tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -222,7 +223,7 @@ class Prober:
         with self.torch.no_grad():
             out = model.generate(
                 self.torch.tensor([prompt]),
-                max_new_tokens=PROBE_TOKENS,
+                max_new_tokens=self.probe_tokens,
                 do_sample=False,
                 pad_token_id=self.end,
             )
@@ -476,7 +477,7 @@ def base_model_path() -> Path:
 
 
 def make_prober(**sizes: Any) -> Prober:
-    """The study's prober (`sizes`: smaller probe sets, for tests)."""
+    """The study's prober (`sizes`: smaller probe sets and answers, for tests)."""
     from tgc_rl.config import ModelSpec
     from tgc_rl.models import load_tokenizer
 

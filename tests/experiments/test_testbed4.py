@@ -225,7 +225,9 @@ def test_probes_of_the_initial_model_read_zero_drift_and_a_changed_model_reads_s
     import torch
     from transformers import AutoModelForCausalLM
 
-    prober = testbed4.make_prober(phrase_prompts=2, probe_prompts=testbed4.PROBE_PROMPTS[:2])
+    # the study's model, with the smallest probe sets that reach every measurement: one phrase prompt (its
+    # eight phrasings), one unrelated prompt and an 8-token answer to it (the study: 32, 24 and 32 tokens)
+    prober = testbed4.make_prober(phrase_prompts=1, probe_prompts=testbed4.PROBE_PROMPTS[:1], probe_tokens=8)
     base = testbed4.base_model_path()
     same = prober.probe(base, None)
     assert same["phrase/kl_from_start"] == pytest.approx(0.0, abs=1e-9)
