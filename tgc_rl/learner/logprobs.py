@@ -242,16 +242,13 @@ class PolicyLogprobs(nn.Module):
         return logprobs, entropies
 
     def _tree_mask(self, trees: PackedTrees) -> Tensor:
-        """The dense (k, 1, L, L) mask up to dense_tree_max_tokens nodes, above it the block kernel's subtree ends."""
+        """The dense (k, 1, L, L) mask up to dense_tree_max_tokens nodes, above it the tree kernel's subtree ends."""
         L = trees.input_ids.shape[1]
-        on_cuda = trees.input_ids.is_cuda
+        kernel = tree_attention.kernel_name(trees.input_ids.device)
         threshold = self.dense_tree_max_tokens
         if threshold is None:
-            threshold = DENSE_TREE_MAX_TOKENS_CUDA if on_cuda else DENSE_TREE_MAX_TOKENS
-        choice = "dense"
-        if self.tree_kernel and L > threshold:
-            # The dispatcher's rule (tree_attention.py): FlexAttention on CUDA, the block kernel elsewhere.
-            choice = "flex" if on_cuda else "block"
+            threshold = DENSE_TREE_MAX_TOKENS_CUDA if kernel == "flex" else DENSE_TREE_MAX_TOKENS
+        choice = kernel if self.tree_kernel and L > threshold else "dense"
         if choice not in self._logged:  # once per path and policy: which attention long trees get
             self._logged.add(choice)
             log.info(

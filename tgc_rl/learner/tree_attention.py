@@ -128,6 +128,12 @@ _flex_mask: tuple[Tensor, Any] | None = None
 FLEX_BLOCK = 128  # FlexAttention's block size: the subtree ends are padded to a multiple of it
 
 
+def kernel_name(device: torch.device) -> str:
+    """The tree kernel a device runs: compiled FlexAttention on CUDA (its backward needs CUDA), the block kernel
+    elsewhere. The dispatcher follows it, and the learner names its choice by it."""
+    return "flex" if device.type == "cuda" else "block"
+
+
 def flex_tree_attention(q: Tensor, k: Tensor, v: Tensor, ends_mask: Tensor, scale: float) -> Tensor:
     """tree_attention through FlexAttention (CUDA): query a sees key b iff b <= a < subtree_end[b]. ends_mask is
     the model's (B, 1, 1, L) mask from tree_ends_mask; its block mask is built once and reused by every layer."""
@@ -179,7 +185,7 @@ def _dispatch(
     if dropout:
         raise ValueError("tree attention has no dropout; the learner trains with attention_dropout 0")
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    if query.is_cuda:
+    if kernel_name(query.device) == "flex":
         out = flex_tree_attention(query, key, value, attention_mask, scale)
     else:
         out = tree_attention(query, key, value, attention_mask[:, 0, 0], scale)
