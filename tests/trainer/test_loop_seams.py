@@ -71,7 +71,7 @@ def test_the_first_sigterm_stops_an_evaluation_only_job(tmp_path, monkeypatch):
     monkeypatch.setattr(trainer_main, "init_ray", lambda spec: False)
     finished = []
 
-    def evaluate_slowly(spec, run_dir, model_path=None, reporter=None):
+    def evaluate_slowly(spec, run_dir, checkpoint=None, reporter=None):
         os.kill(os.getpid(), signal.SIGTERM)  # one SIGTERM, as Ray's job stop or a pod's eviction sends
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:

@@ -51,7 +51,7 @@ class ObjectiveCredit:
     def train_batch(self, groups: list[Group], sampled: SampledBatch) -> tuple[TrainBatch, dict[str, float]]:
         comps = [c for g in groups for c in g.completions]
         gids = [i for i, g in enumerate(groups) for _ in g.completions]
-        keep = [k for g in groups for k in (g.keep or [True] * len(g.completions))]
+        keep = [k for g in groups for k in g.kept]
         shaping, keep, metrics = overlong_handling(self.sampling, comps, gids, keep)
         kept = None if all(keep) else torch.tensor(keep)  # failed or truncated: filtered before centring
         adv = self.objective.advantages(

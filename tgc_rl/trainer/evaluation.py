@@ -295,23 +295,24 @@ def _load_adapter(rollout, spec: JobSpec, ck: CheckpointModel, base: Path) -> No
 
 
 def run_eval_only(
-    spec: JobSpec, run_dir: Path, model_path: Path | None = None, reporter=None
+    spec: JobSpec, run_dir: Path, checkpoint: Path | None = None, reporter=None
 ) -> dict[str, float]:
-    """Evaluate a model (the spec's, `model_path`, or the policy of the checkpoint whose `model` dir
-    `model_path` is) without training: rollout replicas and a reward pool only, no learner. Writes
-    metrics.jsonl (step 0) and eval/step_0.jsonl."""
+    """Evaluate a model (the spec's, or the policy `checkpoint` holds: `CheckpointModel`) without training:
+    rollout replicas and a reward pool only, no learner. Writes metrics.jsonl (step 0) and eval/step_0.jsonl."""
     from tgc_rl.models import load_tokenizer, model_dir
     from tgc_rl.trainer.actors import JobActors
     from tgc_rl.trainer.metrics import MetricsSink
 
     ck = None
-    if model_path is not None and (model_path.parent / TRAINER_STATE_FILE).is_file():
-        ck = CheckpointModel.read(model_path.parent)
+    if checkpoint is not None and (checkpoint / TRAINER_STATE_FILE).is_file():
+        ck = CheckpointModel.read(checkpoint)
         spec = ck.eval_spec(spec)
     if ck is not None and ck.base is not None:
         path = model_dir(ck.base, ck.seed)
+    elif checkpoint is not None:  # full or merged weights (a folder without trainer state: its model/ as is)
+        path = checkpoint / "model"
     else:
-        path = model_path or model_dir(spec.model, spec.seed)
+        path = model_dir(spec.model, spec.seed)
     tokenizer = load_tokenizer(spec.model)
     evaluator = Evaluator(spec, lambda item: encode_item(tokenizer, spec.model, item), run_dir)
     sink = MetricsSink(run_dir, spec.name, 1, progress=False)

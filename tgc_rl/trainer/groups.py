@@ -20,6 +20,11 @@ class Group:
     keep: list[bool] | None = None  # multi-turn: the trajectories that enter the centring (None: all)
 
     @property
+    def kept(self) -> list[bool]:
+        """One flag per completion: does it enter the centring (every one, unless a trajectory failed)."""
+        return self.keep or [True] * len(self.completions)
+
+    @property
     def informative(self) -> bool:
         return len({s.reward for s in self.scores}) > 1
 

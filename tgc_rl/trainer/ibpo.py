@@ -62,9 +62,8 @@ class GroupRevisions:
 class _Job:
     group: int
     row: int
-    prompt_ids: list[
-        int
-    ]  # the revision prompt through the chat template (single turn: what is generated from)
+    # the revision prompt through the chat template (single turn: what is generated from)
+    prompt_ids: list[int]
     text: str  # the revision prompt's text (multi-turn: the first user message of the revision's trajectory)
     item: TaskItem
     seed: int
@@ -133,7 +132,9 @@ class Reviser:
     def revision_prompt(self, item: TaskItem, response: str, references: list[str]) -> list[int]:
         """Token ids of the revision prompt: the template as the user turn, through the model's chat template
         (and system prompt) like a task prompt."""
-        text = self.revision_text(item, response, references)
+        return self._encode(item, self.revision_text(item, response, references))
+
+    def _encode(self, item: TaskItem, text: str) -> list[int]:
         return encode_item(self.tokenizer, self.spec.model, TaskItem(id=item.id, prompt=text))
 
     def after_rollout(
@@ -254,9 +255,7 @@ class Reviser:
             limit = self.spec.env.bounds.max_total_tokens - 1
         for gi, g in enumerate(groups):
             g.credit = GroupRevisions.empty(len(g.completions))
-            kept = g.keep or [True] * len(
-                g.completions
-            )  # a failed trajectory is neither revised nor a reference
+            kept = g.kept  # a failed trajectory is neither revised nor a reference
             correct = [s.correct for s in g.scores]
             refs = [j for j, c in enumerate(correct) if c and kept[j]]
             wrong = [i for i, c in enumerate(correct) if not c and kept[i]]
@@ -270,7 +269,7 @@ class Reviser:
                 # rotate through the correct siblings, so the incorrect responses of a group see different ones
                 chosen = [texts[refs[(i + r) % len(refs)]] for r in range(k)]
                 text = self.revision_text(g.prompt.item, texts[i], chosen)
-                ids = encode_item(self.tokenizer, self.spec.model, TaskItem(id=g.prompt.item.id, prompt=text))
+                ids = self._encode(g.prompt.item, text)
                 if len(ids) > limit:
                     skipped += 1
                     continue
@@ -289,7 +288,7 @@ class Reviser:
         # multi-turn: shared nodes live on the whole history (observations too), measured on model tokens; on a
         # single turn the history is the response mask itself
         present = batch.history_mask
-        keep = [k for g in groups for k in (g.keep or [True] * len(g.completions))]
+        keep = [k for g in groups for k in g.kept]
         kept = None if all(keep) else torch.tensor(keep)  # failed trajectories: filtered before centring
         adv = core.shaped_advantages(self.objective.config, batch.rewards, gids, mask, phi, self.lam, kept)
         variants = ("none", "naive", "symmetric") if self.cfg.mask != "none" else ("none",)

@@ -240,7 +240,7 @@ def run(
             from tgc_rl.trainer.evaluation import run_eval_only
 
             reporter.state(JobState.RUNNING, "evaluating", 0)
-            run_eval_only(spec, run_dir, checkpoint / "model" if checkpoint else None, reporter)
+            run_eval_only(spec, run_dir, checkpoint, reporter)
             reporter.state(JobState.SUCCEEDED, "evaluated" + (f" {checkpoint}" if checkpoint else ""), 0)
             return JobState.SUCCEEDED
         from tgc_rl.trainer.loop import Trainer
