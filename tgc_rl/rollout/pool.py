@@ -77,8 +77,7 @@ class RolloutPool:
         self.actors: list[Any] = [self._create(i) for i in range(self.replicas)]
         try:
             for i, info in enumerate(ray.get([a.ready.remote() for a in self.actors])):
-                if not self.shared:  # a shared engine is not this job's process: it outlives the job
-                    self._pids[i] = [info["pid"], *info["children"]]
+                self._track(i, info)
         except Exception:
             self.shutdown()
             raise
@@ -128,8 +127,7 @@ class RolloutPool:
                 self._weights, self._weights_version = self.weights_source(), self.version
             if self._weights is not None:
                 ray.get(actor.update_weights.remote([self._weights], self.version))
-            if not self.shared:
-                self._pids[i] = [info["pid"], *info["children"]]
+            self._track(i, info)
             self.actors[i] = actor
             self.restarts += 1
             return actor
@@ -231,6 +229,12 @@ class RolloutPool:
         # the last weight sync: seconds end to end, in the slowest replica's ray.get and load, and its bytes
         out.update({("sync_s" if k == "sync_s" else f"sync_{k}"): v for k, v in self._last_sync.items()})
         return out
+
+    def _track(self, i: int, info: dict[str, Any]) -> None:
+        """Record replica i's processes for leak checks; not a shared engine's, which is not this job's process
+        (it outlives the job)."""
+        if not self.shared:
+            self._pids[i] = [info["pid"], *info["children"]]
 
     def pids(self) -> list[int]:
         """Processes of the replicas (actor workers and anything they started), for leak checks; none for a

@@ -21,9 +21,8 @@ class RolloutSpec:
     broadcast: bool  # resources.weight_sync is `broadcast` (only vLLM can receive one)
     gpus: float  # resources.gpus_per_rollout
     memory_fraction: float  # resources.vllm_memory_fraction
-    shared: bool = (
-        False  # resources.rollout_sharing is `shared`: the adapter goes to a shared engine (shared.py)
-    )
+    # resources.rollout_sharing is `shared`: the adapter goes to a shared engine (shared.py)
+    shared: bool = False
 
     @classmethod
     def of(cls, job: JobSpec) -> RolloutSpec:
