@@ -91,12 +91,16 @@ ROLLOUT_INFORMATIVE_GROUPS = "rollout/informative_groups"
 PRESERVES_CANCELLATION = "objective/preserves_cancellation"
 # Off-policy (docs/objectives.md#behaviour-policy-corrections): the learner's k3 KL to the sampling engine, the
 # spread of the engine's log-probs across copies of shared tokens (the token-level corrections' cancellation
-# condition), the share of tokens the behaviour correction truncated or masked, and the policy lag.
+# condition), the share of tokens the behaviour correction truncated or masked, its mean weight, the policy lag,
+# how many shared-token pairs the spread was measured on, and the queued rollouts dropped as too stale.
 MISMATCH_K3 = "mismatch/k3_kl"
 MISMATCH_SPREAD_MEAN = "mismatch/shared_spread_mean"
 MISMATCH_SPREAD_MAX = "mismatch/shared_spread_max"
 BEHAVIOUR_CORRECTED_FRAC = "objective/behaviour/corrected_frac"
 POLICY_STALENESS_MAX = "policy/staleness_max"
+MISMATCH_SHARED_PAIRS = "mismatch/shared_pairs"
+BEHAVIOUR_COEF_MEAN = "objective/behaviour/coef_mean"
+ROLLOUT_STALE_DROPPED = "rollout/stale_dropped"
 # Multi-turn jobs (`env:`, docs/multi_turn.md): per step, summed over the step's trajectories (refills
 # included); bound hits per reason as `multi_turn/bound_hits/<reason>`.
 MT_TRAJECTORIES = "multi_turn/trajectories"
@@ -209,6 +213,9 @@ WATCHED_METRICS = frozenset(
         MISMATCH_SPREAD_MAX,
         BEHAVIOUR_CORRECTED_FRAC,
         POLICY_STALENESS_MAX,
+        MISMATCH_SHARED_PAIRS,
+        BEHAVIOUR_COEF_MEAN,
+        ROLLOUT_STALE_DROPPED,
         *MT_STEP_COUNTERS,
         MT_TURNS_PER_TRAJECTORY,
         TIMING_ENV,

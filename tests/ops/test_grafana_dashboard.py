@@ -37,6 +37,9 @@ WANTED = {
     "off-policy mismatch": rl.MISMATCH_K3,
     "behaviour correction": rl.BEHAVIOUR_CORRECTED_FRAC,
     "shared-token spread": rl.MISMATCH_SPREAD_MAX,
+    "correction weight": rl.BEHAVIOUR_COEF_MEAN,
+    "shared pairs": rl.MISMATCH_SHARED_PAIRS,
+    "stale drops": rl.ROLLOUT_STALE_DROPPED,
 }
 
 

@@ -64,7 +64,7 @@ def job_spec() -> dict:
 
 # A panel whose description starts so is fed only by jobs of that kind (this module's job is a plain
 # single-turn one): its queries are not expected to return data here.
-FED_BY_SOME_JOBS = ("Multi-turn jobs only", "Overlong-handling jobs only")
+FED_BY_SOME_JOBS = ("Multi-turn jobs only", "Overlong-handling jobs only", "Async jobs only")
 
 
 def fed_by_every_job(panel: dict) -> bool:

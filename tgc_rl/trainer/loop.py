@@ -31,6 +31,7 @@ from tgc_rl.run_layout import (
     REWARD_MEAN,
     REWARD_TIMEOUTS,
     ROLLOUT_INFORMATIVE_GROUPS,
+    ROLLOUT_STALE_DROPPED,
     SPEC_FILE,
     THROUGHPUT_TOKENS_PER_S,
     TIMING_GENERATE,
@@ -299,7 +300,7 @@ class Trainer:
                 while pool and more and len(ahead) < min(depth, spec.steps - self.step - 1):
                     ahead.append(pool.submit(self._rollout_ahead))
                 metrics = self.train_step(rollout)
-                metrics["rollout/stale_dropped"] = float(stale)
+                metrics[ROLLOUT_STALE_DROPPED] = float(stale)
                 self.step += 1
                 metrics[TIMING_STEP] = time.perf_counter() - t0
                 metrics[THROUGHPUT_TOKENS_PER_S] = metrics[RESPONSE_TOKENS] / metrics[TIMING_STEP]
