@@ -168,6 +168,14 @@ def score_eval(
     }
 
 
+def wrong_answers(records: list[dict[str, Any]], rows: list[dict[str, str]]) -> list[tuple[int, str]]:
+    """(row, response) of every record the task's rule scores wrong: what a drop in accuracy consists of."""
+    from tgc_rl.tasks.answers import last_number
+
+    wrong = [(int(r["row"]), r["response"]) for r in records]
+    return sorted((i, text) for i, text in wrong if last_number(text) != rows[i]["answer"])
+
+
 def run_one(spec_path: str, v: Variant, seed: int, out: Path, steps: int | None) -> dict[str, Any]:
     from tgc_rl.config import JobSpec
     from tgc_rl.run_layout import EVAL_ACCURACY, REWARD_MEAN, TIMING_STEP
@@ -197,7 +205,12 @@ def run_one(spec_path: str, v: Variant, seed: int, out: Path, steps: int | None)
                     for ln in (run_dir / "eval" / f"step_{m['step']}.jsonl").read_text().splitlines()
                 ]
                 evals.append(
-                    {"step": m["step"], "eval_s": m["timing/eval_s"], **score_eval(recs, rows, trained)}
+                    {
+                        "step": m["step"],
+                        "eval_s": m["timing/eval_s"],
+                        **score_eval(recs, rows, trained),
+                        "wrong": wrong_answers(recs, rows),
+                    }
                 )
         steps_out = [
             {

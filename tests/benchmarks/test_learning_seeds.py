@@ -80,6 +80,7 @@ def test_score_eval_uses_the_task_rule_and_splits_unseen_rows():
     assert got["accuracy"] == 0.5 and got["accuracy_verifier"] == 0.75
     assert got["n_unseen"] == 2 and got["accuracy_unseen"] == 0.5  # rows 1 (right) and 3 (wrong)
     assert math.isnan(ls.score_eval(records, _rows(), trained={"p0", "p1", "p2", "p3"})["accuracy_unseen"])
+    assert ls.wrong_answers(records[::-1], _rows()) == [(2, "2 or maybe 7"), (3, "no")]
     with pytest.raises(ValueError, match="covered 3 of 4"):
         ls.score_eval(records[:3], _rows(), trained=set())
 
