@@ -157,10 +157,15 @@ def _rss_mb(field: str = "VmRSS", pid: str = "self") -> float:
     return rss(field, pid)
 
 
-def _model_spec():
+def model_path() -> Path:
+    """The random model's directory, built once. ModelSpec refuses a vocabulary under the tokenizer's 49152
+    (sampling could emit ids the model lacks); this benchmark never samples and its ids are under
+    SHAPE's vocabulary, so the spec is constructed without that check and the directory is passed on as a
+    local model (which the learner, the plain loop and TRL all load as it is)."""
     from tgc_rl.config import ModelSpec
+    from tgc_rl.models import model_dir
 
-    return ModelSpec(source="random", dtype="float32", config_overrides=SHAPE)
+    return model_dir(ModelSpec.model_construct(source="random", dtype="float32", config_overrides=SHAPE))
 
 
 def batch_tokens(shape: Shape, seed: int = 0) -> tuple[list[list[int]], list[list[int]]]:
@@ -204,12 +209,11 @@ def _train_batch(shape: Shape):
 def _learner(shape: Shape):
     from tgc_rl.config import JobSpec
     from tgc_rl.learner import Learner, LearnerSpec
-    from tgc_rl.models import model_dir
 
     spec = JobSpec.parse(
         {
             "name": "bench-scaling",
-            "model": _model_spec().model_dump(),
+            "model": {"source": str(model_path()), "dtype": "float32"},
             "objective": {"name": "dr_grpo"},
             "group_size": shape.group,
             "prompts_per_step": shape.prompts,
@@ -224,7 +228,7 @@ def _learner(shape: Shape):
             "resources": {"cpus_per_learner": 1},
         }
     )
-    return Learner(LearnerSpec.of(spec), model_dir(_model_spec()))
+    return Learner(LearnerSpec.of(spec), model_path())
 
 
 def _reset_peak() -> float:
@@ -247,9 +251,8 @@ def run_local(system: str, shape: Shape, threads: int, n_steps: int) -> dict:
 
         import rlcore
         from tgc_rl.learner.logprobs import PolicyLogprobs
-        from tgc_rl.models import model_dir
 
-        lm = AutoModelForCausalLM.from_pretrained(model_dir(_model_spec()), dtype=torch.float32)
+        lm = AutoModelForCausalLM.from_pretrained(model_path(), dtype=torch.float32)
         lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         policy = PolicyLogprobs(lm, CHUNK).train()
         optimizer = torch.optim.AdamW(policy.parameters(), lr=LR, fused=True)
@@ -332,11 +335,9 @@ def run_trl(shape: Shape, threads: int, n_steps: int, py: Path) -> list[str]:
     """The TRL child's command line (run by the parent under its RSS watch)."""
     import tempfile
 
-    from tgc_rl.models import model_dir
-
     prompts, responses = batch_tokens(shape)
     cfg = {
-        "model": str(model_dir(_model_spec())),
+        "model": str(model_path()),
         "rows": [[p, r] for p, r in zip(prompts, responses, strict=True)],
         "group": shape.group,
         "prompts": shape.prompts,

@@ -158,3 +158,22 @@ def test_run_capped_reads_the_last_line_and_kills_above_the_cap():
     assert scaling._run_capped([sys.executable, "-c", "raise SystemExit(3)"], 4.0) == "failed (exit 3)"
     hog = [sys.executable, "-c", "import time; b = bytearray(300 * 2**20); time.sleep(30); print('{}')"]
     assert scaling._run_capped(hog, cap_gb=0.1) == "> 0.1 GB (killed)"
+
+
+@pytest.mark.parametrize("system", ["plain", "tgc"])
+def test_a_tiny_real_point(system, monkeypatch):
+    """The child's own path on a tiny model: every step timed, the high-water mark at or above the base."""
+    tiny = {
+        **scaling.SHAPE,
+        "num_hidden_layers": 1,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 1,
+        "num_key_value_heads": 1,
+        "vocab_size": 512,
+    }
+    monkeypatch.setattr(scaling, "SHAPE", tiny)
+    got = scaling.run_local(system, Shape(8, 6, 2, prompts=2), threads=1, n_steps=2)
+    assert len(got["times"]) == 2 and all(t > 0 for t in got["times"])
+    assert got["peak_mb"] >= got["base_mb"] > 0
+    assert got["detail"] == ("rows" if system == "plain" else "tree dense")  # 2 x (8 + 2 x 6) nodes: dense
