@@ -295,8 +295,13 @@ def status(key):
 
 fed = []
 def rollout(prompts, trainer):
-    # each prompt text is its group's index; TRL passes every group's prompt once (G completions each)
-    rows = [cfg["rows"][int(p) * cfg["group"] + j] for p in prompts for j in range(cfg["group"])]
+    # each prompt text is its group's index; TRL passes it once per completion it wants (G times a group):
+    # the k-th time a group's prompt appears gets that group's k-th response
+    seen = {}
+    rows = []
+    for p in prompts:
+        k = seen[p] = seen.get(p, -1) + 1
+        rows.append(cfg["rows"][int(p) * cfg["group"] + k])
     fed.append(len(rows))
     return {"prompt_ids": [r[0] for r in rows], "completion_ids": [r[1] for r in rows], "logprobs": None}
 
