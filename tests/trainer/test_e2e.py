@@ -1,10 +1,6 @@
 """The whole job on a real local Ray cluster: rollout actors, reward pool, FSDP2 learner ranks, weight sync,
 checkpoints, resume, cancel and a rollout replica killed mid-run."""
 
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -16,7 +12,7 @@ from tgc_rl.trainer.checkpoints import Checkpoints, read_state
 from tgc_rl.trainer.main import run
 from tgc_rl.trainer.traces import read_page
 
-from .conftest import read_events, read_metrics, tiny_spec
+from .conftest import kill_trainer_after_checkpoint, read_events, read_metrics, tiny_spec
 from .test_async import _assert_the_k_step_correction_is_reported
 
 pytestmark = pytest.mark.slow
@@ -106,43 +102,10 @@ def test_a_trainer_killed_mid_step_resumes_exactly_and_drops_what_it_logged_afte
     """A trainer hard-killed during step 3 (its own local Ray, as `tgc train`) leaves no process behind; the
     resume redoes the lost step once, drops metrics and traces logged after the last checkpoint, and ends
     where an uninterrupted run of the same spec ends: same samples, same losses."""
-    import psutil
-
     spec = tiny_spec(steps=4, **{"checkpoint.every_steps": 1})
     full, run_dir = tmp_path / "full", tmp_path / "run"
     assert run(spec, full) == "succeeded"
-    (tmp_path / "job.yaml").write_text(spec.to_yaml())
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own local Ray, as `tgc train`
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tgc_rl.trainer",
-            "--spec",
-            str(tmp_path / "job.yaml"),
-            "--run-dir",
-            str(run_dir),
-        ],
-        env=env,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 900
-        while not (run_dir / "checkpoints" / "step_2").exists():  # step 3 is under way once step 2 is saved
-            assert proc.poll() is None and time.monotonic() < deadline, "the trainer ended before step 2"
-            time.sleep(0.1)
-        family = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
-        os.killpg(proc.pid, signal.SIGKILL)  # no handler, no final checkpoint: a hard kill mid-step
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    gone = time.monotonic() + 30
-    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in family):
-        assert time.monotonic() < gone, "processes of the killed trainer outlived it"
-        time.sleep(0.2)
+    kill_trainer_after_checkpoint(spec, run_dir, "step_2")  # step 3 is under way once step 2 is saved
     assert max(r["step"] for r in read_metrics(run_dir)) in (2, 3)
     # what a trainer killed after logging the next step but before checkpointing it leaves behind
     latest = Checkpoints(run_dir / "checkpoints", spec.checkpoint.keep_last).latest()  # what the resume takes
