@@ -245,10 +245,9 @@ def run_one(spec_path: str, v: Variant, seed: int, out: Path, steps: int | None)
 
 # -- the summary ----------------------------------------------------------------------------------
 def _mean_sd(xs: list[float]) -> str:
-    if not xs:
-        return "-"
-    sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
-    return f"{statistics.fmean(xs):.3f} ± {sd:.3f}"
+    if len(xs) < 2:  # one seed has no spread; do not print one
+        return f"{xs[0]:.3f}" if xs else "-"
+    return f"{statistics.fmean(xs):.3f} ± {statistics.stdev(xs):.3f}"
 
 
 def window_reward(r: dict[str, Any], lo: int, hi: int) -> float | None:

@@ -142,6 +142,7 @@ def test_summary_windows_seconds_to_target_and_spread():
     assert sync["heldout_end"] == [0.9, 1.0] and sync["unseen_end"] == [0.45, 0.5]
     assert sync["train_s"] == [600.0, 600.0] and sync["step_s"] == [40.0, 40.0]
     assert ls._mean_sd(sync["reward_6_10"]) == "0.900 ± 0.141"
+    assert ls._mean_sd([0.25]) == "0.250" and ls._mean_sd([]) == "-"
     text = ls.table(rows)
     assert "| sync | 0,1 | 3e-05 | 0.540 ± 0.057 | 0.900 ± 0.141 |" in text
     assert "| 300 (2/2) |" in text and "not reached" in text.splitlines()[-1]
