@@ -311,6 +311,22 @@ def table(rows: list[dict[str, Any]]) -> str:
     return head + "\n".join(lines) + "\n"
 
 
+def per_run_table(results: list[dict[str, Any]]) -> str:
+    """One line per run: with 3 seeds, the individual values say more than a spread."""
+    out = "| variant | seed | reward 11-15 | held-out start -> end | unseen end | 15 steps s | run wall s |\n"
+    out += "|---" * 7 + "|\n"
+    order = {v.name: i for i, v in enumerate(VARIANTS)}
+    for r in sorted(results, key=lambda r: (order[r["variant"]["name"]], r["seed"])):
+        evals = sorted(r["evals"], key=lambda e: e["step"])
+        late = window_reward(r, *WINDOWS[-1])
+        out += (
+            f"| {r['variant']['name']} | {r['seed']} | {'-' if late is None else f'{late:.3f}'} | "
+            f"{evals[0]['accuracy']:.2f} -> {evals[-1]['accuracy']:.2f} | {evals[-1]['accuracy_unseen']:.2f} | "
+            f"{sum(s['step_s'] for s in r['steps']):.0f} | {r['wall_s']:.0f} |\n"
+        )
+    return out
+
+
 def per_step_table(results: list[dict[str, Any]]) -> str:
     """Mean training reward of each step per variant (over the seeds run)."""
     names = [v.name for v in VARIANTS if any(r["variant"]["name"] == v.name for r in results)]
@@ -346,6 +362,8 @@ def report(results: Path, md: Path) -> str:
         f"{max(r['load_start'] for r in found):.1f}. Step s: the mean of steps {WARM_UP + 1}-15; 15 steps s and "
         f"s to reward {TARGET_REWARD}: summed step seconds (evaluation and start-up excluded).\n\n"
         + table(summary(found))
+        + "\nPer run:\n\n"
+        + per_run_table(found)
         + "\nTraining reward per step (mean over the seeds run):\n\n"
         + per_step_table(found)
     )

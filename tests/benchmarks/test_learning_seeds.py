@@ -159,6 +159,7 @@ def test_report_fills_only_its_block(tmp_path):
     text = md.read_text()
     assert text.startswith(f"# before\n{ls.BEGIN}\n1 runs;") and text.endswith(f"{ls.END}\nafter\n")
     assert "old table" not in text and "| 15 | 0.500 |" in text
+    assert "| sync | 0 | 0.500 | 0.40 -> 0.90 | 0.45 | 600 | 100 |" in text
     md.write_text("no block\n")
     with pytest.raises(SystemExit, match="no <!-- learning_seeds:begin -->"):
         ls.report(tmp_path / "r", md)
