@@ -508,7 +508,7 @@ def name_bound(pts: list[dict]) -> str:
     out = []
     if rates[-1] >= 0.6 * max(rates):
         out.append(
-            f"time: compute (the FLOP rate holds, {min(rates):.0f}-{max(rates):.0f} GFLOP/s; at "
+            f"time: compute (time follows model FLOPs, the rate holds at {min(rates):.0f}-{max(rates):.0f} GFLOP/s; at "
             f"R={longest['response']} {top} is {share:.0%} of the FLOPs)"
         )
     else:

@@ -104,7 +104,7 @@ def _at_rate(system, response, gflops, **kw):
 def test_name_bound_compute_and_linear_memory():
     pts = [_at_rate("plain", r, 100.0) for r in (64, 256, 1024, 4096)]
     text = scaling.name_bound(pts)
-    assert text.startswith("time: compute (the FLOP rate holds, 100-100 GFLOP/s")
+    assert text.startswith("time: compute (time follows model FLOPs, the rate holds at 100-100 GFLOP/s")
     assert "fixed cost" not in text and "memory: linear" in text
 
 
