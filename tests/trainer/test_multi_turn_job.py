@@ -1,8 +1,9 @@
 """A multi-turn job end to end (issue 30): Ray, the vLLM engine, environments in worker processes beside the
-reward workers, the learner, a checkpoint, and a resume that continues where the run stopped. The trained
-sequences are the engine's, token for token. The same job is a LoRA job (issue 35): FSDP2 learner with a frozen
-base, vLLM serving the adapter, the canary per sync, and an IBPO job (issue 30, item 4): incorrect trajectories are
-revised as new trajectories in the environment (one job and one resume for all three)."""
+reward workers, the learner and its checkpoints. The trained sequences are the engine's, token for token. The same
+job is a LoRA job (issue 35): FSDP2 learner with a frozen base, vLLM serving the adapter, the canary per sync, and
+an IBPO job (issue 30, item 4): incorrect trajectories are revised as new trajectories in the environment (one job
+for all three). A multi-turn job killed mid-step and resumed, with the sandbox as its tool, is
+test_sandbox_tool_job.py's (which also holds the LoRA canary after a resume)."""
 
 import pytest
 
@@ -48,10 +49,10 @@ IBPO_METRICS = (
 
 class _Recorder:
     """Every generate() the sampler makes (prompts and what the engine returned), the prompts it was given,
-    and the batches trained."""
+    the groups it returned (with their trajectories) and the batches trained."""
 
     def __init__(self, monkeypatch):
-        self.calls, self.prompt_indices, self.batches = [], [], []
+        self.calls, self.prompt_indices, self.groups, self.batches = [], [], [], []
         sample, build = MultiTurnSampler.generate_groups, Trainer.build_batch
         recorder = self
 
@@ -70,7 +71,9 @@ class _Recorder:
 
             self.rollout = Recording()
             try:
-                return sample(self, prompts, group_size, attempt)
+                groups, metrics = sample(self, prompts, group_size, attempt)
+                recorder.groups += groups
+                return groups, metrics
             finally:
                 self.rollout = real
 
@@ -117,10 +120,10 @@ def _check_token_exact(batch, calls) -> int:
 LORA = {"rank": 4, "alpha": 8, "canary_tolerance": 1e-3}  # fp32 on both sides: agreement to ~1e-6
 
 
-def test_a_multi_turn_lora_ibpo_job_on_vllm_trains_token_exact_revises_in_the_env_syncs_the_adapter_and_resumes(
+def test_a_multi_turn_lora_ibpo_job_on_vllm_trains_token_exact_revises_in_the_env_and_syncs_the_adapter(
     ray_cluster, tmp_path, monkeypatch
 ):
-    """One job and its resume for three features (one run and resume cover them all):
+    """One job for three features:
     multi-turn trajectories trained token-exact, LoRA (FSDP2 learner with a frozen base, vLLM serving the
     adapter, the canary checking every sync), and IBPO's revisions run as trajectories in the environment."""
     import torch
@@ -141,13 +144,12 @@ def test_a_multi_turn_lora_ibpo_job_on_vllm_trains_token_exact_revises_in_the_en
         "checkpoint.every_steps": 1,
         "ibpo": IBPO,
     }
-    assert run(tiny_spec(steps=2, **spec), tmp_path) == "succeeded"
-    assert run(tiny_spec(steps=3, **spec), tmp_path, resume="latest") == "succeeded"
+    assert run(tiny_spec(steps=3, **spec), tmp_path) == "succeeded"
 
     rows = read_metrics(tmp_path)
-    assert [r["step"] for r in rows] == [1, 2, 3]  # no step lost or repeated
+    assert [r["step"] for r in rows] == [1, 2, 3]
     assert [r["policy/version"] for r in rows] == [1.0, 2.0, 3.0]
-    assert recorder.prompt_indices == [[0, 1], [2, 3], [4, 5]]  # the resume takes the data after step 2
+    assert recorder.prompt_indices == [[0, 1], [2, 3], [4, 5]]  # the data in order, each prompt once
     for r in rows:
         assert all(name in r for name in MULTI_TURN_METRICS), sorted(set(MULTI_TURN_METRICS) - set(r))
         assert r["multi_turn/trajectories"] == 8 and 1 <= r["multi_turn/turns_per_trajectory"] <= 3
@@ -164,8 +166,7 @@ def test_a_multi_turn_lora_ibpo_job_on_vllm_trains_token_exact_revises_in_the_en
     assert sum(r["ibpo/revisions"] for r in rows) > 0
     assert all(r["ibpo/revision_turns_mean"] >= 1 for r in rows if r["ibpo/revisions"])
 
-    # LoRA: every sync was checked by the canary (step 3's after the resume's own sync of the checkpoint) and
-    # agreed
+    # LoRA: every sync was checked by the canary and agreed
     assert all(0 <= r["sync/canary_logprob_diff"] <= LORA["canary_tolerance"] for r in rows)
     # only the adapter travelled: 2 layers x 7 linears x (A + B), rank 4, float32
     base_spec = tiny_spec(steps=3, **spec)
