@@ -421,7 +421,7 @@ def measure(shape: Shape, system: str, args) -> Point | str:
 
 def to_point(shape: Shape, system: str, got: dict, warmup: int, threads: int, load: list[float]) -> Point:
     step_s, timing = summarise_steps(got["times"], warmup)
-    detail = got.get("detail") or "rows, whole logits over the completion, no ref/old forward"
+    detail = got.get("detail") or "rows; fused head over every position (CPU); no ref or old-policy forward"
     return Point(
         system=system,
         prompt=shape.prompt,
