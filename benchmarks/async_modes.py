@@ -15,13 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import tempfile
 from pathlib import Path
 from typing import Literal
 
-from tgc_rl.config import AsyncSpec, JobSpec
+from tgc_rl.config import AsyncSpec, JobSpec, cpu_model
 from tgc_rl.run_layout import (
     BEHAVIOUR_CORRECTED_FRAC,
     D2_RESIDUAL,
@@ -40,13 +39,6 @@ MODES: list[tuple[Literal["sync", "one_step_off", "k_step"], int]] = [
 WARM_UP = 2  # steps left out: one-off costs, and the queue filling in k_step mode
 
 
-def _cpu() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
-
-
 def _median(rows: list[dict], key: str) -> float:
     return statistics.median(r.get(key, 0.0) for r in rows)
 
@@ -57,7 +49,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     args = ap.parse_args()
     print(
-        f"{args.spec}: {args.steps} steps per mode (first {WARM_UP} left out); CPU {_cpu()}, {os.cpu_count()} cores"
+        f"{args.spec}: {args.steps} steps per mode (first {WARM_UP} left out); CPU {cpu_model()}, {os.cpu_count()} cores"
     )
     print(
         f"{'mode':<16}{'step s':>9}{'gen+rew s':>11}{'train s':>9}{'step/max':>10}{'lag max':>9}{'k3':>10}"

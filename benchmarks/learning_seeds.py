@@ -25,7 +25,6 @@ import argparse
 import itertools
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -38,6 +37,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+
+from tgc_rl.config import cpu_model
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "benchmarks" / "results" / "learning_seeds"
@@ -142,13 +143,6 @@ def job_dict(
 
 
 # -- one run --------------------------------------------------------------------------------------
-def _cpu() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
-
-
 def score_eval(
     records: list[dict[str, Any]], rows: list[dict[str, str]], trained: set[str]
 ) -> dict[str, float]:
@@ -236,7 +230,7 @@ def run_one(spec_path: str, v: Variant, seed: int, out: Path, steps: int | None)
         "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
         "load_start": load0,
         "load_end": os.getloadavg()[0],
-        "cpu": _cpu(),
+        "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "heldout_rows": len(rows),
         "trained_prompts": len(trained),

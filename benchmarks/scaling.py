@@ -51,6 +51,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from tgc_rl.config import cpu_model  # noqa: E402  (after the repo root is on the path)
+
 RESULTS = ROOT / "benchmarks" / "results" / "scaling"
 
 SYSTEMS = ("tgc", "plain", "trl")
@@ -358,11 +360,6 @@ def run_trl(shape: Shape, threads: int, n_steps: int, py: Path) -> list[str]:
 
 
 # -- the parent ------------------------------------------------------------------------------------------
-
-
-def cpu_model() -> str:
-    with open("/proc/cpuinfo") as f:
-        return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "?")
 
 
 def _run_capped(cmd: list[str], cap_gb: float) -> dict | str:

@@ -26,6 +26,7 @@ from tgc_rl.config.model import (
     ModelSpec,
     RandomModelConfig,
     cpu_has_native_bf16,
+    cpu_model,
     host_summary,
     resolve_dtype,
 )
@@ -110,6 +111,7 @@ __all__ = [
     "error_message",
     "field_path",
     "format_validation_error",
+    "cpu_model",
     "host_summary",
     "is_entry_point",
     "resolve_dtype",

@@ -79,21 +79,27 @@ def cpu_has_native_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def host_summary() -> str:
-    """One line naming this host's CPU, its vector extensions and what `dtype: auto` picks on it (CI prints it
-    first: the same suite takes about twice as long without native bf16)."""
+def _cpuinfo_field(name: str) -> str:
+    """The first `name: value` of /proc/cpuinfo, or "" where there is none (not Linux)."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        lines = []
+        return ""
+    return next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith(name)), "")
 
-    def field(name: str) -> str:
-        return next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith(name)), "")
 
-    flags = set(field("flags").split())
+def cpu_model() -> str:
+    """This host's CPU model, as figures are quoted with (benchmarks, CI's first line)."""
+    return _cpuinfo_field("model name") or "unknown CPU"
+
+
+def host_summary() -> str:
+    """One line naming this host's CPU, its vector extensions and what `dtype: auto` picks on it (CI prints it
+    first: the same suite takes about twice as long without native bf16)."""
+    flags = set(_cpuinfo_field("flags").split())
     isa: list[str] = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags] or ["no avx2"]
     return (
-        f"{field('model name') or 'unknown CPU'}, {os.cpu_count()} cores, {' '.join(isa)}; "
+        f"{cpu_model()}, {os.cpu_count()} cores, {' '.join(isa)}; "
         f"dtype auto: {resolve_dtype('auto', on_gpu=False)}"
     )
 
