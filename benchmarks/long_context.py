@@ -236,11 +236,10 @@ def main() -> None:
         p = run_point(args.child[0], int(args.child[1]), args.prompt, args.threads, args.loss_every)
         print(json.dumps(asdict(p)))
         return
-    cpu = next(
-        (ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?"
-    )
+    from tgc_rl.config import cpu_model
+
     print(
-        f"# {cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {platform.python_version()}, "
+        f"# {cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, {platform.python_version()}, "
         f"{args.threads} thread(s); prompt {args.prompt}, group {GROUP}, micro-batch {GROUP} rows, "
         f"chunk {CHUNK}, activation checkpointing, vocab {SHAPE['vocab_size']}, loss on every "
         f"{args.loss_every}th response token"
