@@ -11,10 +11,7 @@ cd "$(dirname "$0")/.."
 export TGC_TEST_ARTIFACTS="${TGC_TEST_ARTIFACTS:-$PWD/test-artifacts}"
 # Each test file's time is written here, for tests/durations.json (the order files are handed out in).
 export TGC_RECORD_DURATIONS="${TGC_RECORD_DURATIONS:-$TGC_TEST_ARTIFACTS/durations.json}"
-# Two workers, a test file each at a time (module fixtures stay in one process): much of a test's time is
-# waiting on subprocesses, Ray and servers, so two share the cores well. TGC_TEST_WORKERS=0 runs in one process.
-# Files are handed out in tests/scheduling.py's order (tests/conftest.py turns xdist's reordering off): xdist's
-# own (files with many tests first), which mixes Ray jobs with quick tests on the two cores, but the learning
-# test and the two-node test first, one after the other on one worker (by number of tests they came last, side
-# by side). Every long file first ran two Ray jobs at once and measured 62 min instead of ~50 (NOTES.md, 15th).
+# Two workers, a test file each at a time (module fixtures stay in one process), each pinned to its own share of the
+# CPUs with all it starts (tests/conftest.py), so one worker's Ray jobs never wait on the other's threads.
+# TGC_TEST_WORKERS=0 runs in one process. Files are handed out longest first (tests/scheduling.py).
 .venv/bin/python -m pytest -q -n "${TGC_TEST_WORKERS:-2}" --dist loadfile --durations=40 "$@"  # no -x: one failure must not hide the others

@@ -17,10 +17,14 @@ def pytest_collection_modifyitems(items):
 
 def pytest_configure(config):
     global _durations
-    # xdist's controller hands files out in the collection's order (tests/scheduling.py), not re-sorted by their
-    # number of tests (xdist's default, which scheduling.xdist_order follows but for the two longest files).
-    # Set in every process, so a test sees what the controller uses.
+    # xdist's controller hands files out in the collection's order (tests/scheduling.py: longest first), not
+    # re-sorted by their number of tests (xdist's default). Set in every process, so a test sees what the
+    # controller uses.
     config.option.loadscopereorder = False
+    if hasattr(config, "workerinput") and hasattr(os, "sched_setaffinity"):
+        # before this worker imports torch: its thread pool and all it starts stay on its own CPUs
+        worker = config.workerinput
+        scheduling.pin_worker(int(worker["workerid"].removeprefix("gw")), int(worker["workercount"]))
     if not hasattr(config, "workerinput"):  # the session's first process, before any xdist worker starts
         image_build.prepare()
         _durations = scheduling.recorder_from_environment()

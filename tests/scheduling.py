@@ -1,12 +1,12 @@
-"""The order of the test files, which is also the order the xdist controller hands them out in.
+"""The order of the test files, which is also the order the xdist controller hands them out in: longest first
+(LPT), the image tests once the build had time.
 
-In one process (`TGC_TEST_WORKERS=0`) the files run longest first, the image tests once the build had time.
-Under xdist the controller follows the collection's order (tests/conftest.py turns xdist's own reordering off),
-and for two or more workers that order is xdist's own (files with more tests first) with one change: the two
-longest files of one long test each (FIRST_UNDER_XDIST) go first, one after the other on one worker. By number
-of tests they came last and ran side by side at ~40 min, each about twice as slow beside the other Ray job
-(NOTES.md, seventeenth session). Handing every long file out first was measured worse: it put two Ray jobs on
-the two cores at once for most of the run, and the suite took 62 min instead of ~50 (fifteenth session).
+Under xdist each worker runs on its own share of the CPUs (tests/conftest.py pins it, and everything it starts
+inherits the pin), so two Ray jobs on two workers no longer slow each other down beyond sharing the machine, and
+longest first keeps the tail short. Unpinned, longest first had measured worse: it put two Ray jobs side by side
+for most of the run, and torch's OpenMP threads of the two (each job's actors set as many as the host has cores)
+waited at every barrier for a thread the other job had descheduled (62 min instead of ~50, fifteenth session;
+the barrier waits measured in the twentieth, NOTES.md).
 
 A file's cost is its duration recorded by an earlier full run (tests/durations.json: setup, call and teardown
 of its tests, summed; `TGC_RECORD_DURATIONS=path` writes one, scripts/test.sh to test-artifacts/) or, for a
@@ -32,10 +32,6 @@ FAST_TEST_S = 0.3
 # The background image build takes ~10 min on a new machine (downloads, unpacking): the image tests start after
 # this much work per worker.
 IMAGE_BUILD_HEAD_START_S = 900.0
-# The learning test and the two-node node-loss test (~450 s and ~315 s of the last timed CI run, each its
-# file's one long test): under xdist the first goes to one worker at the start and the second right behind it
-# on the same worker, so each overlaps the other worker's files of many quick tests, never the other Ray job.
-FIRST_UNDER_XDIST = ("tests/trainer/test_learning.py", "tests/ops/test_two_nodes.py")
 
 
 def file_of(nodeid: str) -> str:
@@ -55,8 +51,7 @@ def estimated_cost(items: list) -> float:
 
 
 def order_files(items: list, workers: int, recorded: dict[str, float] | None = None) -> None:
-    """Sorts `items` in place, whole files: longest first, the image tests after the head start; for two or
-    more workers then `xdist_order` of that."""
+    """Sorts `items` in place, whole files: longest first, the image tests after `workers` x the head start."""
     recorded = recorded_durations() if recorded is None else recorded
     by_file: dict[str, list] = defaultdict(list)
     for item in items:
@@ -72,20 +67,18 @@ def order_files(items: list, workers: int, recorded: dict[str, float] | None = N
                 break
             ahead += cost[f]
         order.insert(at, IMAGE_TESTS)
-    if workers > 1:
-        order = xdist_order(order, {f: len(its) for f, its in by_file.items()}, workers)
     items[:] = [item for f in order for item in by_file[f]]
 
 
-def xdist_order(order: list[str], tests: dict[str, int], workers: int) -> list[str]:
-    """xdist's own order of `order` (more tests first, equal counts as they were), FIRST_UNDER_XDIST at the head
-    of worker 0's queue. xdist's file scheduler gives the first `workers` files one to each worker, then one more
-    to each worker holding two tests or fewer: the learning test's one test, so the file at index `workers`
-    follows it on worker 0 while the other workers start on the files with the most tests."""
-    order = sorted((f for f in order if f not in FIRST_UNDER_XDIST), key=lambda f: -tests[f])
-    for i, f in enumerate(f for f in FIRST_UNDER_XDIST if f in tests):
-        order.insert(i * workers, f)
-    return order
+def pin_worker(worker: int, workers: int) -> list[int]:
+    """Restricts this process, and every process it starts from now on (Ray, vLLM, servers, subprocesses), to
+    worker `worker`'s share of the CPUs it may use: every `workers`-th from its index (one CPU on the 2-core CI
+    machine), or one shared CPU when there are more workers than CPUs. torch sizes its thread pool by this
+    mask, and tgc-rl's actors cap their threads by it (tgc_rl/startup.py)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    mine = cpus[worker::workers] or [cpus[worker % len(cpus)]]
+    os.sched_setaffinity(0, mine)
+    return mine
 
 
 class DurationRecorder:

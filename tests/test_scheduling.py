@@ -96,20 +96,24 @@ class ControllerConfig:
         return {"tx": ["2*popen"]}[name]
 
 
-def test_under_two_workers_the_two_longest_files_start_first_one_after_the_other_on_one_worker(pytestconfig):
+def test_under_two_workers_the_longest_files_start_first_one_on_each_and_a_free_worker_takes_the_next(
+    pytestconfig,
+):
     from xdist.scheduler import LoadFileScheduling
 
-    learning, two_nodes = scheduling.FIRST_UNDER_XDIST
-    assert (
-        Path(learning).is_file() and Path(two_nodes).is_file()
-    )  # renamed: the rule would silently not apply
-    counts = {"many.py": 40, learning: 1, "some.py": 9, two_nodes: 2, "other_long.py": 1, "few.py": 3}
+    counts = {
+        "many.py": 40,
+        "learning.py": 1,
+        "some.py": 9,
+        "two_nodes.py": 2,
+        "other_long.py": 1,
+        "few.py": 3,
+    }
     items = [Item(f"{f}::t{n}", slow=f != "many.py") for f, k in counts.items() for n in range(k)]
-    recorded = {"other_long.py": 250.0, learning: 450.0, two_nodes: 400.0, "many.py": 20.0}
+    recorded = {"other_long.py": 250.0, "learning.py": 450.0, "two_nodes.py": 400.0, "many.py": 20.0}
     scheduling.order_files(items, workers=2, recorded=recorded)
-    # xdist's own order (more tests first) but for the two, which go to positions 0 and 2; the other one-test
-    # long file is not moved (handing every long file out first was measured worse)
-    assert files(items) == [learning, "many.py", two_nodes, "some.py", "few.py", "other_long.py"]
+    # recorded costs, then estimates for the rest (30 s a slow test: some.py 270, few.py 90)
+    assert files(items) == ["learning.py", "two_nodes.py", "some.py", "other_long.py", "few.py", "many.py"]
 
     # xdist's real file scheduler, with the reordering as this session's conftest configured it
     sched = LoadFileScheduling(ControllerConfig(pytestconfig.option))
@@ -120,14 +124,31 @@ def test_under_two_workers_the_two_longest_files_start_first_one_after_the_other
         sched.add_node_collection(w, ids)  # type: ignore[arg-type]
     sched.schedule()
     handed = [[{scheduling.file_of(ids[i]) for i in unit} for unit in w.sent] for w in workers]
-    assert handed == [[{learning}, {two_nodes}], [{"many.py"}]]
-    for i in workers[0].sent[0]:  # the learning test ends: its worker takes the next file of the queue
-        sched.mark_test_complete(workers[0], i)  # type: ignore[arg-type]
-    assert {scheduling.file_of(ids[i]) for i in workers[0].sent[-1]} == {"some.py"}
+    # one file each, then one more to each worker holding two tests or fewer, in the queue's order
+    assert handed == [[{"learning.py"}, {"some.py"}], [{"two_nodes.py"}, {"other_long.py"}]]
+    for i in workers[1].sent[1]:  # other_long.py ends: its worker takes the next file of the queue
+        sched.mark_test_complete(workers[1], i)  # type: ignore[arg-type]
+    for i in workers[1].sent[0][:1]:
+        sched.mark_test_complete(workers[1], i)  # type: ignore[arg-type]
+    assert {scheduling.file_of(ids[i]) for i in workers[1].sent[-1]} == {"few.py"}
 
 
-def test_one_worker_keeps_the_longest_first_order_without_moving_the_two():
-    learning, two_nodes = scheduling.FIRST_UNDER_XDIST
-    items = [Item("long.py::t", slow=True), Item(f"{two_nodes}::a"), Item(f"{learning}::t")]
-    scheduling.order_files(items, workers=1, recorded={"long.py": 900.0, two_nodes: 400.0, learning: 450.0})
-    assert files(items) == ["long.py", learning, two_nodes]
+def test_a_worker_is_pinned_to_its_own_cpus_and_what_it_starts_inherits_them():
+    import os
+    import subprocess
+    import sys
+
+    cpus = sorted(os.sched_getaffinity(0))
+    code = (
+        "import os, sys, subprocess; sys.path.insert(0, os.getcwd()); from tests import scheduling; "
+        "mine = scheduling.pin_worker(int(sys.argv[1]), int(sys.argv[2])); "
+        "child = subprocess.run([sys.executable, '-c', 'import os, torch; "
+        "print(sorted(os.sched_getaffinity(0)), torch.get_num_threads())'], capture_output=True, text=True); "
+        "print(mine, child.stdout.strip())"
+    )
+    run = lambda i, n: subprocess.run(  # noqa: E731
+        [sys.executable, "-c", code, str(i), str(n)], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    mine = cpus[1::2] or [cpus[1 % len(cpus)]]
+    assert run(1, 2) == f"{mine} {mine} {len(mine)}"  # the child's mask and torch's default threads
+    assert run(len(cpus), len(cpus) + 1) == f"[{cpus[0]}] [{cpus[0]}] 1"  # more workers than CPUs: one each

@@ -3,6 +3,7 @@ replica and driver. Imports nothing of ours and no pydantic, so the learner can 
 
 from __future__ import annotations
 
+import os
 import sys
 
 
@@ -17,3 +18,19 @@ def transformers_without_sklearn() -> None:
     from transformers.utils import import_utils
 
     import_utils.is_sklearn_available = transformers.utils.is_sklearn_available = lambda: False
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask (a `taskset`, a container's cpuset), not the host's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def set_torch_threads(wanted: int) -> int:
+    """Sets torch's intra-op threads to `wanted`, capped by `usable_cpus()`, and returns the count. More OpenMP
+    threads than CPUs wait at every parallel region's barrier for a descheduled thread: on a 2-core AVX2 CPU, 2
+    threads pinned to one core ran small matmuls 3.5x slower than 1 (NOTES.md, twentieth session)."""
+    import torch
+
+    threads = max(1, min(wanted, usable_cpus()))
+    torch.set_num_threads(threads)
+    return threads

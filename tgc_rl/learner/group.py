@@ -12,7 +12,6 @@ from its last checkpoint.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +27,7 @@ from tgc_rl.learner.sharding import free_port
 from tgc_rl.learner.spec import LearnerSpec
 from tgc_rl.placement import Placement
 from tgc_rl.resources import check_learner_fits
+from tgc_rl.startup import set_torch_threads
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class _LearnerRank:
         self.job_name, self.rank, self.world_size = job_name, rank, world_size
         self.learner: Learner | None = None
         self.sender: Any = None  # weight broadcast to the rollout replicas (resources.weight_sync: broadcast)
-        torch.set_num_threads(min(spec.threads, os.cpu_count() or spec.threads))
+        set_torch_threads(spec.threads)
 
     def __repr__(self) -> str:  # Ray shows this as the actor's name in the dashboard and logs
         return f"Learner({self.job_name}, rank {self.rank}/{self.world_size})"

@@ -12,7 +12,7 @@ from pathlib import Path
 from tgc_rl.batch import Completion
 from tgc_rl.rollout.engine import RolloutEngine, Sampling, engine_kind
 from tgc_rl.rollout.spec import RolloutSpec
-from tgc_rl.startup import transformers_without_sklearn
+from tgc_rl.startup import set_torch_threads, transformers_without_sklearn
 
 
 def make_engine(spec: RolloutSpec, model_path: Path | str) -> RolloutEngine:
@@ -30,11 +30,10 @@ class RolloutActor:
     """Runs in its own Ray worker process; the engine (and, for vLLM, its engine core) lives in that process."""
 
     def __init__(self, spec: RolloutSpec, model_path: str, job_name: str, replica: int, threads: int):
-        import torch
 
         transformers_without_sklearn()  # before the engine (transformers or vLLM) imports transformers
 
-        torch.set_num_threads(min(threads, os.cpu_count() or threads))
+        set_torch_threads(threads)
         self.name = f"{job_name}-rollout-{replica}"
         self.kind = engine_kind(spec)
         self.engine = make_engine(spec, Path(model_path))

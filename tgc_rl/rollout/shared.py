@@ -172,13 +172,11 @@ class SharedLoraEngine:
     LoraTenant per attached job. Calls run one at a time; a watchdog thread retires the engine when idle."""
 
     def __init__(self, spec: RolloutSpec, model_path: str, name: str, threads: int, grace_s: float):
-        import torch
-
         from tgc_rl.rollout.vllm_engine import VLLMEngine
-        from tgc_rl.startup import transformers_without_sklearn
+        from tgc_rl.startup import set_torch_threads, transformers_without_sklearn
 
         transformers_without_sklearn()
-        torch.set_num_threads(min(threads, os.cpu_count() or threads))
+        set_torch_threads(threads)
         self.name = name
         self.engine = VLLMEngine(spec, model_path, max_loras=MAX_TENANTS)
         self.registry = TenantRegistry(MAX_TENANTS, grace_s)
