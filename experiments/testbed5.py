@@ -867,22 +867,57 @@ def candidate_stats(samples: Sequence[dict[str, Any]], items: dict[str, Any], to
     return [cap_stats(c, cut_samples(samples, c, items, tokenizer)) for c in CANDIDATE_CAPS]
 
 
-def _pilot_lr_run(ctx: _PilotContext, lr: float, cap: int) -> tuple[LrTrial, list[dict[str, Any]], float]:
+PILOT_RUNS = "pilot_runs"  # under the decisions' folder: one record per finished pilot lr run
+
+
+@dataclass(frozen=True)
+class PilotRun:
+    """A finished pilot lr run as the decisions read it, kept in results (`PILOT_RUNS`/<job>.json) so that a
+    later session, whose machine has none of this one's run directories, resumes after it."""
+
+    trial: LrTrial
+    metrics: list[dict[str, Any]]  # metrics.jsonl's rows
+    wall_s: float  # the job's wall time, start-up included: the budget's input
+    base_samples: list[
+        dict[str, Any]
+    ]  # the step-0 evaluation (the base model's answers): the timed probe's input
+
+
+def _pilot_lr_run(ctx: _PilotContext, lr: float, cap: int) -> PilotRun:
+    """The run from its record in results if one ran on these inputs, else from the cache's run directory if
+    one finished there, else trained now; a new record is written (and committed with --commit) at once."""
     spec = pilot_lr_spec(lr, cap, ctx.files)
-    run_dir = ctx.cache / "testbed5" / spec["name"]
-    wall = run_dir / "harness_wall_s.txt"  # the job's wall time, start-up included: the budget's input
     inputs = _job_inputs(spec, ctx.files.train, ctx.files.heldout)
-    if not (wall.exists() and _cached(run_dir, inputs)):
-        shutil.rmtree(run_dir, ignore_errors=True)  # a killed attempt's steps would mix with the rerun's
-        t0 = time.perf_counter()
-        state = ctx.heavy.run(spec["name"], lambda: _train(spec, run_dir, None))
-        if state != "succeeded":
-            raise RuntimeError(f"pilot run {spec['name']} {state}: see {run_dir}")
-        wall.write_text(f"{time.perf_counter() - t0}\n")
-        (run_dir / INPUTS_FILE).write_text(inputs)
-        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # nothing reads them
-    metrics = read_metrics(run_dir)
-    return lr_trial(lr, metrics), metrics, float(wall.read_text())
+    record = ctx.folder / PILOT_RUNS / f"{spec['name']}.json"
+    saved = json.loads(record.read_text()) if record.exists() else None
+    if saved is None or saved["inputs"] != inputs:
+        run_dir = ctx.cache / "testbed5" / spec["name"]
+        wall = run_dir / "harness_wall_s.txt"
+        if not (wall.exists() and _cached(run_dir, inputs)):
+            shutil.rmtree(run_dir, ignore_errors=True)  # a killed attempt's steps would mix with the rerun's
+            t0 = time.perf_counter()
+            state = ctx.heavy.run(spec["name"], lambda: _train(spec, run_dir, None))
+            if state != "succeeded":
+                raise RuntimeError(f"pilot run {spec['name']} {state}: see {run_dir}")
+            wall.write_text(f"{time.perf_counter() - t0}\n")
+            (run_dir / INPUTS_FILE).write_text(inputs)
+            shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # nothing reads them
+        saved = {
+            "inputs": inputs,
+            "wall_s": float(wall.read_text()),
+            "metrics": read_metrics(run_dir),
+            "base_samples": _samples(run_dir, 0) or [],
+        }
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps(saved, allow_nan=True) + "\n")
+        ctx.written.append(record)
+        ctx.log(f"pilot: run {spec['name']} recorded ({record})")
+        if ctx.commit:
+            _commit(
+                [record], f"Testbed 5 pilot: the run {spec['name']} ({len(saved['metrics'])} metric rows)"
+            )
+    metrics = saved["metrics"]
+    return PilotRun(lr_trial(lr, metrics), metrics, saved["wall_s"], saved["base_samples"])
 
 
 def run_pilot(
@@ -901,7 +936,7 @@ def run_pilot(
         if cap.cap is None:
             log("pilot: no cap passes the four gates; amend the prompt or operand range (dated) and rerun")
             return ctx.written
-        runs: dict[float, tuple[LrTrial, list[dict[str, Any]], float]] = {}
+        runs: dict[float, PilotRun] = {}
         lr_d = _read(folder, LR_FILE)
         decision = LrDecision.from_json(lr_d) if lr_d else None
         while decision is None or (decision.lr is None and decision.next_lr is not None):
@@ -910,7 +945,7 @@ def run_pilot(
                 if lr is not None:
                     runs[lr] = _pilot_lr_run(ctx, lr, cap.cap)
             trials = (decision.trials if decision else ()) + tuple(
-                runs[lr][0] for lr in todo if lr is not None
+                runs[lr].trial for lr in todo if lr is not None
             )
             decision = decide_lr(trials)
             ctx.record(
@@ -920,8 +955,7 @@ def run_pilot(
             log("pilot: no learning rate passes; the plan must be amended before any study run")
             return ctx.written
         if _read(folder, BUDGET_FILE) is None:
-            _, metrics, wall = runs.get(decision.lr) or _pilot_lr_run(ctx, decision.lr, cap.cap)
-            budget = _measure_budget(ctx, metrics, wall)
+            budget = _measure_budget(ctx, runs.get(decision.lr) or _pilot_lr_run(ctx, decision.lr, cap.cap))
             ctx.record(budget, BUDGET_FILE, "cut to 5 seeds x 80 steps" if budget.cut else "the full study")
             if budget.cut:
                 _amend_plan(budget)
@@ -932,15 +966,15 @@ def run_pilot(
     return ctx.written
 
 
-def _measure_budget(ctx: _PilotContext, metrics: Sequence[dict[str, Any]], wall_s: float) -> BudgetDecision:
+def _measure_budget(ctx: _PilotContext, run: PilotRun) -> BudgetDecision:
     """The budget rule's inputs from the chosen rate's pilot run, and one probe timed here."""
+    metrics, wall_s = run.metrics, run.wall_s
     steps = [as_float(m.get("timing/step_s")) for m in metrics if 11 <= m.get("step", 0) <= LR_STEPS]
     step_s = float(np.nanmedian(steps)) if steps else math.nan
     evals = [as_float(m.get("timing/eval_s")) for m in metrics if "eval/accuracy" in m]
     eval_s = float(np.nanmean(evals)) if evals else math.nan
-    run_dir = ctx.cache / "testbed5" / pilot_lr_name(PILOT_LRS[0])  # step 0: the base model's samples
     t0 = time.perf_counter()
-    make_prober(ctx.files).probe(base_model_path(), _samples(run_dir, 0))
+    make_prober(ctx.files).probe(base_model_path(), run.base_samples)
     probe_s = time.perf_counter() - t0  # prober set-up included: each run builds one
     # The final evaluation answers every held-out row once, greedily: ~500 of the 128 x 5 responses of one
     # periodic evaluation.

@@ -438,8 +438,9 @@ def test_opening_share_counts_the_most_common_first_four_tokens_of_sampled_answe
 
 
 def test_a_pilot_job_is_reused_only_on_the_inputs_it_ran_on(tmp_path, monkeypatch):
-    """A finished pilot run is not run again, but an amended data file (same path, new content) or a killed
-    attempt reruns it from a clean directory: no stale samples or steps reach a decision."""
+    """A finished pilot run is not run again, on this machine or (from its record in results) on another, but an
+    amended data file (same path, new content) or a killed attempt reruns it from a clean directory: no stale
+    samples or steps reach a decision."""
     from tgc_rl.run_layout import METRICS_FILE
 
     files = testbed5.DataFiles(tmp_path / "train.jsonl", tmp_path / "heldout.jsonl", tmp_path / "pilot.jsonl")
@@ -463,13 +464,21 @@ def test_a_pilot_job_is_reused_only_on_the_inputs_it_ran_on(tmp_path, monkeypatc
 
     monkeypatch.setattr(testbed5, "_train", fake_train)
     ctx = testbed5._PilotContext(files, tmp_path, tmp_path / "cache", Heavy(), False, lambda _: None)
-    first, metrics, _ = testbed5._pilot_lr_run(ctx, 1e-5, 96)
+    first = testbed5._pilot_lr_run(ctx, 1e-5, 96).trial
     assert (len(jobs), first.entropy) == (1, 0.5)
-    assert testbed5._pilot_lr_run(ctx, 1e-5, 96)[0] == first and len(jobs) == 1
+    assert testbed5._pilot_lr_run(ctx, 1e-5, 96).trial == first and len(jobs) == 1
+    # a later session's machine: no run directories, the record in results holds the run
+    ctx.cache = tmp_path / "another-machine"
+    again = testbed5._pilot_lr_run(ctx, 1e-5, 96)
+    assert again.trial == first and len(jobs) == 1 and len(again.metrics) == testbed5.LR_STEPS
+    (record,) = ctx.written
+    assert record == tmp_path / testbed5.PILOT_RUNS / f"{testbed5.pilot_lr_name(1e-5)}.json"
+    ctx.cache = tmp_path / "cache"  # back on the first machine, whose run directory holds the first job's rows
     files.train.write_text('{"id": "add-2-2"}\n')  # an amendment rewrites the file under the same path
-    again, metrics, _ = testbed5._pilot_lr_run(ctx, 1e-5, 96)
-    assert (len(jobs), again.entropy) == (2, 0.2)
-    assert not any("stale" in m for m in metrics)
+    again = testbed5._pilot_lr_run(ctx, 1e-5, 96)
+    assert (len(jobs), again.trial.entropy) == (2, 0.2)
+    assert not any("stale" in m for m in again.metrics)
+    assert json.loads(record.read_text())["metrics"] == again.metrics  # the record follows the rerun
 
 
 def test_report_says_where_the_pilot_stopped_when_no_cap_passes(tmp_path):
