@@ -216,7 +216,8 @@ class ResourceSpec(_Strict):
         le=1024,
         description="torch threads per learner rank / rollout replica. Default: in sync mode, where "
         "generation and learning take turns, each phase may use the job's whole CPU reservation (split over "
-        "its actors); in one_step_off mode each actor uses its own CPUs. Capped by the host's cores.",
+        "its actors); in one_step_off mode each actor uses its own CPUs. Capped by the CPUs the actor may run on "
+        "(its affinity mask).",
     )
 
     @model_validator(mode="after")
@@ -239,7 +240,7 @@ class ResourceSpec(_Strict):
         return self
 
     def threads(self, role: Literal["learner", "rollout"], asynchronous: bool) -> int:
-        """torch threads of one `role` actor (see `threads_per_actor`); the actor caps it by its host's cores."""
+        """torch threads of one `role` actor (see `threads_per_actor`); the actor caps it by the CPUs it may run on."""
         if self.threads_per_actor:
             return self.threads_per_actor
         own = self.cpus_per_learner if role == "learner" else self.cpus_per_rollout

@@ -31,7 +31,7 @@ class LearnerSpec:
     max_new_tokens: int  # sampling.max_new_tokens: the length of length-normalised losses
     save_optimizer: bool  # checkpoint.save_optimizer
     gpus: float  # resources.gpus_per_learner
-    threads: int  # torch threads of the rank (JobSpec.actor_threads), capped by its host's cores
+    threads: int  # torch threads of the rank (JobSpec.actor_threads), capped by the CPUs it may run on
     lora: LoraSpec | None = None  # model.lora: train adapters on the frozen base (tgc_rl/learner/lora.py)
 
     @classmethod
