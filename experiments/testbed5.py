@@ -878,9 +878,8 @@ class PilotRun:
     trial: LrTrial
     metrics: list[dict[str, Any]]  # metrics.jsonl's rows
     wall_s: float  # the job's wall time, start-up included: the budget's input
-    base_samples: list[
-        dict[str, Any]
-    ]  # the step-0 evaluation (the base model's answers): the timed probe's input
+    # the step-0 evaluation (the base model's answers): the timed probe's input
+    base_samples: list[dict[str, Any]]
 
 
 def _pilot_lr_run(ctx: _PilotContext, lr: float, cap: int) -> PilotRun:

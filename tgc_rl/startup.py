@@ -27,8 +27,9 @@ def usable_cpus() -> int:
 
 def set_torch_threads(wanted: int) -> int:
     """Sets torch's intra-op threads to `wanted`, capped by `usable_cpus()`, and returns the count. More OpenMP
-    threads than CPUs wait at every parallel region's barrier for a descheduled thread: on a 2-core AVX2 CPU, 2
-    threads pinned to one core ran small matmuls 3.5x slower than 1 (NOTES.md, twentieth session)."""
+    threads than CPUs wait at every parallel region's barrier for a descheduled thread: on a 2-core AVX2 CPU, a
+    matmul loop on 2 threads beside one busy process took 19.3 s against 8.7 s on 1 thread (NOTES.md, twentieth
+    session)."""
     import torch
 
     threads = max(1, min(wanted, usable_cpus()))

@@ -473,9 +473,8 @@ def test_a_pilot_job_is_reused_only_on_the_inputs_it_ran_on(tmp_path, monkeypatc
     assert again.trial == first and len(jobs) == 1 and len(again.metrics) == testbed5.LR_STEPS
     (record,) = ctx.written
     assert record == tmp_path / testbed5.PILOT_RUNS / f"{testbed5.pilot_lr_name(1e-5)}.json"
-    ctx.cache = (
-        tmp_path / "cache"
-    )  # back on the first machine, whose run directory holds the first job's rows
+    # back on the first machine, whose run directory holds the first job's rows
+    ctx.cache = tmp_path / "cache"
     files.train.write_text('{"id": "add-2-2"}\n')  # an amendment rewrites the file under the same path
     again = testbed5._pilot_lr_run(ctx, 1e-5, 96)
     assert (len(jobs), again.trial.entropy) == (2, 0.2)

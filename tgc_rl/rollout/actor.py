@@ -30,7 +30,6 @@ class RolloutActor:
     """Runs in its own Ray worker process; the engine (and, for vLLM, its engine core) lives in that process."""
 
     def __init__(self, spec: RolloutSpec, model_path: str, job_name: str, replica: int, threads: int):
-
         transformers_without_sklearn()  # before the engine (transformers or vLLM) imports transformers
 
         set_torch_threads(threads)
