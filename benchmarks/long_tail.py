@@ -11,6 +11,8 @@ two steps' prompts (P prompts x G samples each, sampled lengths, the same seeds 
 - `refill`: the next step's groups are admitted, a whole group at a time, as soon as P x G minus the running
   requests leaves room for G more (the batch never exceeds P x G). No weight update happens between the two
   steps, so every group is still sampled by one weights version.
+- `joint`: every step's requests at once, one batch of steps x P x G: what the engine gets from one
+  `generate` call of `async.steps_per_call` steps (k_step).
 
 Quantities (per window = the time from the first request added to the last one finished):
 - peak throughput = tokens per second of the decode iterations that ran the full batch (P x G requests, no
@@ -39,7 +41,7 @@ from typing import Any, Literal, Protocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-Mode = Literal["sequential", "refill"]
+Mode = Literal["sequential", "refill", "joint"]
 # the countdown task with its worked answer asked for first: lengths of a reasoning task, sampled as they come
 REASONING_TEMPLATE = (
     "Using the numbers {numbers}, write an arithmetic expression that equals {target}. You may use +, -, *, / "
@@ -261,7 +263,15 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", default="float32", choices=["bfloat16", "float32"])
     ap.add_argument("--json", type=Path, help="write every window's iterations and finishes here")
+    ap.add_argument(
+        "--modes",
+        nargs="+",
+        default=["sequential", "refill", "joint"],
+        choices=["sequential", "refill", "joint"],
+    )
     args = ap.parse_args()
+    if "sequential" not in args.modes:
+        ap.error("--modes: the others are measured against sequential; include it")
 
     import torch
 
@@ -302,9 +312,11 @@ def main() -> None:
         2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads)
     )
     per_token *= 2 if args.dtype == "bfloat16" else 4
-    # room for the whole batch at the longest length (and a block's rounding each): no request is preempted
+    # room for every step's requests at the longest length (and a block's rounding each): none is preempted;
+    # the sequential and refill feeds keep at most `batch` running themselves
+    most = batch * args.steps
     eng_args.update(
-        kv_cache_memory_bytes=int(1.25 * batch * eng_args["max_model_len"] * per_token), max_num_seqs=batch
+        kv_cache_memory_bytes=int(1.25 * most * eng_args["max_model_len"] * per_token), max_num_seqs=most
     )
     t0 = time.perf_counter()
     llm = in_process_llm(eng_args)
@@ -342,26 +354,36 @@ def main() -> None:
         reqs = requests(max_tokens)
         runs: dict[str, list[Window]] = {}
         # alternate which mode goes first, so that a burst of others' load does not always hit the same one
-        for mode in ("sequential", "refill") if n % 2 == 0 else ("refill", "sequential"):
+        for mode in args.modes if n % 2 == 0 else args.modes[::-1]:
             if mode == "sequential":  # one call a step, as the trainer and the k_step worker make them
                 by_step = [[r for r in reqs if r.step == s] for s in range(args.steps)]
                 runs[mode] = [drive(engine, rs, batch, "sequential") for rs in by_step]
-            else:
+            elif mode == "refill":
                 runs[mode] = [drive(engine, reqs, batch, "refill")]
-        every = [w for ws in runs.values() for w in ws]
-        peak = peak_throughput(every)
-        seq_all, refill = combine(runs["sequential"]), runs["refill"][0]
+            else:  # one call of every step's prompts (async.steps_per_call): all admitted at once
+                runs[mode] = [drive(engine, reqs, len(reqs), "joint")]
+        # each feed's idle against the full-batch rate of its own batch: P x G, or all steps' for joint
+        by_batch = [w for mode in ("sequential", "refill") if mode in runs for w in runs[mode]]
+        peak = peak_throughput(by_batch)
+        peaks = {mode: peak_throughput(runs[mode]) if mode == "joint" else peak for mode in runs}
+        seq_all = combine(runs["sequential"])
         tokens_of = lambda w: {(f.group, f.sample): f.tokens for f in w.finished}  # noqa: E731
-        a, b = tokens_of(seq_all), tokens_of(refill)
-        same = sum(a[k] == b.get(k) for k in a) / len(a)
+        a = tokens_of(seq_all)
+        same = {
+            m: sum(a[k] == tokens_of(runs[m][0]).get(k) for k in a) / len(a)
+            for m in runs
+            if m != "sequential"
+        }
         rows = [(f"sequential step {s}", summarise(w, peak)) for s, w in enumerate(runs["sequential"])]
-        rows += [
-            ("sequential, all steps", summarise(seq_all, peak)),
-            ("refill, all steps", summarise(refill, peak)),
-        ]
+        rows += [("sequential, all steps", summarise(seq_all, peak))]
+        rows += [(f"{m}, all steps", summarise(runs[m][0], peaks[m])) for m in runs if m != "sequential"]
+        every = [w for ws in runs.values() for w in ws]
         per_it = iteration_seconds_by_running(every)
         dist = lengths(seq_all)
-        print(f"\nmax_tokens {max_tokens}: peak throughput (full-batch decode iterations) {peak:.1f} tok/s")
+        print(
+            f"\nmax_tokens {max_tokens}: peak throughput (full-batch decode iterations) {peak:.1f} tok/s"
+            + (f"; joint's batch of {len(reqs)}: {peaks['joint']:.1f} tok/s" if "joint" in peaks else "")
+        )
         print(
             "response lengths (sequential): "
             + ", ".join(f"{k} {v:.0f}" for k, v in dist.items())
@@ -376,21 +398,23 @@ def main() -> None:
                 f"{name:<24} {s.requests:>5} {s.tokens:>7} {s.wall:>8.2f} {s.tokens_per_s:>7.1f} {s.idle:>6.3f} "
                 f"{s.mean_running:>8.1f} {s.first_group:>9.2f} {s.last_group:>10.2f} {s.wait:>7.2f}"
             )
-        wall_ratio = summarise(refill, peak).wall / summarise(seq_all, peak).wall
-        print(f"refill / sequential wall: {wall_ratio:.3f}; responses identical in both modes: {same:.3f}")
-        shown = [k for k in per_it if k in (1, 2, 4, 8, 16, 24, batch)]
+        ratios = {m: runs[m][0].wall / seq_all.wall for m in runs if m != "sequential"}
+        for m, ratio in ratios.items():
+            print(f"{m} / sequential wall: {ratio:.3f}; responses identical to sequential's: {same[m]:.3f}")
+        shown = [k for k in per_it if k in (1, 2, 4, 8, 16, 24, batch, len(reqs))]
         print(
             "median decode iteration s by running requests: "
             + ", ".join(f"{k}: {per_it[k]:.4f} ({k / per_it[k]:.0f} tok/s)" for k in shown)
         )
-        for name, w in [("sequential step 0", runs["sequential"][0]), ("refill", refill)]:
+        for name, w in [("sequential step 0", runs["sequential"][0])] + [(m, runs[m][0]) for m in ratios]:
             print(f"occupancy by tenth of the window, {name}: " + " ".join(f"{x:.1f}" for x in occupancy(w)))
         report["lengths"][str(max_tokens)] = {
             "peak_tokens_per_s": peak,
+            "peak_tokens_per_s_by_mode": peaks,
             "response_lengths": dist,
             "summaries": {name: asdict(s) for name, s in rows},
-            "refill_over_sequential_wall": wall_ratio,
-            "identical_responses": same,
+            "over_sequential_wall": ratios,
+            "identical_to_sequential": same,
             "iteration_s_by_running": per_it,
             "windows": {mode: [asdict(w) for w in ws] for mode, ws in runs.items()},
         }

@@ -91,6 +91,18 @@ def test_refill_admits_whole_groups_into_freed_slots_and_never_exceeds_the_batch
     assert sum(len(f.tokens) for f in w.finished) == sum(len(f.tokens) for f in s.finished)
 
 
+def test_joint_admits_every_step_at_once_as_one_call_of_several_steps_does():
+    engine = FakeEngine()
+    reqs = _requests(STEPS)
+    w = long_tail.drive(engine, reqs, batch=len(reqs), mode="joint", clock=engine.clock)
+    assert engine.most_running == 8
+    assert engine.added[-1] == (str(reqs[-1].id), {str(r.id) for r in reqs[:-1]})  # all before any iteration
+    sequential = FakeEngine()
+    s = long_tail.drive(sequential, reqs, batch=4, mode="sequential", clock=sequential.clock)
+    assert w.wall < s.wall  # one tail for both steps
+    assert sorted(len(f.tokens) for f in w.finished) == sorted(len(f.tokens) for f in s.finished)
+
+
 def test_idle_fraction_is_the_wall_time_the_full_batch_rate_would_not_need():
     engine = FakeEngine()
     w = long_tail.drive(engine, _requests(STEPS[:1]), batch=4, mode="sequential", clock=engine.clock)

@@ -366,6 +366,16 @@ class AsyncSpec(_Strict):
         "`objective.overrides` sets `behaviour_correction`; `behaviour_correction: none` turns it off.",
     )
     max_staleness: int = Field(1, ge=0, le=64, description="Max policy-version lag of a trained sample.")
+    steps_per_call: int = Field(
+        1,
+        ge=1,
+        le=MAX_ASYNC_DEPTH,
+        description="k_step: the queued rollouts of this many steps are sampled in one engine call, by one "
+        "weights version. A step's rollout lasts as long as its longest response, and near its end the engine "
+        "decodes a few capped responses at a fraction of its full-batch rate; in one call the steps share that "
+        "tail once (benchmarks/RESULTS.md, long-tail generation). At most k: the last step of a call lags up to k "
+        "versions, as in any k_step queue.",
+    )
 
     @model_validator(mode="after")
     def _k_step_depth(self) -> AsyncSpec:
@@ -373,6 +383,13 @@ class AsyncSpec(_Strict):
             raise ValueError(
                 f"async.max_staleness must be between 2 and {MAX_ASYNC_DEPTH} with async.mode 'k_step' (got "
                 f"{self.max_staleness}): it is the queue depth k; for a lag of one use async.mode 'one_step_off'"
+            )
+        if self.steps_per_call > 1 and (self.mode != "k_step" or self.steps_per_call > self.max_staleness):
+            raise ValueError(
+                f"async.steps_per_call {self.steps_per_call} needs async.mode 'k_step' with async.max_staleness "
+                f">= {self.steps_per_call} (got mode {self.mode!r}, max_staleness {self.max_staleness}): the last "
+                "step sampled in a call is trained that many versions later; raise max_staleness or set "
+                "steps_per_call 1"
             )
         return self
 

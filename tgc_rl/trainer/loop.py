@@ -163,8 +163,14 @@ class Trainer:
         return groups, {TIMING_GENERATE: t1 - t0, TIMING_REWARD: t2 - t1}
 
     def _rollout(self) -> Rollout:
-        """Sample a step's groups; with dynamic sampling, replace all-equal-reward groups (DAPO)."""
-        want = self.spec.prompts_per_step
+        return self._rollouts(1)[0]
+
+    def _rollouts(self, steps: int) -> list[Rollout]:
+        """`steps` steps' groups sampled in one engine call, so they share the slowest response's tail; with
+        dynamic sampling, all-equal-reward groups are replaced (DAPO). Dealt in data order, each step's rollout
+        ends where a resumed job must start after training it. Fewer than `steps` when too few groups survive
+        (multi-turn drops failed trajectories)."""
+        want = self.spec.prompts_per_step * steps
         groups, timing = self._generate_groups(self.data.take(want))
         # multi-turn: every group dropped (failed trajectories); sample other prompts
         for attempt in range(1, MAX_REFILL_ROUNDS + 1):
@@ -186,13 +192,24 @@ class Trainer:
                 groups += more
                 timing = {k: timing[k] + t[k] for k in timing}
             groups = [g for g in groups if g.informative][:want] or groups[:want]
-        metrics = {**timing, "rollout/groups_dropped": float(dropped)}
-        if self.sampler is not None:
-            metrics.update(with_means(metrics))
-        self.credit.after_rollout(
-            groups, self.rollout, self.rewards, metrics
-        )  # the weights that sampled them
-        return Rollout(groups, self.data.position, metrics)
+        parts = [part for part in _deal(groups, steps) if part]
+        shared = {k: v / len(parts) for k, v in timing.items()}  # one call's time, each step its share
+        shared |= {
+            "rollout/groups_dropped": dropped / len(parts),
+            "rollout/steps_per_call": float(len(parts)),
+        }
+        out = []
+        for i, part in enumerate(parts):
+            metrics = dict(shared)
+            if self.sampler is not None:
+                metrics.update(with_means(metrics))
+            self.credit.after_rollout(
+                part, self.rollout, self.rewards, metrics
+            )  # the weights that sampled them
+            last = i == len(parts) - 1  # the last also covers the prompts whose groups were dropped after it
+            end = self.data.position if last else max(g.prompt.index for g in part) + 1
+            out.append(Rollout(part, end, metrics))
+        return out
 
     # -- one step -----------------------------------------------------------------------------------
     def build_batch(self, groups: list[Group]) -> tuple[TrainBatch, dict[str, float]]:
@@ -268,9 +285,13 @@ class Trainer:
     def run(self) -> JobState:
         spec = self.spec
         depth = spec.async_.depth  # rollouts generated ahead while the learner trains (0: sync)
+        per_call = spec.async_.steps_per_call
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout") if depth else None
-        # in submission order; one worker generates them one after another, so each takes the data after the last
-        ahead: deque[Future[Rollout | None]] = deque()
+        # calls in submission order; one worker runs them one after another, so each takes the data after the last
+        ahead: deque[Future[list[Rollout]]] = deque()
+        ready: deque[Rollout] = (
+            deque()
+        )  # sampled by a call whose first rollout was trained, waiting their turn
         self.reporter.state(JobState.RUNNING, "resumed" if self.resumed else "started", self.step)
         finished = "completed all steps"
         try:
@@ -283,22 +304,29 @@ class Trainer:
                 finished = self._data_done()
             while finished == "completed all steps" and self.step < spec.steps and not self._should_stop():
                 t0 = time.perf_counter()
-                rollout = ahead.popleft().result() if ahead else self._rollout()
-                if rollout is None:  # dynamic sampling's refills used up the data a queued rollout needed
+                if not ready:
+                    ready.extend(ahead.popleft().result() if ahead else [self._rollout()])
+                if not ready:  # dynamic sampling's refills used up the data a queued rollout needed
                     finished = self._data_done()
                     break
+                rollout = ready.popleft()
                 stale = 0
                 if _lag(self.version, rollout) > spec.async_.max_staleness:  # too old: drop, sample afresh
                     stale = 1
                     _drain(ahead)  # the fresh rollout is sampled on this thread: nothing may be in flight
+                    ready.clear()
                     rollout = self._rollout()
                 # from this rollout's end, not the live position (queued rollouts move it); `epochs` may end the job
                 more = self.step + 1 < spec.steps and self.data.task.available(
                     rollout.end_position + spec.prompts_per_step - 1
                 )
-                # a rollout submitted now (version v) is trained at version v + len(ahead) <= v + k at the latest
-                while pool and more and len(ahead) < min(depth, spec.steps - self.step - 1):
-                    ahead.append(pool.submit(self._rollout_ahead))
+                # a rollout submitted now (version v) is trained at version v + (rollouts ahead) <= v + k at the
+                # latest; a call of n steps is submitted once n more fit under the bound
+                queued, left = len(ready) + per_call * len(ahead), spec.steps - self.step - 1
+                while pool and more and queued < left and queued + min(per_call, left - queued) <= depth:
+                    n = min(per_call, left - queued)
+                    ahead.append(pool.submit(self._rollouts_ahead, n))
+                    queued += n
                 metrics = self.train_step(rollout)
                 metrics[ROLLOUT_STALE_DROPPED] = float(stale)
                 self.step += 1
@@ -329,9 +357,12 @@ class Trainer:
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
 
-    def _rollout_ahead(self) -> Rollout | None:
-        """A queued rollout (on the worker, after those before it); None when the data has run out."""
-        return self._rollout() if self.data.available(self.spec.prompts_per_step) else None
+    def _rollouts_ahead(self, steps: int) -> list[Rollout]:
+        """Queued rollouts (on the worker, after those before it): up to `steps` in one call, as many as the data
+        holds; none when it has run out."""
+        while steps and not self.data.available(self.spec.prompts_per_step * steps):
+            steps -= 1
+        return self._rollouts(steps) if steps else []
 
     def evaluate(self) -> dict[str, float]:
         """Held-out evaluation of the replicas' current weights (`eval` in the spec)."""
@@ -415,7 +446,14 @@ def _lag(version: int, rollout: Rollout) -> int:
     return version - min(c.version for g in rollout.groups for c in g.completions)
 
 
-def _drain(ahead: deque[Future[Rollout | None]]) -> None:
+def _deal(groups: list[Group], steps: int) -> list[list[Group]]:
+    """`groups` in order, dealt into `steps` consecutive parts whose sizes differ by at most one."""
+    size, extra = divmod(len(groups), steps)
+    bounds = [i * size + min(i, extra) for i in range(steps + 1)]
+    return [groups[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
+def _drain(ahead: deque[Future[list[Rollout]]]) -> None:
     """Discard the queued rollouts: cancel those not started, wait for the one generating."""
     for f in ahead:
         f.cancel()
