@@ -6,6 +6,11 @@ The ratio actor/direct is the overhead of the actor layer (Ray calls, result tra
 target >= 0.95.
 
     .venv/bin/python benchmarks/rollout.py [--prompts 8 --samples 8 --max-new-tokens 64 --repeats 4]
+    .venv/bin/python benchmarks/rollout.py --task countdown --max-new-tokens 1024   # reasoning lengths
+
+`--task countdown` asks for the steps before the answer (benchmarks/long_tail.py's prompt), so responses run
+to hundreds of tokens, their lengths sampled as the model writes them; the default arithmetic prompts end in a
+few tokens.
 """
 
 from __future__ import annotations
@@ -28,16 +33,19 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--task", default="arithmetic", choices=["arithmetic", "countdown"])
     args = ap.parse_args()
 
     import ray
     import torch
 
+    from benchmarks.long_tail import REASONING_TEMPLATE
     from tgc_rl.config import JobSpec
     from tgc_rl.models import load_tokenizer, model_dir
     from tgc_rl.rollout import RolloutPool, RolloutSpec, sample_seed
     from tgc_rl.rollout.vllm_engine import engine_args, in_process_llm, sampling_params
     from tgc_rl.tasks.arithmetic import ArithmeticTask
+    from tgc_rl.tasks.countdown import CountdownParams, CountdownTask
 
     spec = JobSpec.parse(
         {
@@ -55,7 +63,11 @@ def main() -> None:
     )
     path = model_dir(spec.model, spec.seed)
     tok = load_tokenizer(spec.model)
-    task = ArithmeticTask(seed=0)
+    task = (
+        ArithmeticTask(seed=0)
+        if args.task == "arithmetic"
+        else CountdownTask(seed=0, params=CountdownParams(template=REASONING_TEMPLATE))
+    )
     prompts = []
     for i in range(args.prompts):
         enc = tok.apply_chat_template(
@@ -120,7 +132,7 @@ def main() -> None:
         ray.shutdown()
 
     print(
-        f"\nRollout throughput  (SmolLM2-135M-Instruct {args.dtype}, {args.prompts} prompts x {n} samples, "
+        f"\nRollout throughput  (SmolLM2-135M-Instruct {args.dtype}, {args.task}, {args.prompts} prompts x {n} samples, "
         f"<= {args.max_new_tokens} new tokens, {args.threads} threads each, vLLM CPU in-process engine core)"
     )
     print(f"start-up: actor {actor_start:.1f} s (incl. Ray worker + imports), direct {direct_start:.1f} s")

@@ -1,6 +1,7 @@
 """The SandboxFusion-compatible endpoint, served by uvicorn on loopback and called over real HTTP."""
 
 import base64
+import os
 import socket
 import threading
 import time
@@ -138,3 +139,13 @@ def test_concurrent_requests_are_all_served(client):
     with ThreadPoolExecutor(6) as ex:
         bodies = list(ex.map(lambda i: run_code(client, code=f"print({i} * {i})").json(), range(12)))
     assert [b["run_result"]["stdout"] for b in bodies] == [f"{i * i}\n" for i in range(12)]
+
+
+def test_the_default_concurrency_is_the_cpus_this_process_may_run_on_not_the_hosts():
+    before = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {min(before)})  # as a taskset or a container's cpuset would
+        assert create_app(Sandbox()).state.max_concurrency == 1
+    finally:
+        os.sched_setaffinity(0, before)
+    assert create_app(Sandbox(), max_concurrency=3).state.max_concurrency == 3

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tgc_rl.sandbox.executor import LANGUAGES, RunResult, Sandbox, SandboxError
 from tgc_rl.sandbox.limits import SandboxLimits
+from tgc_rl.startup import usable_cpus
 
 MAX_RUN_TIMEOUT_S = 300.0
 MAX_MEMORY_MB = 16_384
@@ -71,12 +72,15 @@ class RunCodeResponse(BaseModel):
 
 
 def create_app(sandbox: Sandbox | None = None, max_concurrency: int | None = None) -> FastAPI:
-    """The app; `max_concurrency` sandboxes run at once (default: CPU count), further requests wait."""
+    """The app; `max_concurrency` sandboxes run at once (default: the CPUs this process may run on, its
+    affinity mask, not the host's count), further requests wait."""
     box = sandbox or Sandbox()
-    slots = threading.BoundedSemaphore(max_concurrency or os.cpu_count() or 1)
+    concurrency = max_concurrency or usable_cpus()
+    slots = threading.BoundedSemaphore(concurrency)
     app = FastAPI(
         title="tgc-rl code sandbox", description="SandboxFusion-compatible /run_code over bubblewrap."
     )
+    app.state.max_concurrency = concurrency
     app.mount("/metrics", make_asgi_app())
 
     @app.exception_handler(RequestValidationError)
