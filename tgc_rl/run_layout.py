@@ -101,6 +101,9 @@ POLICY_STALENESS_MAX = "policy/staleness_max"
 MISMATCH_SHARED_PAIRS = "mismatch/shared_pairs"
 BEHAVIOUR_COEF_MEAN = "objective/behaviour/coef_mean"
 ROLLOUT_STALE_DROPPED = "rollout/stale_dropped"
+# k_step's `async.steps_per_call`: the steps sampled by the step's engine call; the step's timings and rollout
+# counters are its equal share of that call's
+ROLLOUT_STEPS_PER_CALL = "rollout/steps_per_call"
 # Multi-turn jobs (`env:`, docs/multi_turn.md): per step, summed over the step's trajectories (refills
 # included); bound hits per reason as `multi_turn/bound_hits/<reason>`.
 MT_TRAJECTORIES = "multi_turn/trajectories"

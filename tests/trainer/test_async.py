@@ -105,7 +105,7 @@ def test_k_step_trains_on_samples_up_to_k_versions_old_with_token_tis_reporting_
     assert all(0 <= lag <= k for lag in lags)  # ... and never more than k
     assert all(r["rollout/stale_dropped"] == 0 for r in rows)  # the queue's depth keeps every one in bound
     # the first step of a run alone, then two steps a call, both sampled by one weights version
-    assert [r["rollout/steps_per_call"] for r in rows] == [1, 2, 2, 1, 2, 2]
+    assert [r[rl.ROLLOUT_STEPS_PER_CALL] for r in rows] == [1, 2, 2, 1, 2, 2]
     sampled_by = [r["policy/version"] - 1 - r["policy/staleness_max"] for r in rows]
     assert sampled_by[1] == sampled_by[2] == 0 and sampled_by[4] == sampled_by[5] == 3
     # queued rollouts never trained on are sampled again after the resume: the position is the trained data's
@@ -272,7 +272,7 @@ def test_one_call_of_three_steps_is_dealt_in_data_order_each_ending_where_a_resu
     assert plain.takes == [6]  # one engine call
     assert _dealt(rollouts) == [([0, 1], 2), ([2, 3], 4), ([4, 5], 6)]
     for r in rollouts:  # the call's time shared out, so a step's timings still add up to the job's
-        assert r.metrics["timing/generate"] == 2.0 and r.metrics["rollout/steps_per_call"] == 3.0
+        assert r.metrics["timing/generate"] == 2.0 and r.metrics[rl.ROLLOUT_STEPS_PER_CALL] == 3.0
     # dynamic sampling over the call: 0 and 3, then 6 have no signal and are replaced from the data after it
     dynamic = _Dealer(dynamic=True)
     rollouts = dynamic._rollouts(3)

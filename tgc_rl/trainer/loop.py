@@ -32,6 +32,7 @@ from tgc_rl.run_layout import (
     REWARD_TIMEOUTS,
     ROLLOUT_INFORMATIVE_GROUPS,
     ROLLOUT_STALE_DROPPED,
+    ROLLOUT_STEPS_PER_CALL,
     SPEC_FILE,
     THROUGHPUT_TOKENS_PER_S,
     TIMING_GENERATE,
@@ -196,7 +197,7 @@ class Trainer:
         shared = {k: v / len(parts) for k, v in timing.items()}  # one call's time, each step its share
         shared |= {
             "rollout/groups_dropped": dropped / len(parts),
-            "rollout/steps_per_call": float(len(parts)),
+            ROLLOUT_STEPS_PER_CALL: float(len(parts)),
         }
         out = []
         for i, part in enumerate(parts):
