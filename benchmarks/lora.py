@@ -11,6 +11,13 @@ twice (two syncs); the peak summed RSS and PSS of the rollout processes (psutil,
 seconds to start both jobs' rollout.
 
     flock /tmp/tgc-heavy.lock .venv/bin/python benchmarks/lora.py --model smollm2 --tenants 2
+
+`--generation`: vLLM's generation with an adapter (rank 16, every linear layer) against the base model, on one
+in-process engine (`VLLMEngine`, one adapter loaded), with vLLM's own CPU LoRA ops and with
+tgc_rl/rollout/lora_cpu.py's per-adapter matmuls, the three variants alternating over `--repeats`; the same
+prompts and seeds in each.
+
+    flock /tmp/tgc-heavy.lock .venv/bin/python benchmarks/lora.py --model smollm2 --generation
 """
 
 from __future__ import annotations
@@ -227,6 +234,94 @@ def one_tenants_mode(model: str, mode: str, tenants: int) -> dict[str, float]:
     }
 
 
+def generation(model: str, repeats: int, max_new_tokens: int, threads: int) -> None:
+    """Tokens/s of one engine's generation: the base, the adapter on vLLM's CPU ops, the adapter on ours."""
+    import statistics
+
+    import torch
+    from vllm.lora.ops.torch_ops import lora_ops
+    from vllm.lora.punica_wrapper import punica_cpu
+
+    from tgc_rl.config import JobSpec
+    from tgc_rl.models import load_tokenizer, model_dir
+    from tgc_rl.rollout import RolloutSpec, lora_cpu, sample_seed
+    from tgc_rl.rollout.vllm_engine import VLLMEngine, sampling_params
+    from tgc_rl.tasks.arithmetic import ArithmeticTask
+
+    spec = JobSpec.parse(
+        {
+            "name": "bench-lora-generation",
+            "model": {**MODELS[model], "lora": LORA},
+            "sampling": {"max_new_tokens": max_new_tokens, "max_prompt_tokens": 128, "temperature": 1.0},
+            "resources": {
+                "rollout_engine": "vllm",
+                "cpus_per_rollout": threads,
+                "vllm_memory_fraction": 0.03,
+            },
+        }
+    )
+    rspec, path = RolloutSpec.of(spec), model_dir(spec.model, spec.seed)
+    torch.set_num_threads(threads)
+    engine = VLLMEngine(rspec, path)  # installs the per-adapter ops (model.lora on a CPU)
+    engine.update_weights(_adapter(path, LORA["rank"], LORA["alpha"], seed=1), 1)
+    ops = {
+        "vllm": {name: lora_cpu._ORIGINAL[name] for name in lora_cpu._OURS},
+        "ours": dict(lora_cpu._OURS),
+    }
+    tok = load_tokenizer(spec.model)
+    task = ArithmeticTask(seed=0)
+    prompts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": task.item(i).prompt}], add_generation_prompt=True
+        )
+        for i in range(8)
+    ]
+    prompts = [list(p["input_ids"] if hasattr(p, "keys") else p) for p in prompts]
+    requests = [{"prompt_token_ids": p} for p in prompts for _ in range(8)]
+    params = [sampling_params(rspec, sample_seed(i, j), engine.eos_id) for i in range(8) for j in range(8)]
+
+    def run(variant: str) -> tuple[float, int, list[list[int]]]:
+        for name, op in ops["ours" if variant == "base" else variant].items():
+            setattr(lora_ops, name, op)
+            setattr(punica_cpu, name, op)
+        lora = None if variant == "base" else engine._lora  # the served adapter (a benchmark may look inside)
+        t0 = time.perf_counter()
+        outs = engine.llm.generate(requests, params, use_tqdm=False, lora_request=lora)
+        dt = time.perf_counter() - t0
+        ids = [list(o.outputs[0].token_ids) for o in outs]
+        return dt, sum(map(len, ids)), ids
+
+    variants = ["base", "vllm", "ours"]
+    for v in variants:  # warm-up: first-call set-up of each path
+        run(v)
+    rate: dict[str, list[float]] = {v: [] for v in variants}
+    same = []
+    for r in range(repeats):
+        order = variants if r % 2 == 0 else variants[::-1]
+        got = {v: run(v) for v in order}
+        for v in variants:
+            rate[v].append(got[v][1] / got[v][0])
+        same.append(sum(a == b for a, b in zip(got["vllm"][2], got["ours"][2], strict=True)) / len(requests))
+    engine.close()
+    print(
+        f"\nLoRA generation  ({model}, rank {LORA['rank']} every linear layer, 8 prompts x 8 samples, <= "
+        f"{max_new_tokens} new tokens, {threads} threads, vLLM CPU, {repeats} repeats alternating)"
+    )
+    for v in variants:
+        print(
+            f"{v:5s} tok/s median {statistics.median(rate[v]):8.1f}  runs "
+            + " ".join(f"{x:.1f}" for x in rate[v])
+        )
+    base = statistics.median(rate["base"])
+    print(
+        f"adapter / base throughput: vLLM's ops {statistics.median(rate['vllm']) / base:.3f}, ours "
+        f"{statistics.median(rate['ours']) / base:.3f}; ours / vLLM's "
+        f"{statistics.median(rate['ours']) / statistics.median(rate['vllm']):.2f}x; responses identical "
+        f"(ours vs vLLM's ops, same seeds): {statistics.mean(same):.3f}"
+    )
+    print(f"load average at the end: {os.getloadavg()[0]:.2f} (1 min)")
+
+
 def _child(*args: str) -> dict[str, float]:
     """Run this script with `args` in a fresh process; its last stdout line is a JSON row."""
     out = subprocess.run([sys.executable, __file__, *args], cwd=ROOT, capture_output=True, text=True)
@@ -257,7 +352,14 @@ def main() -> None:
     ap.add_argument("--variant", choices=["full", "lora"], help=argparse.SUPPRESS)  # one child process
     ap.add_argument("--tenants", type=int, default=0, help="LoRA jobs' rollout side by side, own vs shared")
     ap.add_argument("--mode", choices=["own", "shared"], help=argparse.SUPPRESS)  # one child process
+    ap.add_argument("--generation", action="store_true", help="generation with an adapter vs the base")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
+    if args.generation:
+        generation(args.model, args.repeats, args.max_new_tokens, args.threads)
+        return
     if args.tenants:
         if args.tenants < 2:
             sys.exit("--tenants: give 2 or more jobs (sharing needs several)")

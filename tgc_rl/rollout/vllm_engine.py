@@ -174,6 +174,10 @@ class VLLMEngine(RolloutEngine):
         self.eos_id = int(load_tokenizer(spec.model).eos_token_id)
         self.cuda = uses_cuda(spec)
         self.model_path = str(model_path)
+        if spec.model.lora is not None and not self.cuda:
+            from tgc_rl.rollout import lora_cpu
+
+            lora_cpu.install()  # vLLM's CPU LoRA ops copy the adapter's matrices once per token
         self.llm = in_process_llm(engine_args(spec, model_path, max_loras))
         self._closed = False
         self._lora: LoRARequest | None = None  # the served adapter (model.lora); None: the base model
