@@ -80,3 +80,60 @@ def test_shapes_outside_the_plain_case_go_to_vllms_op():
     lora_cpu.bgmv_expand(one_row, b, mine, torch.tensor([1]), True)
     lora_cpu._ORIGINAL["bgmv_expand"](one_row, b, theirs, torch.tensor([1]), True)
     assert torch.equal(mine, theirs)
+
+
+@pytest.mark.slow
+def test_an_engine_serving_an_adapter_scores_and_samples_as_peft_does_through_the_per_adapter_ops(
+    tiny_path, monkeypatch
+):
+    """vLLM's CPU engine with an adapter (model.lora) against PEFT in transformers on the same weights: the
+    prompt log-probs of `score` (prefill) and each sampled token's log-prob (decode), through these ops."""
+    from peft import LoraConfig, get_peft_model
+
+    from tests.rollout.rollout_helpers import TINY, reference_logprobs, reference_model
+    from tgc_rl.config import JobSpec
+    from tgc_rl.rollout.spec import RolloutSpec
+    from tgc_rl.rollout.vllm_engine import VLLMEngine
+    from tgc_rl.weight_sync.adapter import PEFT_PREFIX, AdapterWeights, peft_name
+
+    config = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)
+    torch.manual_seed(0)  # B random too (init_lora_weights=False): the adapter changes every log-prob
+    policy = get_peft_model(reference_model(tiny_path), config).eval()
+    adapter = {
+        peft_name(n.removeprefix(PEFT_PREFIX)): p.detach().clone()
+        for n, p in policy.named_parameters()
+        if "lora_" in n
+    }
+    spec = JobSpec.parse(
+        {
+            "model": {
+                "source": "random",
+                "dtype": "float32",
+                "config_overrides": TINY,
+                "lora": {"rank": 4, "alpha": 8},
+            },
+            "sampling": {"max_new_tokens": 12, "max_prompt_tokens": 32, "temperature": 1.0},
+            "resources": {"rollout_engine": "vllm", "vllm_memory_fraction": 0.01, "cpus_per_rollout": 1},
+        }
+    )
+    calls = []
+    per_adapter = lora_cpu._per_adapter
+    monkeypatch.setattr(lora_cpu, "_per_adapter", lambda *a: calls.append(1) or per_adapter(*a))
+    engine = VLLMEngine(RolloutSpec.of(spec), tiny_path)
+    try:
+        engine.update_weights(AdapterWeights.pack(adapter, 4, 8), 1)
+        sequence = [1, *range(40, 60)]
+        base = reference_logprobs(reference_model(tiny_path), sequence, 5)
+        want = reference_logprobs(policy, sequence, 5)
+        assert max(abs(a - b) for a, b in zip(base, want, strict=True)) > 0.05  # the adapter matters
+        got = engine.score([sequence], 5)[0]
+        assert got == pytest.approx(want, abs=1e-4)
+        prompts = [[1, *range(70, 80)], [1, *range(90, 96)]]
+        for prompt, completions in zip(prompts, engine.generate(prompts, 3, [0, 1]), strict=True):
+            for c in completions:
+                assert c.logprobs == pytest.approx(
+                    reference_logprobs(policy, prompt + c.token_ids, len(prompt)), abs=1e-4
+                )
+    finally:
+        engine.close()
+    assert calls  # the engine went through the per-adapter ops, not vLLM's own
