@@ -3,6 +3,7 @@ group (FSDP2) -> weights published once to the object store (or broadcast) -> ro
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
@@ -204,9 +205,8 @@ class Trainer:
             metrics = dict(shared)
             if self.sampler is not None:
                 metrics.update(with_means(metrics))
-            self.credit.after_rollout(
-                part, self.rollout, self.rewards, metrics
-            )  # the weights that sampled them
+            # the weights that sampled them
+            self.credit.after_rollout(part, self.rollout, self.rewards, metrics)
             last = i == len(parts) - 1  # the last also covers the prompts whose groups were dropped after it
             end = self.data.position if last else max(g.prompt.index for g in part) + 1
             out.append(Rollout(part, end, metrics))
@@ -290,9 +290,8 @@ class Trainer:
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout") if depth else None
         # calls in submission order; one worker runs them one after another, so each takes the data after the last
         ahead: deque[Future[list[Rollout]]] = deque()
-        ready: deque[Rollout] = (
-            deque()
-        )  # sampled by a call whose first rollout was trained, waiting their turn
+        # sampled by a call whose first rollout was trained, waiting their turn
+        ready: deque[Rollout] = deque()
         self.reporter.state(JobState.RUNNING, "resumed" if self.resumed else "started", self.step)
         finished = "completed all steps"
         try:
@@ -451,7 +450,7 @@ def _deal(groups: list[Group], steps: int) -> list[list[Group]]:
     """`groups` in order, dealt into `steps` consecutive parts whose sizes differ by at most one."""
     size, extra = divmod(len(groups), steps)
     bounds = [i * size + min(i, extra) for i in range(steps + 1)]
-    return [groups[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    return [groups[a:b] for a, b in itertools.pairwise(bounds)]
 
 
 def _drain(ahead: deque[Future[list[Rollout]]]) -> None:
