@@ -200,11 +200,11 @@ class Trainer:
             "rollout/groups_dropped": dropped / len(parts),
             ROLLOUT_STEPS_PER_CALL: float(len(parts)),
         }
+        if self.sampler is not None:
+            shared.update(with_means(shared))  # per trajectory: the same for the call and each share of it
         out = []
         for i, part in enumerate(parts):
             metrics = dict(shared)
-            if self.sampler is not None:
-                metrics.update(with_means(metrics))
             # the weights that sampled them
             self.credit.after_rollout(part, self.rollout, self.rewards, metrics)
             last = i == len(parts) - 1  # the last also covers the prompts whose groups were dropped after it
@@ -323,8 +323,7 @@ class Trainer:
                 # a rollout submitted now (version v) is trained at version v + (rollouts ahead) <= v + k at the
                 # latest; a call of n steps is submitted once n more fit under the bound
                 queued, left = len(ready) + per_call * len(ahead), spec.steps - self.step - 1
-                while pool and more and queued < left and queued + min(per_call, left - queued) <= depth:
-                    n = min(per_call, left - queued)
+                while pool and more and (n := min(per_call, left - queued)) > 0 and queued + n <= depth:
                     ahead.append(pool.submit(self._rollouts_ahead, n))
                     queued += n
                 metrics = self.train_step(rollout)
