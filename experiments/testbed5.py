@@ -99,7 +99,10 @@ FALLBACK_LR = 3e-6
 LR_STEPS = 40
 LR_WINDOW = (26, 30)  # "at step 30": the mean of steps 26-30
 LR_MIN_ENTROPY = 0.1
-LR_MIN_TRUNCATION = 0.10
+# The length gap as a share of the mean response length: the manipulation check's threshold (steps 1-50 of a
+# study run) and, amended 2026-11-28 after the three lr runs, the lr rule's second gate in place of truncation
+# >= 10% (testbed5_plan.md, Amendments).
+GAP_SHARE_MIN = 0.15
 BUDGET_HOURS = 10.0
 PILOT_COMMAND = "python -m experiments testbed5 pilot --commit --lock /tmp/tgc-heavy.lock"
 CAP_FILE, LR_FILE, BUDGET_FILE = "pilot_cap.json", "pilot_lr.json", "pilot_budget.json"
@@ -258,17 +261,26 @@ def decide_cap(stats: Sequence[CapStats], date: str | None = None) -> CapDecisio
     )
 
 
+def gap_share(gaps: Sequence[float], lengths: Sequence[float]) -> float:
+    """Mean |l- - l+| over the steps that have both kinds, divided by the mean response length over the same
+    window: how open the right/wrong length gap is that GRPO's 1/|o_i| feeds on."""
+    g = np.asarray([x for x in gaps if math.isfinite(x)], dtype=float)
+    ln = np.asarray([x for x in lengths if math.isfinite(x)], dtype=float)
+    return float(np.abs(g).mean() / ln.mean()) if g.size and ln.size else math.nan
+
+
 @dataclass(frozen=True)
 class LrTrial:
     """One 40-step cp_grpo pilot run, read at step 30 (the mean of steps 26-30)."""
 
     lr: float
     entropy: float  # diag/d7_entropy_mean
-    truncated_frac: float  # response/truncated_frac
+    truncated_frac: float  # response/truncated_frac: the plan's first second gate, recorded, no longer a gate
+    length_gap: float  # gap_share over the window: the second gate since the amendment of 2026-11-28
 
     @property
     def passes(self) -> bool:
-        return self.entropy >= LR_MIN_ENTROPY and self.truncated_frac >= LR_MIN_TRUNCATION
+        return self.entropy >= LR_MIN_ENTROPY and self.length_gap >= GAP_SHARE_MIN
 
 
 @dataclass(frozen=True)
@@ -302,12 +314,22 @@ def lr_trial(lr: float, metrics: Sequence[dict[str, Any]]) -> LrTrial:
     lo, hi = LR_WINDOW
     window = [m for m in metrics if lo <= m.get("step", -1) <= hi]
 
+    def values(key: str) -> list[float]:
+        return [as_float(m.get(key)) for m in window]
+
     def mean(key: str) -> float:
-        values = [as_float(m.get(key)) for m in window]
-        finite = [v for v in values if math.isfinite(v)]
+        finite = [v for v in values(key) if math.isfinite(v)]
         return float(np.mean(finite)) if finite else math.nan
 
-    return LrTrial(lr, mean("diag/d7_entropy_mean"), mean("response/truncated_frac"))
+    gaps = [
+        n - p for n, p in zip(values("diag/d11_len_neg_mean"), values("diag/d11_len_pos_mean"), strict=True)
+    ]
+    return LrTrial(
+        lr,
+        mean("diag/d7_entropy_mean"),
+        mean("response/truncated_frac"),
+        gap_share(gaps, values("response/length_mean")),
+    )
 
 
 @dataclass(frozen=True)

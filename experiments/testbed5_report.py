@@ -19,9 +19,11 @@ from experiments.stats import Comparison, compare, direction, holm, summarize
 from experiments.testbed5 import (
     DATA,
     FULL,
+    GAP_SHARE_MIN,
     PILOT_COMMAND,
     Decisions,
     NoPilotDecision,
+    gap_share,
     load_decisions,
     pilot_stop,
     run_name,
@@ -30,7 +32,6 @@ from rlcore import RESIDUAL_TOLERANCE
 
 ALPHA = 0.05
 MANIP_D2 = 0.05  # grpo's mean D2 over steps 1-50, in all seeds but one
-MANIP_GAP = 0.15  # the length gap as a share of the mean length over steps 1-50, both arms
 EARLY = (1, 50)
 PRIMARY_FROM = 21
 EFFECT_OF_INTEREST = 0.10  # of the cap, in tokens
@@ -122,9 +123,9 @@ def max_d2(run: Run) -> float:
     return float(d2.max()) if d2.size else math.nan
 
 
-def gap_share(run: Run) -> float:
+def early_gap_share(run: Run) -> float:
     """Mean |l- - l+| over steps 1-50 divided by the mean response length over those steps."""
-    return _mean(np.abs(run.gaps(*EARLY))) / _mean(run.window("response/length_mean", *EARLY))
+    return gap_share(run.gaps(*EARLY), run.window("response/length_mean", *EARLY))
 
 
 def primary(run: Run) -> float:
@@ -184,7 +185,7 @@ class ManipulationCheck:
             self.complete
             and self.grpo_passing >= self.grpo_needed
             and self.cp_max_d2 <= RESIDUAL_TOLERANCE
-            and all(self.gap_share.get(arm, math.nan) >= MANIP_GAP for arm in ("grpo", "cp_grpo"))
+            and all(self.gap_share.get(arm, math.nan) >= GAP_SHARE_MIN for arm in ("grpo", "cp_grpo"))
         )
 
 
@@ -196,7 +197,7 @@ def manipulation_check(runs: dict[str, list[Run]], planned_seeds: int) -> Manipu
         planned_seeds - 1,
         max(cp_d2) if cp_d2 else math.nan,
         {
-            arm: float(np.mean([gap_share(r) for r in runs[arm]]))
+            arm: float(np.mean([early_gap_share(r) for r in runs[arm]]))
             for arm in ("grpo", "cp_grpo")
             if runs.get(arm)
         },
@@ -381,7 +382,7 @@ def section(runs_dir: Path, decisions_dir: Path = DATA) -> list[str]:
         f"cp_grpo's largest D2 {_n(check.cp_max_d2)} (needed <= {RESIDUAL_TOLERANCE:g} on every step); "
         "length gap / mean length over steps 1-50: "
         + ", ".join(f"{arm} {_n(v)}" for arm, v in check.gap_share.items())
-        + f" (needed >= {MANIP_GAP} in both arms). "
+        + f" (needed >= {GAP_SHARE_MIN} in both arms). "
         + (
             "It holds: the endpoints below test the mechanism switched on."
             if check.holds

@@ -104,7 +104,7 @@ def test_study_specs_are_refused_until_the_pilot_has_recorded_its_three_decision
         testbed5.load_decisions(tmp_path)
     stats_ok = CapStats(96, 0.3, 0.5, 0.35, 0.0, 0.2)
     testbed5.write_decision(testbed5.decide_cap([stats_ok]), tmp_path, testbed5.CAP_FILE)
-    trials = [LrTrial(1e-5, 0.3, 0.2), LrTrial(3e-5, 0.3, 0.2)]
+    trials = [LrTrial(1e-5, 0.3, 0.0, 0.2), LrTrial(3e-5, 0.3, 0.0, 0.2)]
     testbed5.write_decision(testbed5.decide_lr(trials), tmp_path, testbed5.LR_FILE)
     with pytest.raises(testbed5.NoPilotDecision, match="pilot_budget.json missing"):
         testbed5.load_decisions(tmp_path)
@@ -169,24 +169,40 @@ def test_the_cap_passing_every_gate_closest_to_35_percent_truncation_is_chosen()
 
 
 def test_learning_rate_rule_takes_the_higher_passing_rate_then_falls_back_to_3e_6():
-    both = testbed5.decide_lr([LrTrial(1e-5, 0.5, 0.3), LrTrial(3e-5, 0.2, 0.15)])
+    """The rule as amended on 2026-11-28: entropy >= 0.1 and the length gap >= 15% of the mean length at step
+    30; the cut-off share is recorded but gates nothing (the lr runs' responses shrank below the cap)."""
+    both = testbed5.decide_lr([LrTrial(1e-5, 0.5, 0.3, 0.3), LrTrial(3e-5, 0.2, 0.15, 0.2)])
     assert both.lr == 3e-5 and both.next_lr is None
-    low = testbed5.decide_lr([LrTrial(1e-5, 0.5, 0.3), LrTrial(3e-5, 0.09, 0.15)])  # entropy gone at 3e-5
+    low = testbed5.decide_lr([LrTrial(1e-5, 0.5, 0.3, 0.3), LrTrial(3e-5, 0.09, 0.15, 0.3)])  # entropy gone
     assert low.lr == 1e-5
-    assert testbed5.decide_lr([LrTrial(1e-5, 0.5, 0.3), LrTrial(3e-5, 0.5, 0.09)]).lr == 1e-5  # no cut-offs
-    none = testbed5.decide_lr([LrTrial(1e-5, 0.05, 0.3), LrTrial(3e-5, 0.05, 0.3)])
+    closed = [LrTrial(1e-5, 0.5, 0.3, 0.3), LrTrial(3e-5, 0.5, 0.3, 0.14)]  # the gap closed at 3e-5
+    assert testbed5.decide_lr(closed).lr == 1e-5
+    uncut = [LrTrial(1e-5, 0.5, 0.0, 0.3), LrTrial(3e-5, 0.5, 0.0, 0.2)]  # no cut-offs: no longer a gate
+    assert testbed5.decide_lr(uncut).lr == 3e-5
+    none = testbed5.decide_lr([LrTrial(1e-5, 0.05, 0.3, 0.3), LrTrial(3e-5, 0.5, 0.3, 0.02)])
     assert none.lr is None and none.next_lr == 3e-6
-    rescued = testbed5.decide_lr([*none.trials, LrTrial(3e-6, 0.4, 0.3)])
+    rescued = testbed5.decide_lr([*none.trials, LrTrial(3e-6, 0.4, 0.0, 0.18)])
     assert rescued.lr == 3e-6
-    failed = testbed5.decide_lr([*none.trials, LrTrial(3e-6, 0.05, 0.3)])
+    failed = testbed5.decide_lr([*none.trials, LrTrial(3e-6, 0.4, 0.3, 0.1)])
     assert failed.lr is None and failed.next_lr is None  # no study run starts
     with pytest.raises(ValueError, match="needs runs at 1e-05, 3e-05"):
-        testbed5.decide_lr([LrTrial(1e-5, 0.5, 0.3)])
+        testbed5.decide_lr([LrTrial(1e-5, 0.5, 0.3, 0.3)])
     metrics = [
-        {"step": s, "diag/d7_entropy_mean": float(s), "response/truncated_frac": 0.2} for s in range(41)
+        {
+            "step": s,
+            "diag/d7_entropy_mean": float(s),
+            "response/truncated_frac": 0.2,
+            "response/length_mean": 40.0 + (s % 2) * 20,  # steps 26-30: 40, 60, 40, 60, 40 (mean 48)
+            "diag/d11_len_neg_mean": 30.0,
+            # the gap alternates sign (-5 on even steps, +10 on odd) and step 28 has no positive-advantage response
+            "diag/d11_len_pos_mean": None if s == 28 else (20.0 if s % 2 else 35.0),
+        }
+        for s in range(41)
     ]
     trial = testbed5.lr_trial(1e-5, metrics)
     assert trial.entropy == 28.0 and trial.truncated_frac == pytest.approx(0.2)  # the mean of steps 26-30
+    # |gap| over the steps with both kinds (26, 27, 29, 30: 5, 10, 10, 5) over the mean length of all five steps
+    assert trial.length_gap == pytest.approx(7.5 / 48)
 
 
 def test_budget_rule_cuts_the_study_when_twelve_full_runs_exceed_ten_hours():
@@ -263,7 +279,9 @@ def _study(tmp_path, runs):
         testbed5.decide_cap([CapStats(128, 0.1, 0.5, 0.35, 0.0, 0.2)]), decisions, testbed5.CAP_FILE
     )
     testbed5.write_decision(
-        testbed5.decide_lr([LrTrial(1e-5, 0.5, 0.3), LrTrial(3e-5, 0.5, 0.3)]), decisions, testbed5.LR_FILE
+        testbed5.decide_lr([LrTrial(1e-5, 0.5, 0.0, 0.3), LrTrial(3e-5, 0.5, 0.0, 0.3)]),
+        decisions,
+        testbed5.LR_FILE,
     )
     testbed5.write_decision(testbed5.decide_budget(1, 1, 1, 1, 1), decisions, testbed5.BUDGET_FILE)
     return runs_dir, decisions
@@ -280,7 +298,7 @@ def test_endpoints_recompute_from_the_summaries_as_the_plan_defines_them(tmp_pat
     assert testbed5_report.late_accuracy(g0) == pytest.approx((0.2 + 60 / 500 + 0.2 + 80 / 500 + 0.4) / 3)
     assert testbed5_report.shared_entropy(g0) == pytest.approx(0.2)
     assert testbed5_report.learning_tax(g0) == pytest.approx(0.2 / 0.2)  # KL 0.2, gain 100 / 500
-    assert testbed5_report.gap_share(g0) == pytest.approx(
+    assert testbed5_report.early_gap_share(g0) == pytest.approx(
         (20 * 30 + 5 * 10) / 50 / 50
     )  # |gap| over steps 1-50: 20 on 21-50, 5 on the odd steps before
     results = testbed5_report.analyse(runs, 0.1)
@@ -454,7 +472,14 @@ def test_a_pilot_job_is_reused_only_on_the_inputs_it_ran_on(tmp_path, monkeypatc
         entropy = 0.5 if len(jobs) == 1 else 0.2
         with open(run_dir / METRICS_FILE, "a") as fh:  # the trainer appends: a stale row would survive
             for s in range(1, testbed5.LR_STEPS + 1):
-                row = {"step": s, "diag/d7_entropy_mean": entropy, "response/truncated_frac": 0.3}
+                row = {
+                    "step": s,
+                    "diag/d7_entropy_mean": entropy,
+                    "response/truncated_frac": 0.3,
+                    "response/length_mean": 40.0,
+                    "diag/d11_len_neg_mean": 50.0,
+                    "diag/d11_len_pos_mean": 30.0,
+                }
                 fh.write(json.dumps(row | ({"stale": 1.0} if len(jobs) == 1 else {})) + "\n")
         return "succeeded"
 
