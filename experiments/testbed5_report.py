@@ -20,6 +20,7 @@ from experiments.testbed5 import (
     DATA,
     FULL,
     GAP_SHARE_MIN,
+    MAX_OPERAND,
     PILOT_COMMAND,
     Decisions,
     NoPilotDecision,
@@ -347,14 +348,9 @@ def section(runs_dir: Path, decisions_dir: Path = DATA) -> list[str]:
         decisions: Decisions | None = load_decisions(decisions_dir)
     except NoPilotDecision:
         decisions = None
-    if decisions is None or not runs:
-        status = (
-            (
-                pilot_stop(decisions_dir)
-                or f"the pilot has not recorded its decisions (`results/testbed5/pilot_*.json`; `{PILOT_COMMAND}`)"
-            )
-            if decisions is None
-            else "no study run has finished yet (`python -m experiments testbed5 study --commit`)"
+    if decisions is None:
+        status = pilot_stop(decisions_dir) or (
+            f"the pilot has not recorded its decisions (`results/testbed5/pilot_*.json`; `{PILOT_COMMAND}`)"
         )
         return [
             *head,
@@ -363,18 +359,33 @@ def section(runs_dir: Path, decisions_dir: Path = DATA) -> list[str]:
             "",
         ]
     design = decisions.design
-    check = manipulation_check(runs, len(design.seeds))
-    results = analyse(runs, decisions.base_accuracy)
     done = sum(len(v) for v in runs.values())
-    lines = [
-        *head,
-        f"SmolLM2-135M-Instruct on `a + b` (operands 0-99, 'Answer: <number>' verified by regex), "
-        f"{design.steps} steps of 8 prompts x 8 samples at T = 0.7, response cap {decisions.cap} tokens, "
-        f"lr {decisions.lr:g} (the pilot's choices, `results/testbed5/pilot_*.json`). Runs finished: {done} of "
-        f"{2 * len(design.seeds)} (grpo seeds {_seeds(runs.get('grpo', []))}; cp_grpo seeds "
+    setup = (
+        f"SmolLM2-135M-Instruct on `a + b` (operands 0-{MAX_OPERAND}; a response is right when its last number "
+        f"is the sum, as amended before the pilot's third step 1), {design.steps} steps of 8 prompts x 8 samples "
+        f"at T = 0.7, response cap {decisions.cap} tokens (base accuracy {decisions.base_accuracy:.3f}), lr "
+        f"{decisions.lr:g} (the pilot's choices, `results/testbed5/pilot_*.json`; the lr rule's second gate was "
+        "amended after its runs, dated in the plan). Runs finished: "
+        f"{done} of {2 * len(design.seeds)} (grpo seeds {_seeds(runs.get('grpo', []))}; cp_grpo seeds "
         f"{_seeds(runs.get('cp_grpo', []))})"
         + ("" if design == FULL else "; cut to 5 seeds x 80 steps by the pilot's budget rule")
-        + ".",
+        + "."
+    )
+    if not runs:
+        return [
+            *head,
+            "**Not yet run**: no study run has finished yet (`python -m experiments testbed5 study --commit`). "
+            "Plan, gates, endpoints and analysis, fixed before any run and amended only by dated entries: "
+            "`experiments/testbed5_plan.md`.",
+            "",
+            setup,
+            "",
+        ]
+    check = manipulation_check(runs, len(design.seeds))
+    results = analyse(runs, decisions.base_accuracy)
+    lines = [
+        *head,
+        setup,
         "",
         "**Manipulation check** (read first): "
         f"grpo's mean D2 over steps 1-50 >= {MANIP_D2} in {check.grpo_passing} of {len(check.grpo_d2)} seeds "
