@@ -275,7 +275,7 @@ class LrTrial:
 
     lr: float
     entropy: float  # diag/d7_entropy_mean
-    truncated_frac: float  # response/truncated_frac: the plan's first second gate, recorded, no longer a gate
+    truncated_frac: float  # response/truncated_frac: the original second gate, recorded; gates nothing now
     length_gap: float  # gap_share over the window: the second gate since the amendment of 2026-11-28
 
     @property
