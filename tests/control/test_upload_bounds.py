@@ -317,7 +317,10 @@ def test_a_full_inspection_pool_answers_503_and_a_tenant_429_beyond_its_uploads_
             conn.endheaders()
             conn.send(b'{"prompt": "held", ')
             held.append(conn)
-        time.sleep(0.5)
+        deadline = time.monotonic() + 60  # both hold their slots once their staging folders exist
+        while len([n for n in _staged(server) if n.startswith(".staging-")]) < 2:
+            assert time.monotonic() < deadline, _staged(server)
+            time.sleep(0.05)
         r = _post(server, acme, "third.jsonl", b'{"prompt": "t", "answer": "1"}\n')
         assert r.status_code == 429 and "dataset_uploads_per_tenant" in r.json()["message"], r.text
         assert _post(server, globex, "g.jsonl", b'{"prompt": "g", "answer": "1"}\n').status_code == 201

@@ -80,8 +80,7 @@ def test_the_first_sigterm_stops_an_evaluation_only_job(tmp_path, monkeypatch):
         return {}
 
     monkeypatch.setattr(evaluation, "run_eval_only", evaluate_slowly)
-    t0 = time.monotonic()
     state = trainer_main.run(spec, tmp_path / "run")
-    assert state == "cancelled" and not finished and time.monotonic() - t0 < 5
+    assert state == "cancelled" and not finished  # `finished` would mean it sat out the 5 s
     events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
     assert any(e.get("state") == "cancelled" and "SIGTERM" in e.get("reason", "") for e in events), events
