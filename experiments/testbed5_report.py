@@ -294,8 +294,9 @@ def exploratory(runs: dict[str, list[Run]], results: Sequence[Result]) -> list[s
         if rs
     )
     lines = [
-        f"**Exploratory** (no verdicts). The primary's paired sign-flip test: p={_n(sign_flip_p(results[0].paired))} "
-        f"({len(results[0].paired)} seeds). {per_arm} (fork entropy: diag/d7_entropy_fork over steps 10-40).",
+        f"**Exploratory** (no verdicts). The primary's paired sign-flip test: "
+        f"p={_n(sign_flip_p(results[0].paired)) if len(results[0].paired) >= 2 else 'n/a'} "
+        f"({len(results[0].paired)} paired seeds). {per_arm} (fork entropy: diag/d7_entropy_fork over steps 10-40).",
         "",
         "| seed | grpo's integrated D2 | "
         + " | ".join(f"{r.endpoint.key}: grpo - cp_grpo" for r in results)
@@ -406,16 +407,19 @@ def section(runs_dir: Path, decisions_dir: Path = DATA) -> list[str]:
     ]
     for r in results:
         c = r.comparison
+        # a permutation test of one run against one gives p = 1 whatever the runs say: no p until two a side
+        testable = c.n_a >= 2 and c.n_b >= 2
         if r.endpoint.key == "primary":
             reading = primary_reading(r, decisions.cap)
-        elif c.n_a < 2 or c.n_b < 2:
+        elif not testable:
             reading = "not enough runs to test yet"
         else:
             way = direction(c.diff, r.endpoint.expected)
             reading = (("passes, " if r.significant else "n.s., ") + way) if c.diff != 0 else way
+        holm_p = _n(r.holm_p) if r.endpoint.key != "primary" and testable else "-"
         lines.append(
             f"| {r.endpoint.name} | {r.endpoint.measure} | {summarize(r.grpo).fmt()} | {summarize(r.cp).fmt()} | "
-            f"{c.fmt_effect()} | {'-' if r.endpoint.key == 'primary' else _n(r.holm_p)} | "
+            f"{c.fmt_effect()} | {holm_p} | "
             f"{', '.join(map(_n, r.paired)) or '-'} | {reading} |"
         )
     lines += [

@@ -350,6 +350,12 @@ def test_report_section_is_not_yet_run_then_leads_with_the_manipulation_check(tm
     assert "paired sign-flip test: p=0.0312" in text  # 6 seeds, all +10: 2 of 64 sign patterns
     dose = next(ln for ln in text.splitlines() if ln.startswith("| 0 |"))
     assert dose.startswith("| 0 | 10 | 10 | 10 |")  # grpo's D2 0.1 x 100 steps; primary +10; S1 +10 steps
+    # one run a side: differences, no p-values (a one-against-one permutation test is p = 1 whatever it says)
+    one_each, _ = _study(tmp_path / "one", [_run("grpo", 0), _run("cp_grpo", 0)])
+    text = "\n".join(testbed5_report.section(one_each, decisions))
+    for row in (ln for ln in text.splitlines() if ln.startswith("| S")):
+        assert row.split(" | ")[5] == "-" and "not enough runs to test yet" in row, row
+    assert "paired sign-flip test: p=n/a (1 paired seeds)" in text
 
 
 def test_sign_flip_test_is_exact_over_every_sign_pattern():
