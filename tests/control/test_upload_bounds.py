@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.proc_helpers import wait_until
 from tests.servers import auth
 from tgc_rl.control.local import LocalControlPlane
 
@@ -42,6 +43,11 @@ def _parquet(table: pa.Table, **kw) -> bytes:
 def _staged(server) -> list[str]:
     root = server.cp.data_dir / "datasets"
     return sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+
+
+def _staging(server) -> list[str]:
+    """The staging folders of uploads in flight (or left behind)."""
+    return [n for n in _staged(server) if n.startswith(".staging-")]
 
 
 # -- the crash input (defect 1) -------------------------------------------------------------------------
@@ -304,7 +310,7 @@ def test_a_full_inspection_pool_answers_503_and_a_tenant_429_beyond_its_uploads_
         finally:
             worker.join()
         assert result[0].status_code == 201, result[0].text
-        assert not [n for n in _staged(server) if n.startswith(".staging-")]
+        assert not _staging(server)
         # two uploads of one tenant in flight (bodies half sent): a third is 429 before its body is read
         import http.client
 
@@ -317,10 +323,8 @@ def test_a_full_inspection_pool_answers_503_and_a_tenant_429_beyond_its_uploads_
             conn.endheaders()
             conn.send(b'{"prompt": "held", ')
             held.append(conn)
-        deadline = time.monotonic() + 60  # both hold their slots once their staging folders exist
-        while len([n for n in _staged(server) if n.startswith(".staging-")]) < 2:
-            assert time.monotonic() < deadline, _staged(server)
-            time.sleep(0.05)
+        # both hold their slots once their staging folders exist
+        assert wait_until(lambda: len(_staging(server)) == 2, timeout=60), _staged(server)
         r = _post(server, acme, "third.jsonl", b'{"prompt": "t", "answer": "1"}\n')
         assert r.status_code == 429 and "dataset_uploads_per_tenant" in r.json()["message"], r.text
         assert _post(server, globex, "g.jsonl", b'{"prompt": "g", "answer": "1"}\n').status_code == 201
