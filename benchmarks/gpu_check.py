@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import gc
 import importlib
 import importlib.metadata
@@ -92,7 +93,14 @@ class Sizes:
     tree_groups: int = 1
     tree_eq_layers: int = 4  # layers of the float32 equality model (the speed model has all of them)
     threshold_prompt: int = 128  # tree_threshold: one group of `group_size` responses per tree size
-    threshold_responses: tuple[int, ...] = (32, 64, 128, 256, 512)  # longest response; trees ~0.75x 8R nodes
+    threshold_responses: tuple[int, ...] = (
+        32,
+        64,
+        128,
+        256,
+        512,
+        1024,
+    )  # longest response; trees ~0.75x 8R nodes
     head_tokens: int = 8192  # chunked log-probs: hidden rows through the 152k head
     chunk_tokens: int = 1024
     rl_groups: int = 16  # rlcore: groups x group_size rows of rl_tokens
@@ -136,7 +144,7 @@ BUDGETS = {
     "learner_0.5b": 70,
     "learner_1.5b": 110,
     "shared_prompt": 70,
-    "tree_threshold": 60,
+    "tree_threshold": 90,
     "chunked_logprobs": 30,
     "rlcore": 40,
     "rollout_hf": 40,
@@ -166,6 +174,9 @@ class Context:
     tiny: bool
     work: Path  # models are written here (a temporary folder)
     peak_flops: float | None = None  # measured by matmul_peak
+    dense_tree_max_tokens: int | None = (
+        None  # the learner parts' optim.dense_tree_max_tokens (None: by device)
+    )
     models: dict[str, Path] = field(default_factory=dict)
 
 
@@ -223,6 +234,65 @@ def timed(fn: Callable[[], Any], device: torch.device) -> float:
     fn()
     sync(device)
     return time.perf_counter() - t0
+
+
+# Kernel name patterns by kind, checked in order (the first match wins): what a profiled step spent its time on.
+KERNEL_KINDS = (
+    ("communication", re.compile(r"nccl|gloo|all_?gather|reduce_?scatter|all_?reduce|broadcast", re.I)),
+    ("attention", re.compile(r"flash|flex|attention|sdpa|fmha|triton_tem", re.I)),
+    ("matmul", re.compile(r"gemm|matmul|\bmm\b|addmm|bmm|cutlass|nvjet|sm90_xmma|cublas|linear", re.I)),
+    ("optimizer", re.compile(r"adam|foreach|multi_tensor|fused_optim", re.I)),
+    ("copy", re.compile(r"memcpy|memset|copy_|to_copy|cat\b|CatArrayBatched", re.I)),
+)
+
+
+def profile_step(fn: Callable[[], Any], device: torch.device, top: int = 12) -> dict[str, Any]:
+    """One call of `fn` under torch.profiler: the wall time, how much of it the device was busy (the rest is the
+    host: Python, launches, syncs), busy time by kernel kind, and the `top` ops by self device time. On a CPU the
+    ops' self CPU time stands in for device time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    sync(device)
+    with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        wall_s = time.perf_counter() - t0
+
+    def self_us(e: Any) -> float:
+        if cuda:
+            device_us = getattr(e, "self_device_time_total", None)  # older torch: self_cuda_time_total
+            return float(device_us if device_us is not None else getattr(e, "self_cuda_time_total", 0.0))
+        return float(e.self_cpu_time_total)
+
+    from torch.autograd import DeviceType
+
+    events = prof.key_averages()
+    # On CUDA the kernels themselves (a CPU op's self device time repeats its kernels' time); on a CPU the ops.
+    rows = [e for e in events if self_us(e) > 0 and (e.device_type == DeviceType.CUDA or not cuda)]
+    host = sorted(
+        (e for e in events if e.device_type == DeviceType.CPU and cuda),  # on a CPU `rows` are the host's ops
+        key=lambda e: -e.self_cpu_time_total,
+    )
+    busy_us = sum(self_us(e) for e in rows)
+    kinds: dict[str, float] = {}
+    for e in rows:
+        kind = next((k for k, pat in KERNEL_KINDS if pat.search(e.key)), "other")
+        kinds[kind] = kinds.get(kind, 0.0) + self_us(e)
+    rows.sort(key=self_us, reverse=True)
+    return {
+        "wall_s": wall_s,
+        "busy_s": busy_us / 1e6,
+        "busy_frac": min(busy_us / 1e6 / wall_s, 1.0) if wall_s > 0 else None,
+        "by_kind_s": {k: v / 1e6 for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
+        "top": [{"op": e.key[:120], "self_s": self_us(e) / 1e6, "calls": int(e.count)} for e in rows[:top]],
+        "host_top": [
+            {"op": e.key[:120], "self_cpu_s": e.self_cpu_time_total / 1e6, "calls": int(e.count)}
+            for e in host[:top]
+        ],
+    }
 
 
 def max_rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -422,7 +492,10 @@ def part_learner(name: str) -> Callable[[Context, Part], None]:
 
         s = ctx.sizes
         path = model_path(ctx, name)
-        learner = Learner(learner_spec(ctx, micro_batch_size=s.group_size), path)
+        spec = learner_spec(
+            ctx, micro_batch_size=s.group_size, dense_tree_max_tokens=ctx.dense_tree_max_tokens
+        )
+        learner = Learner(spec, path)
         try:
             batches = [
                 make_batch(s.groups, s.group_size, s.prompt, s.response, s.vocab, seed=i)
@@ -451,6 +524,8 @@ def part_learner(name: str) -> Callable[[Context, Part], None]:
                 shared_prompt_forward=learner.policy.prefix_tree,
                 timed_steps=len(times),
                 step_s=step_s,
+                step_s_each=times,  # each batch has its own lengths: a spread here is a per-shape cost
+                dense_tree_max_tokens=ctx.dense_tree_max_tokens,
                 tokens_per_s=statistics.median(tokens_per_s),
                 model_tflops_per_step=work["flops"] / 1e12,
                 mfu=work["flops"] / step_s / ctx.peak_flops if ctx.peak_flops else None,
@@ -458,10 +533,17 @@ def part_learner(name: str) -> Callable[[Context, Part], None]:
                 loss_finite=math.isfinite(out["loss"]) and math.isfinite(out["grad_norm"]),
             )
             part.checks["loss_and_grad_norm_finite"] = r["loss_finite"]
+            # Where the step goes (one more step, profiled): the MFU gap is either the device idle
+            # (host-bound) or the device busy on something other than the model's matmuls.
+            prof = r["profile"] = profile_step(lambda: learner.train_step(batches[1]), ctx.device)
+            kinds = ", ".join(
+                f"{k} {100 * v / prof['busy_s']:.0f}%" for k, v in list(prof["by_kind_s"].items())[:4]
+            )
             mfu = f"MFU {100 * r['mfu']:.1f}%" if r["mfu"] is not None else "MFU n/a"
             part.summary = (
                 f"{r['params_b'] * 1e3:,.0f}M params, {r['rows']} rows x {s.prompt}+<={s.response} tokens: "
-                f"step {step_s:.2f} s, {r['tokens_per_s']:,.0f} tokens/s, {mfu}, peak {r['peak_memory_gib']:.1f} GiB"
+                f"step {step_s:.2f} s, {r['tokens_per_s']:,.0f} tokens/s, {mfu}, peak {r['peak_memory_gib']:.1f} GiB; "
+                f"profiled step: device busy {100 * (prof['busy_frac'] or 0):.0f}% ({kinds})"
             )
         finally:
             learner.close()
@@ -596,11 +678,25 @@ def part_tree_threshold(ctx: Context, part: Part) -> None:
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     for i, response in enumerate(s.threshold_responses):
-        batch = make_batch(1, s.group_size, s.threshold_prompt, response, s.vocab, seed=11 + i, common=4)
-        # one untimed pass each (the kernel's first pass compiles on CUDA), then 3 timed
-        times, _ = _alternating_passes(policies, batch, batch.response_mask.to(dev).float(), dev, 3)
+        # Every timed pass gets a batch of new lengths, as every trainer step does: a path whose cost depends on
+        # having seen the shape before (cuDNN attention builds a plan per shape) pays it here as in training.
+        # The first batch warms both paths (the kernel's first pass compiles on CUDA) and is not timed.
+        batches = [
+            make_batch(1, s.group_size, s.threshold_prompt, response, s.vocab, seed=11 + 10 * i + k, common=4)
+            for k in range(4)
+        ]
+        times: dict[str, list[float]] = {k: [] for k in policies}
+        nodes_each = []
+        for j, batch in enumerate(batches):
+            coef = batch.response_mask.to(dev).float()
+            for name, policy in policies.items():
+                dt = timed(functools.partial(_policy_pass, policy, batch, coef, dev), dev)
+                policy.lm.zero_grad(set_to_none=True)
+                if j:
+                    times[name].append(dt)
+            nodes_each.append(policies["kernel"].last_nodes)
         dense_s, kernel_s = statistics.median(times["dense"]), statistics.median(times["kernel"])
-        nodes = policies["kernel"].last_nodes
+        nodes = int(statistics.median(nodes_each))
         rows.append({"nodes": nodes, "dense_s": dense_s, "kernel_s": kernel_s, "ratio": dense_s / kernel_s})
         part.checks[f"kernel_path_ran_{nodes}"] = policies["kernel"].last_tree_attention in ("block", "flex")
         if part.over_budget(t0):
@@ -976,6 +1072,11 @@ def main(argv: list[str] | None = None) -> int:
         default=480,
         help="seconds; parts not started by then are skipped (default 480)",
     )
+    ap.add_argument(
+        "--dense-tree-max-tokens",
+        type=int,
+        help="the learner parts' optim.dense_tree_max_tokens (default: by device; 0: the tree kernel for every tree)",
+    )
     for f in dataclasses.fields(Sizes):
         ap.add_argument(
             f"--{f.name.replace('_', '-')}",
@@ -1010,7 +1111,7 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tgc-gpu-check-", dir=args.work) as work:
-        ctx = Context(device, sizes, args.tiny, Path(work))
+        ctx = Context(device, sizes, args.tiny, Path(work), dense_tree_max_tokens=args.dense_tree_max_tokens)
         parts = []
         for name in names:
             if time.perf_counter() - t0 > args.time_limit:

@@ -77,6 +77,11 @@ def test_cpu_variant_runs_every_part_and_passes(tmp_path):
     for name in ("learner_0.5b", "learner_1.5b"):
         r = parts[name]["results"]
         assert r["step_s"] > 0 and r["tokens_per_s"] > 0 and 0 < r["mfu"] < 1 and r["timed_steps"] >= 1
+        assert len(r["step_s_each"]) == r["timed_steps"]
+        prof = r["profile"]  # one more step, profiled: where the time went
+        assert 0 < prof["busy_frac"] <= 1 and prof["top"]
+        assert sum(prof["by_kind_s"].values()) == pytest.approx(prof["busy_s"])
+        assert "profiled step: device busy" in parts[name]["summary"]
     bad = [(where, v) for where, v in _numbers(report) if not math.isfinite(v)]
     assert not bad
     text = (tmp_path / "check.txt").read_text()
@@ -116,6 +121,15 @@ def test_parts_that_cannot_import_are_skipped_and_named(tmp_path, absent, expect
             reason = parts[name]["reason"]
             assert "does not import" in reason and any(m in reason for m in absent.split(",")), reason
     assert report["skipped"] == [n for n, s in expected.items() if s == "skipped"]
+
+
+def test_a_profiled_step_names_its_ops_by_kind():
+    a, b = torch.randn(192, 192), torch.randn(192, 192)
+    prof = gpu_check.profile_step(lambda: [(a @ b).exp_() for _ in range(3)], torch.device("cpu"))
+    top = {row["op"]: row for row in prof["top"]}
+    assert top["aten::mm"]["calls"] == 3 and top["aten::exp_"]["calls"] == 3
+    assert prof["by_kind_s"]["matmul"] >= top["aten::mm"]["self_s"] > 0  # with aten::matmul, its parent
+    assert 0 < prof["busy_s"] <= prof["wall_s"] and prof["host_top"] == []  # on a CPU `top` is the host
 
 
 def test_the_learner_settings_are_a_valid_optim_spec():

@@ -143,7 +143,7 @@ class OptimSpec(_Strict):
         description="With shared_prompt_forward: token trees of at most this many nodes (per micro-batch, padded) "
         "use a dense L x L attention mask; longer ones a tree kernel whose memory grows linearly "
         "(tgc_rl/learner/tree_attention.py; SDPA models: a block kernel on CPU, FlexAttention on CUDA). "
-        "null: by device, where each was measured faster (1024 on a CPU, 8192 on CUDA); 0: always the kernel; "
+        "null: by device, where each was measured faster (1024 on a CPU, 0 on CUDA); 0: always the kernel; "
         "1048576: always dense.",
     )
 

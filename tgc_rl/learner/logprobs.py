@@ -33,10 +33,12 @@ log = logging.getLogger(__name__)
 # 8: the same time at 512 nodes, the kernel 1.4x faster at 768, 3.7x at 2304 and 4.2x at 4352, while the dense
 # mask (and SDPA's float copy of it) grows as L^2.
 DENSE_TREE_MAX_TOKENS = 1024
-# CUDA (FlexAttention), the GPU check's tree_threshold part on an H200 (the 0.5B shape, bf16, whole forward +
-# backward, one group of 8): the dense mask is faster up to 6212 nodes (dense/flex time 0.66-0.92x), FlexAttention
-# from 11054 (1.25x; 1.84x at 23640). The dense mask at 8192 nodes is 64 MB of booleans a tree.
-DENSE_TREE_MAX_TOKENS_CUDA = 8192
+# CUDA (FlexAttention, compiled once for every length): always the kernel. The GPU check's tree_threshold part on
+# an H200 (the 0.5B shape, bf16, forward + backward, one group of 8), each pass a batch of new lengths as in
+# training: FlexAttention 1.5-2.0x faster than the dense mask from 285 to 5659 nodes. The dense mask's SDPA (cuDNN)
+# pays for every new shape; on one repeated shape it had looked faster up to ~6k nodes. Learner step at 512 +
+# 1024 tokens: 0.86 s against 1.43 s with the dense mask below 8192 nodes (benchmarks/gpu/, 2026-11-28).
+DENSE_TREE_MAX_TOKENS_CUDA = 0
 
 
 def position_ids(attention_mask: Tensor) -> Tensor:
