@@ -531,6 +531,7 @@ def part_learner(name: str) -> Callable[[Context, Part], None]:
                 mfu=work["flops"] / step_s / ctx.peak_flops if ctx.peak_flops else None,
                 peak_memory_gib=peak_gib(ctx.device),
                 loss_finite=math.isfinite(out["loss"]) and math.isfinite(out["grad_norm"]),
+                timing={k: v for k, v in out.items() if k.startswith("timing/")},  # the last timed step's
             )
             part.checks["loss_and_grad_norm_finite"] = r["loss_finite"]
             # Where the step goes (one more step, profiled): the MFU gap is either the device idle

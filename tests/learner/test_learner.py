@@ -320,3 +320,40 @@ def test_token_tis_reaches_the_loss_and_keeps_d2_where_copies_agree(
         assert m["mismatch/shared_spread_max"] == 0 and m["diag/d2_residual"] < 1e-5
     else:
         assert m["mismatch/shared_spread_max"] > 0.1 and m["diag/d2_residual"] > 1e-3
+
+
+def test_the_host_reads_a_micro_batch_before_its_backward_is_queued(
+    learner_spec, tiny_model_path, make_batch, monkeypatch
+):
+    """On a GPU a host read waits for every kernel queued before it, so the diagnostics' inputs are copied to
+    the host before the model's backward is queued and the diagnostics then run on those copies while the
+    device works (the learner's _micro_step)."""
+    from tgc_rl.learner import learner as learner_module
+
+    events: list[tuple[str, object]] = []
+    to_host, backward = learner_module.DiagnosticInputs.to_host, torch.autograd.backward
+    diagnostics = rlcore.cancellation_diagnostics
+
+    def recording_to_host(*args, **kwargs):
+        x = to_host(*args, **kwargs)
+        events.append(("to_host", x))
+        return x
+
+    def recording_backward(*args, **kwargs):
+        events.append(("backward", None))
+        return backward(*args, **kwargs)
+
+    def recording_diagnostics(w, *args, **kwargs):
+        events.append(("diagnostics", w))
+        return diagnostics(w, *args, **kwargs)
+
+    monkeypatch.setattr(learner_module.DiagnosticInputs, "to_host", recording_to_host)
+    monkeypatch.setattr(torch.autograd, "backward", recording_backward)
+    monkeypatch.setattr(rlcore, "cancellation_diagnostics", recording_diagnostics)
+    learner = Learner(learner_spec(**{"optim.micro_batch_size": 4}), tiny_model_path)
+    m = learner.train_step(make_batch(n_groups=3))
+    assert [e for e, _ in events] == ["to_host", "backward", "diagnostics"] * 3  # one triple per micro-batch
+    for i in range(0, len(events), 3):
+        host, w = events[i][1], events[i + 2][1]
+        assert w is host.w and not w.requires_grad and w.device.type == "cpu"
+    assert abs(m["diag/d2_residual"]) < 1e-6  # cp_grpo: the diagnostics still read the right weights

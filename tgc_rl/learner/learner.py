@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -42,6 +43,27 @@ if TYPE_CHECKING:
     from peft import PeftModel
 
     from rlcore.shared_nodes import SharedPrefixes
+
+
+@dataclass(frozen=True)
+class DiagnosticInputs:
+    """What the cancellation diagnostics read of one micro-batch, on the host (the micro-batch's own tensors
+    already are): the ascent weights, old log-probs, entropies and clip mask, detached."""
+
+    micro: TrainBatch
+    w: Tensor
+    old: Tensor
+    ent: Tensor
+    clipped: Tensor | None
+
+    @classmethod
+    def to_host(
+        cls, w: Tensor, micro: TrainBatch, old: Tensor, ent: Tensor, clipped: Tensor | None
+    ) -> DiagnosticInputs:
+        def host(x: Tensor) -> Tensor:
+            return x.detach().cpu()  # a CPU tensor's .cpu() is itself: no copy on a CPU
+
+        return cls(micro, host(w), host(old), host(ent), None if clipped is None else host(clipped))
 
 
 class Learner:
@@ -471,14 +493,20 @@ class Learner:
         leaves = [lp_leaf] if ent_leaf is None else [lp_leaf, ent_leaf]
         regularised = out.loss is not out.pg_loss  # KL or entropy terms besides the policy gradient
         grads = torch.autograd.grad(out.loss, leaves, retain_graph=regularised)
-        torch.autograd.backward([lp, ent][: len(grads)], list(grads))
         # Diagnostics read the policy-gradient weights alone: KL/entropy terms are not meant to cancel.
         w_pg = -torch.autograd.grad(out.pg_loss, lp_leaf)[0] if regularised else -grads[0]
+        # The host reads all it needs of this micro-batch before the model's backward is queued. A read waits
+        # for every kernel queued before it: after the backward it would wait for the whole backward, and the
+        # device would then idle through the diagnostics. Read first, and the diagnostics (on the host) and the
+        # next micro-batch's launches overlap the device's backward. On a CPU the order changes nothing.
+        loss = float(out.loss.detach())
         metrics.add_means({k: v for k, v in out.metrics.items() if k != "tokens"}, n_tok, prefix="objective/")
+        diag_inputs = DiagnosticInputs.to_host(w_pg, micro, old_mb, ent, out.clipped)
+        torch.autograd.backward([lp, ent][: len(grads)], list(grads))
         t0 = time.perf_counter()
-        self._diagnostics(w_pg, micro, old_mb, ent, mask, out, prefixes, metrics)
+        self._diagnostics(diag_inputs, prefixes, metrics)
         metrics.add_time("timing/diagnostics_s", time.perf_counter() - t0)  # vs timing/learner_step_s
-        return float(out.loss.detach())
+        return loss
 
     def _mismatch(
         self,
@@ -504,34 +532,23 @@ class Learner:
             else:  # a count
                 metrics.add_sum(key, value)
 
-    def _diagnostics(
-        self,
-        w: Tensor,
-        micro: TrainBatch,
-        old: Tensor,
-        ent: Tensor,
-        mask: Tensor,
-        out: rlcore.LossOutput,
-        prefixes: SharedPrefixes,
-        metrics: StepMetrics,
-    ) -> None:
+    def _diagnostics(self, x: DiagnosticInputs, prefixes: SharedPrefixes, metrics: StepMetrics) -> None:
         """rlcore's cancellation diagnostics (D1-D4/D7/D9/D10/D11) of one micro-batch, whose groups are
         whole, pooled over the step and the ranks by rlcore's rules (`rlcore.pooling_terms`). They read the
         unmasked advantages: w carries any credit mask, so D2 sees the imbalance a mask leaves in a shared node."""
-        dev = self.device
         diag = rlcore.cancellation_diagnostics(
-            w,
-            micro.response_ids.to(dev),
-            mask,
-            micro.group_ids.to(dev),
-            micro.advantages.to(dev),
-            old_logprobs=old,
-            entropies=ent.detach(),
-            clipped=out.clipped,
+            x.w,
+            x.micro.response_ids,
+            x.micro.response_mask,
+            x.micro.group_ids,
+            x.micro.advantages,
+            old_logprobs=x.old,
+            entropies=x.ent,
+            clipped=x.clipped,
             group_size=self.spec.group_size,
             prefixes=prefixes,
         )
-        for t in rlcore.pooling_terms(diag, groups=float(len(torch.unique(micro.group_ids)))):
+        for t in rlcore.pooling_terms(diag, groups=float(len(torch.unique(x.micro.group_ids)))):
             if t.rule == "sum":
                 metrics.add_sum(t.key, t.value)
             elif t.rule == "max":
