@@ -4,13 +4,15 @@ Parts, each with its own time budget (the defaults keep the whole under 8 minute
   device              GPU, driver, torch / CUDA / transformers versions, which optional packages import
   matmul_peak         the measured matmul peak in the learner's compute dtype (bf16 on a GPU): MFU's denominator
   learner_0.5b/1.5b   tgc_rl.learner.Learner (FSDP2, NCCL, world size 1) on a random Qwen2 of that shape in
-                      bf16: step time, tokens/s, MFU (model FLOPs / step time / peak), peak memory
+                      bf16: step time, tokens/s, MFU (model FLOPs / step time / peak), peak memory, and one
+                      more step under torch.profiler (device-busy share, kernel time by kind, top kernels)
   shared_prompt       the shared-prompt forward (one token tree per group; above 1024 nodes FlexAttention on
                       CUDA, the block kernel on CPU)
                       vs one forward per row at prompt 2k / response 2k: log-probs and gradients equal (float32),
                       speedup (bf16)
   tree_threshold      the dense L x L tree mask vs the tree kernel (FlexAttention on CUDA, the block kernel on CPU)
-                      on the 0.5B model by tree size: where the kernel starts to win (optim.dense_tree_max_tokens)
+                      on the 0.5B model by tree size, each timed pass a batch of new lengths as in training: where
+                      the kernel starts to win (optim.dense_tree_max_tokens)
   chunked_logprobs    the chunked log-prob head at vocab 151936 vs whole logits: values and gradients equal,
                       peak memory of each
   rlcore              every objective's loss, its token gradients and the cancellation diagnostics on the device
