@@ -638,7 +638,7 @@ def run_one(
 ) -> dict[str, Any] | None:
     """Train (or resume) one run, evaluate its final checkpoint on every held-out row, probe the named
     steps' checkpoints; its summary, or None when the run failed (checkpoints kept for a resume)."""
-    from tgc_rl.run_layout import checkpoint_name
+    from tgc_rl.run_layout import checkpoint_name, checkpoint_step
     from tgc_rl.trainer.checkpoints import Checkpoints
 
     name, steps = spec_dict["name"], spec_dict["steps"]
@@ -681,7 +681,16 @@ def run_one(
         "lr": spec_dict["optim"]["lr"],
         "cap": spec_dict["sampling"]["max_new_tokens"],
         "named_evals": list(design.named_evals),
+        # this process's seconds (since the resume, for a resumed run); train_seconds: the steps' and the
+        # evaluations' own times, from every session's metrics rows
         "seconds": seconds,
+        "resumed_from_step": None if latest is None else checkpoint_step(latest.name),
+        "train_seconds": sum(
+            m[k]
+            for m in metrics
+            for k in ("timing/step_s", "timing/eval_s")
+            if math.isfinite(as_float(m.get(k)))
+        ),
         "probe_seconds": time.perf_counter() - t1,
         "spec": spec_dict,
     }

@@ -382,8 +382,9 @@ def test_a_killed_run_resumes_then_gets_its_final_evaluation_probes_and_summary(
                 m = {"step": s}
                 if s:
                     m |= {"reward/accuracy": 0.5, "diag/d2_residual": 0.0, "diag/d7_entropy_shared": 0.2}
+                    m |= {"timing/step_s": 2.0}
                 if s % 10 == 0:
-                    m |= {"eval/accuracy": 0.3, "eval/greedy/accuracy": 0.4}
+                    m |= {"eval/accuracy": 0.3, "eval/greedy/accuracy": 0.4, "timing/eval_s": 5.0}
                     (run_dir / "eval").mkdir(exist_ok=True)
                     sample = {"row": "add-1-2", "mode": "sampled", "response": "Answer: 3"}
                     (run_dir / "eval" / f"step_{s}.jsonl").write_text(json.dumps(sample) + "\n")
@@ -436,6 +437,8 @@ def test_a_killed_run_resumes_then_gets_its_final_evaluation_probes_and_summary(
     assert jobs[0][2] == "latest" and jobs[1][2] == str(run_dir / "checkpoints" / checkpoint_name(100))
     summary = json.loads(written[0].read_text())
     assert summary["steps"] == list(range(1, 101)) and summary["final_eval"]["eval/accuracy"] == 0.45
+    # both sessions' steps and evaluations count, not only the resumed process's
+    assert summary["resumed_from_step"] == 30 and summary["train_seconds"] == 100 * 2.0 + 11 * 5.0
     probed = {int(s) for s, e in summary["evals"].items() if "probe/kl_from_start" in e}
     assert probed == set(testbed5.FULL.named_evals) and len(summary["evals"]) == 11
     assert summary["evals"]["100"]["probe/kl_from_start"] == 0.1 and summary["cap"] == 128
