@@ -13,6 +13,9 @@ Parts, each with its own time budget (the defaults keep the whole under 8 minute
   tree_threshold      the dense L x L tree mask vs the tree kernel (FlexAttention on CUDA, the block kernel on CPU)
                       on the 0.5B model by tree size, each timed pass a batch of new lengths as in training: where
                       the kernel starts to win (optim.dense_tree_max_tokens)
+  flex_backward       FlexAttention on one tree of the learner's shape by variant (grouped-query as the learner
+                      calls it, K/V expanded to every head, backward block sizes): equal outputs and gradients,
+                      forward and backward times (on a CPU eager forward only: no FlexAttention backward there)
   chunked_logprobs    the chunked log-prob head at vocab 151936 vs whole logits: values and gradients equal,
                       peak memory of each
   rlcore              every objective's loss, its token gradients and the cancellation diagnostics on the device
@@ -147,6 +150,7 @@ BUDGETS = {
     "learner_1.5b": 110,
     "shared_prompt": 70,
     "tree_threshold": 90,
+    "flex_backward": 90,
     "chunked_logprobs": 30,
     "rlcore": 40,
     "rollout_hf": 40,
@@ -724,6 +728,109 @@ def part_tree_threshold(ctx: Context, part: Part) -> None:
     free(dev)
 
 
+# FlexAttention backward variants on one tree: the production call first, then what might make its backward
+# faster (the profile of 2026-11-28 had it at 7.6x its forward). Block sizes go in as kernel_options ("bwd_"
+# keys reach the backward only); 64 x 64 divides the 128-token sparse blocks.
+FLEX_VARIANTS: dict[
+    str, tuple[bool, dict[str, int] | None]
+] = {  # name: (K/V expanded to every head, options)
+    "gqa": (False, None),
+    "expanded_kv": (True, None),
+    "gqa_bwd_64x64": (
+        False,
+        {"bwd_BLOCK_M1": 64, "bwd_BLOCK_N1": 64, "bwd_BLOCK_M2": 64, "bwd_BLOCK_N2": 64, "bwd_num_warps": 4},
+    ),
+    "expanded_kv_bwd_64x64": (
+        True,
+        {"bwd_BLOCK_M1": 64, "bwd_BLOCK_N1": 64, "bwd_BLOCK_M2": 64, "bwd_BLOCK_N2": 64, "bwd_num_warps": 4},
+    ),
+}
+
+
+def part_flex_backward(ctx: Context, part: Part) -> None:
+    """FlexAttention on one tree of the learner's shape (the 0.5B heads, 14 query over 2 KV heads, head dim 64;
+    one group of `group_size` responses, as one micro-batch), compiled as the learner compiles it, by variant
+    (FLEX_VARIANTS): outputs and gradients against the production call, forward and forward + backward times.
+    A CPU has no FlexAttention backward, so there the variants run eager, forward only."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from tgc_rl.learner.prefix_tree import pack_trees
+    from tgc_rl.learner.tree_attention import tree_block_mask, tree_ends_mask
+
+    s, dev = ctx.sizes, ctx.device
+    cuda = dev.type == "cuda"
+    hidden, _, _, hq, hkv = (TINY_SHAPES if ctx.tiny else SHAPES)["0.5b"]
+    batch = make_batch(1, s.group_size, s.prompt, s.response, s.vocab, seed=21)
+    trees = pack_trees(batch.input_ids, batch.attention_mask, batch.prompt_len, batch.response_mask)
+    assert trees is not None
+    ends_mask = tree_ends_mask(trees.subtree_end).to(dev)
+    L, d = ends_mask.shape[-1], hidden // hq
+    block_mask = tree_block_mask(ends_mask)
+    flex = torch.compile(flex_attention, dynamic=True) if cuda else flex_attention
+    gen = torch.Generator().manual_seed(5)
+    dtype = compute_dtype(dev)
+    q0 = torch.randn(1, hq, L, d, generator=gen).to(dev, dtype)
+    k0, v0 = (torch.randn(1, hkv, L, d, generator=gen).to(dev, dtype) for _ in range(2))
+    grad_out = torch.randn(1, hq, L, d, generator=gen).to(dev, dtype)
+    scale = d**-0.5
+
+    def run(expand: bool, options: dict[str, int] | None, backward: bool):
+        q, k, v = (x.detach().requires_grad_(backward) for x in (q0, k0, v0))
+        kk, vv = (x.repeat_interleave(hq // hkv, dim=1) for x in (k, v)) if expand else (k, v)
+        out = flex(
+            q, kk, vv, block_mask=block_mask, scale=scale, enable_gqa=not expand, kernel_options=options
+        )
+        if backward:
+            out.backward(grad_out)
+            return out.detach(), (q.grad, k.grad, v.grad)
+        return out.detach(), ()
+
+    rows: dict[str, dict[str, Any]] = {}
+    ref: tuple[torch.Tensor, tuple] | None = None
+    t0 = time.perf_counter()
+    for name, (expand, options) in FLEX_VARIANTS.items():
+        try:
+            out, grads = run(expand, options, cuda)  # compiles on first use
+            if ref is None:
+                ref = (out, grads)
+            errs = [
+                max_rel_err(a.float(), b.float())
+                for a, b in zip((out, *grads), (ref[0], *ref[1]), strict=True)
+            ]
+            fwd = statistics.median(
+                timed(lambda e=expand, o=options: run(e, o, False), dev) for _ in range(5)
+            )
+            both = (
+                statistics.median(timed(lambda e=expand, o=options: run(e, o, True), dev) for _ in range(5))
+                if cuda
+                else None
+            )
+            rows[name] = {"max_rel_err": max(errs), "fwd_s": fwd, "fwd_bwd_s": both}
+            # bf16 against the production call: a different summation order is ~1e-2, a wrong mask ~1
+            part.checks[f"{name}_equals_the_production_call"] = max(errs) < 5e-2
+        except Exception as e:  # a variant that does not compile here is a finding, not the part's failure
+            if name == "gqa":
+                raise
+            rows[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+        if part.over_budget(t0):
+            break
+    r = part.results
+    r.update(tree_nodes=L, heads=hq, kv_heads=hkv, head_dim=d, backward=cuda, variants=rows)
+    base = rows["gqa"]["fwd_bwd_s" if cuda else "fwd_s"]
+
+    def say(name: str, row: dict[str, Any]) -> str:
+        if "error" in row:
+            return f"{name} error"
+        if not cuda:
+            return f"{name} fwd {row['fwd_s'] * 1e3:.1f} ms"
+        bwd_ratio = (row["fwd_bwd_s"] - row["fwd_s"]) / row["fwd_s"]
+        return f"{name} {base / row['fwd_bwd_s']:.2f}x (bwd/fwd {bwd_ratio:.1f})"
+
+    head = "fwd+bwd speed vs gqa" if cuda else "eager forward only (no CPU backward)"
+    part.summary = f"{L} nodes, {head}: " + ", ".join(say(n, row) for n, row in rows.items())
+    free(dev)
+
+
 def part_chunked_logprobs(ctx: Context, part: Part) -> None:
     """The chunked head against whole logits at vocab 151936 (float32): values, gradients, peak memory."""
     import torch.nn.functional as F
@@ -990,6 +1097,7 @@ PARTS: dict[str, tuple[Callable[[Context, Part], None], tuple[str, ...]]] = {
     ),
     "shared_prompt": (part_shared_prompt, ("tgc_rl.learner.logprobs", "rlcore.objective")),
     "tree_threshold": (part_tree_threshold, ("tgc_rl.learner.logprobs",)),
+    "flex_backward": (part_flex_backward, ("tgc_rl.learner.tree_attention", "tgc_rl.learner.prefix_tree")),
     "chunked_logprobs": (part_chunked_logprobs, ("tgc_rl.learner.logprobs",)),
     "rlcore": (part_rlcore, ("rlcore.objective", "rlcore.diagnostics")),
     "rollout_hf": (part_rollout_hf, ("tgc_rl.rollout.hf_engine",)),

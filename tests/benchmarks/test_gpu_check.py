@@ -70,8 +70,11 @@ def test_cpu_variant_runs_every_part_and_passes(tmp_path):
         assert all(p["checks"].values()), (name, p["checks"])
     assert "CUDA" in parts["e2e_broadcast"]["reason"]  # skipped for a reason it names
     # the equality checks ran (a part with no checks could not fail)
-    for name in ("shared_prompt", "chunked_logprobs", "rlcore"):
+    for name in ("shared_prompt", "chunked_logprobs", "rlcore", "flex_backward"):
         assert len(parts[name]["checks"]) >= 4, name
+    flex = parts["flex_backward"]["results"]
+    assert set(flex["variants"]) == set(gpu_check.FLEX_VARIANTS) and not flex["backward"]  # no CPU backward
+    assert all("error" not in row for row in flex["variants"].values())
     assert parts["shared_prompt"]["results"]["tree_nodes"] < parts["shared_prompt"]["results"]["full_tokens"]
     assert len(parts["rlcore"]["results"]["max_rel_err"]) == len(rlcore.list_objectives())
     for name in ("learner_0.5b", "learner_1.5b"):

@@ -138,20 +138,28 @@ def flex_tree_attention(q: Tensor, k: Tensor, v: Tensor, ends_mask: Tensor, scal
     """tree_attention through FlexAttention (CUDA): query a sees key b iff b <= a < subtree_end[b]. ends_mask is
     the model's (B, 1, 1, L) mask from tree_ends_mask; its block mask is built once and reused by every layer."""
     global _flex, _flex_mask
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    from torch.nn.attention.flex_attention import flex_attention
 
     if _flex is None:
         _flex = torch.compile(flex_attention, dynamic=True)
     if _flex_mask is None or _flex_mask[0] is not ends_mask:
-        B, L = ends_mask.shape[0], ends_mask.shape[-1]
-        # Padded keys get end 0, so no query sees them (create_block_mask evaluates whole blocks).
-        ends = torch.nn.functional.pad(ends_mask[:, 0, 0], (0, -L % FLEX_BLOCK))
-
-        def ancestor_or_self(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            return (kv_idx <= q_idx) & (q_idx < ends[b, kv_idx])
-
-        _flex_mask = (ends_mask, create_block_mask(ancestor_or_self, B, None, L, L, device=q.device))
+        _flex_mask = (ends_mask, tree_block_mask(ends_mask))
     return _flex(q, k, v, block_mask=_flex_mask[1], scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+
+
+def tree_block_mask(ends_mask: Tensor) -> Any:
+    """FlexAttention's BlockMask of the trees in ends_mask ((B, 1, 1, L) subtree ends, tree_ends_mask's form):
+    query a sees key b iff b <= a < subtree_end[b]."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    B, L = ends_mask.shape[0], ends_mask.shape[-1]
+    # Padded keys get end 0, so no query sees them (create_block_mask evaluates whole blocks).
+    ends = torch.nn.functional.pad(ends_mask[:, 0, 0], (0, -L % FLEX_BLOCK))
+
+    def ancestor_or_self(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return (kv_idx <= q_idx) & (q_idx < ends[b, kv_idx])
+
+    return create_block_mask(ancestor_or_self, B, None, L, L, device=ends_mask.device)
 
 
 def tree_attention(
