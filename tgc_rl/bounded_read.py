@@ -403,16 +403,24 @@ class _Scan:
             line = fh.readline(CSV_BLOCK_BYTES + 1)
         if len(line) > CSV_BLOCK_BYTES:
             raise DataError(f"{self.label}: header: longer than {CSV_BLOCK_BYTES >> 20} MiB")
-        line = line.removeprefix(b"\xef\xbb\xbf").rstrip(b"\r\n")
+        # The header ends where pyarrow's first row does: at the first CR or LF (a lone CR ends a row there too).
+        line = line.removeprefix(b"\xef\xbb\xbf").replace(b"\r", b"\n", 1).split(b"\n", 1)[0]
+
+        def cells(text: str) -> list[str]:
+            try:
+                return next(csv.reader([text]), [])
+            except csv.Error as e:  # a name over the csv module's field limit (128 KiB)
+                raise DataError(f"{self.label}: header: {e}; a column name must be under 128 KiB") from None
+
         try:
             text = line.decode("utf-8")
         except UnicodeDecodeError:
-            names = next(csv.reader([line.decode("utf-8", "surrogateescape")]), [])
+            names = cells(line.decode("utf-8", "surrogateescape"))
             k = next((i for i, n in enumerate(names) if _bad_text(n)), 0)
             raise DataError(
                 f"{self.label}: header, column {k + 1}: a name that is not valid UTF-8; save the file as UTF-8"
             ) from None
-        names = next(csv.reader([text]), []) if text.strip() else []
+        names = cells(text) if text.strip() else []
         self.tally.columns(names, f"{self.label}: header")  # before pyarrow builds a column per name
         self.columns = names
         return names

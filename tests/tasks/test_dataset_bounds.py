@@ -185,3 +185,26 @@ def test_any_encoding_is_a_shape_or_a_data_error_and_an_accepted_file_reads(
     read, columns = read_rows(path, fmt, DataLimits())
     assert len(read) == shape.rows and columns == shape.columns
     json.dumps(read, default=str)  # every value converted
+
+
+@pytest.mark.parametrize(
+    ("header", "message"),
+    [
+        (b"a\rb\n1\n", None),  # a lone CR ends the header row, as pyarrow reads it: columns ["a"]
+        (b"a\rb,c\n", "Expected 1 columns, got 2"),  # ... so a row after it is checked against that header
+        (b"a" * 200_000 + b",c\n1,2\n", "header: field larger than field limit"),  # refused by name
+        (b"\xff" + b"a" * 200_000 + b"\n1\n", "a column name must be under 128 KiB"),  # not-UTF-8 branch
+    ],
+)
+def test_a_csv_header_with_a_lone_cr_or_an_oversized_name_reads_as_pyarrow_reads_or_is_refused_by_name(
+    tmp_path, header, message
+):
+    path = tmp_path / "h.csv"
+    path.write_bytes(header)
+    if message is None:
+        shape = inspect_file(path, "csv", DataLimits())
+        read, columns = read_rows(path, "csv", DataLimits())
+        assert columns == shape.columns == ["a"] and read == [{"a": "b"}, {"a": "1"}]
+    else:
+        with pytest.raises(DataError, match=message):
+            inspect_file(path, "csv", DataLimits())
