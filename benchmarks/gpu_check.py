@@ -98,14 +98,8 @@ class Sizes:
     tree_groups: int = 1
     tree_eq_layers: int = 4  # layers of the float32 equality model (the speed model has all of them)
     threshold_prompt: int = 128  # tree_threshold: one group of `group_size` responses per tree size
-    threshold_responses: tuple[int, ...] = (
-        32,
-        64,
-        128,
-        256,
-        512,
-        1024,
-    )  # longest response; trees ~0.75x 8R nodes
+    # longest response of each tree size; trees ~0.75x 8R nodes
+    threshold_responses: tuple[int, ...] = (32, 64, 128, 256, 512, 1024)
     head_tokens: int = 8192  # chunked log-probs: hidden rows through the 152k head
     chunk_tokens: int = 1024
     rl_groups: int = 16  # rlcore: groups x group_size rows of rl_tokens
@@ -180,9 +174,8 @@ class Context:
     tiny: bool
     work: Path  # models are written here (a temporary folder)
     peak_flops: float | None = None  # measured by matmul_peak
-    dense_tree_max_tokens: int | None = (
-        None  # the learner parts' optim.dense_tree_max_tokens (None: by device)
-    )
+    # the learner parts' optim.dense_tree_max_tokens (None: by device)
+    dense_tree_max_tokens: int | None = None
     models: dict[str, Path] = field(default_factory=dict)
 
 
@@ -256,6 +249,7 @@ def profile_step(fn: Callable[[], Any], device: torch.device, top: int = 12) -> 
     """One call of `fn` under torch.profiler: the wall time, how much of it the device was busy (the rest is the
     host: Python, launches, syncs), busy time by kernel kind, and the `top` ops by self device time. On a CPU the
     ops' self CPU time stands in for device time."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device.type == "cuda"
@@ -272,8 +266,6 @@ def profile_step(fn: Callable[[], Any], device: torch.device, top: int = 12) -> 
             device_us = getattr(e, "self_device_time_total", None)  # older torch: self_cuda_time_total
             return float(device_us if device_us is not None else getattr(e, "self_cuda_time_total", 0.0))
         return float(e.self_cpu_time_total)
-
-    from torch.autograd import DeviceType
 
     events = prof.key_averages()
     # On CUDA the kernels themselves (a CPU op's self device time repeats its kernels' time); on a CPU the ops.
@@ -558,6 +550,15 @@ def part_learner(name: str) -> Callable[[Context, Part], None]:
     return run
 
 
+def packed(batch):
+    """The batch's token trees (make_batch's groups share a prompt, so there always are some)."""
+    from tgc_rl.learner.prefix_tree import pack_trees
+
+    trees = pack_trees(batch.input_ids, batch.attention_mask, batch.prompt_len, batch.response_mask)
+    assert trees is not None, "make_batch's groups share a prompt"
+    return trees
+
+
 def _policy_pass(policy, batch, coef: torch.Tensor, device: torch.device):
     """Log-probs, entropies and parameter gradients of one forward/backward (the tests' equality loss)."""
     policy.lm.zero_grad(set_to_none=True)
@@ -586,20 +587,21 @@ def speed_model(ctx: Context):
 
 def _alternating_passes(
     policies: dict[str, Any],
-    batch,
-    coef: torch.Tensor,
+    inputs: list[tuple[Any, torch.Tensor]],
     device: torch.device,
     passes: int,
     stop: Callable[[], bool] = lambda: False,
 ) -> tuple[dict[str, list[float]], dict[str, float]]:
     """One untimed pass of each policy, then up to `passes` rounds of one timed pass each, alternating so that
-    load from elsewhere hits all alike (`stop` ends early after two timed rounds): times and peak GiB by policy."""
+    load from elsewhere hits all alike (`stop` ends early after two timed rounds): times and peak GiB by policy.
+    Round i runs inputs[i % len(inputs)] (batch, coefficients): several batches give every round new lengths."""
     times: dict[str, list[float]] = {k: [] for k in policies}
     peaks: dict[str, float] = {}
     for i in range(passes + 1):
+        batch, coef = inputs[i % len(inputs)]
         for k, p in policies.items():
             reset_peak(device)
-            dt = timed(lambda p=p: _policy_pass(p, batch, coef, device), device)
+            dt = timed(functools.partial(_policy_pass, p, batch, coef, device), device)
             p.lm.zero_grad(set_to_none=True)
             if i:
                 times[k].append(dt)
@@ -653,7 +655,7 @@ def part_shared_prompt(ctx: Context, part: Part) -> None:
         "tree": PolicyLogprobs(lm, s.chunk_tokens, prefix_tree=True),
     }
     t0 = time.perf_counter()
-    times, peaks = _alternating_passes(policies, batch, coef, dev, s.steps, lambda: part.over_budget(t0))
+    times, peaks = _alternating_passes(policies, [(batch, coef)], dev, s.steps, lambda: part.over_budget(t0))
     full_s, tree_s = statistics.median(times["full"]), statistics.median(times["tree"])
     r.update(
         speed_dtype=str(compute_dtype(dev)).removeprefix("torch."),
@@ -692,18 +694,10 @@ def part_tree_threshold(ctx: Context, part: Part) -> None:
             make_batch(1, s.group_size, s.threshold_prompt, response, s.vocab, seed=11 + 10 * i + k, common=4)
             for k in range(4)
         ]
-        times: dict[str, list[float]] = {k: [] for k in policies}
-        nodes_each = []
-        for j, batch in enumerate(batches):
-            coef = batch.response_mask.to(dev).float()
-            for name, policy in policies.items():
-                dt = timed(functools.partial(_policy_pass, policy, batch, coef, dev), dev)
-                policy.lm.zero_grad(set_to_none=True)
-                if j:
-                    times[name].append(dt)
-            nodes_each.append(policies["kernel"].last_nodes)
+        inputs = [(b, b.response_mask.to(dev).float()) for b in batches]
+        times, _ = _alternating_passes(policies, inputs, dev, len(batches) - 1)
         dense_s, kernel_s = statistics.median(times["dense"]), statistics.median(times["kernel"])
-        nodes = int(statistics.median(nodes_each))
+        nodes = int(statistics.median(packed(b).nodes for b in batches[1:]))
         rows.append({"nodes": nodes, "dense_s": dense_s, "kernel_s": kernel_s, "ratio": dense_s / kernel_s})
         part.checks[f"kernel_path_ran_{nodes}"] = policies["kernel"].last_tree_attention in ("block", "flex")
         if part.over_budget(t0):
@@ -731,19 +725,19 @@ def part_tree_threshold(ctx: Context, part: Part) -> None:
 # FlexAttention backward variants on one tree: the production call first, then what might make its backward
 # faster (the profile of 2026-11-28 had it at 7.6x its forward). Block sizes go in as kernel_options ("bwd_"
 # keys reach the backward only); 64 x 64 divides the 128-token sparse blocks.
-FLEX_VARIANTS: dict[
-    str, tuple[bool, dict[str, int] | None]
-] = {  # name: (K/V expanded to every head, options)
+BWD_64X64 = {
+    "bwd_BLOCK_M1": 64,
+    "bwd_BLOCK_N1": 64,
+    "bwd_BLOCK_M2": 64,
+    "bwd_BLOCK_N2": 64,
+    "bwd_num_warps": 4,
+}
+# name: (K/V expanded to every query head, kernel_options)
+FLEX_VARIANTS: dict[str, tuple[bool, Any]] = {
     "gqa": (False, None),
     "expanded_kv": (True, None),
-    "gqa_bwd_64x64": (
-        False,
-        {"bwd_BLOCK_M1": 64, "bwd_BLOCK_N1": 64, "bwd_BLOCK_M2": 64, "bwd_BLOCK_N2": 64, "bwd_num_warps": 4},
-    ),
-    "expanded_kv_bwd_64x64": (
-        True,
-        {"bwd_BLOCK_M1": 64, "bwd_BLOCK_N1": 64, "bwd_BLOCK_M2": 64, "bwd_BLOCK_N2": 64, "bwd_num_warps": 4},
-    ),
+    "gqa_bwd_64x64": (False, BWD_64X64),
+    "expanded_kv_bwd_64x64": (True, BWD_64X64),
 }
 
 
@@ -754,16 +748,13 @@ def part_flex_backward(ctx: Context, part: Part) -> None:
     A CPU has no FlexAttention backward, so there the variants run eager, forward only."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    from tgc_rl.learner.prefix_tree import pack_trees
     from tgc_rl.learner.tree_attention import tree_block_mask, tree_ends_mask
 
     s, dev = ctx.sizes, ctx.device
     cuda = dev.type == "cuda"
     hidden, _, _, hq, hkv = (TINY_SHAPES if ctx.tiny else SHAPES)["0.5b"]
     batch = make_batch(1, s.group_size, s.prompt, s.response, s.vocab, seed=21)
-    trees = pack_trees(batch.input_ids, batch.attention_mask, batch.prompt_len, batch.response_mask)
-    assert trees is not None
-    ends_mask = tree_ends_mask(trees.subtree_end).to(dev)
+    ends_mask = tree_ends_mask(packed(batch).subtree_end).to(dev)
     L, d = ends_mask.shape[-1], hidden // hq
     block_mask = tree_block_mask(ends_mask)
     flex = torch.compile(flex_attention, dynamic=True) if cuda else flex_attention
@@ -774,7 +765,7 @@ def part_flex_backward(ctx: Context, part: Part) -> None:
     grad_out = torch.randn(1, hq, L, d, generator=gen).to(dev, dtype)
     scale = d**-0.5
 
-    def run(expand: bool, options: dict[str, int] | None, backward: bool):
+    def run(expand: bool, options: Any, backward: bool):
         q, k, v = (x.detach().requires_grad_(backward) for x in (q0, k0, v0))
         kk, vv = (x.repeat_interleave(hq // hkv, dim=1) for x in (k, v)) if expand else (k, v)
         out = flex(
@@ -798,10 +789,10 @@ def part_flex_backward(ctx: Context, part: Part) -> None:
                 for a, b in zip((out, *grads), (ref[0], *ref[1]), strict=True)
             ]
             fwd = statistics.median(
-                timed(lambda e=expand, o=options: run(e, o, False), dev) for _ in range(5)
+                timed(functools.partial(run, expand, options, False), dev) for _ in range(5)
             )
             both = (
-                statistics.median(timed(lambda e=expand, o=options: run(e, o, True), dev) for _ in range(5))
+                statistics.median(timed(functools.partial(run, expand, options, True), dev) for _ in range(5))
                 if cuda
                 else None
             )
